@@ -1,0 +1,145 @@
+"""Click commands: parse options, call a stage, print, map errors to exit codes. Nothing else.
+
+``dflash-convert`` and ``dflash-verify`` are the two front doors; ``dflash-gguf`` groups every
+command. Set ``DFLASH_GGUF_TRACEBACK=1`` to see the traceback behind an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import DflashGgufError
+
+log = logging.getLogger("dflash_gguf")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn our exceptions into one-paragraph messages and the exit code their class names."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DflashGgufError as e:
+            if os.environ.get("DFLASH_GGUF_TRACEBACK"):
+                raise
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; no output was left behind.", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+class _Progress:
+    """A byte progress bar on stderr (hidden when stderr is not a terminal)."""
+
+    def __init__(self, desc: str) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(desc=desc, total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@click.command("convert")
+@click.option("--drafter", "drafter", required=True, type=click.Path(path_type=Path),
+              help="DFlash drafter checkpoint folder (config.json + model*.safetensors).")
+@click.option("--target", "--target-model-dir", "target", required=True, type=click.Path(path_type=Path),
+              help="Target model folder: its config.json and tokenizer files are embedded in the drafter GGUF.")
+@click.option("--outfile", required=True, type=click.Path(path_type=Path), help="GGUF file to write.")
+@click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default="auto",
+              show_default=True, help="Tensor type of the matrices (auto: the checkpoint's own BF16/F16).")
+@click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
+@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
+@handle_errors
+def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, dry_run: bool, json_: bool,
+                verbose: bool) -> None:
+    """Convert a DFlash drafter into a GGUF that llama.cpp b11434 loads.
+
+    \b
+    Example:
+      dflash-convert --drafter ./gemma4-12B-it-DFlash --target ./gemma-4-12B-it \\
+          --outfile gemma4-12B-it-DFlash-BF16.gguf
+    """
+    from .convert.drafter import convert_drafter, summary
+
+    _setup_logging(verbose)
+    progress = _Progress("convert")
+    try:
+        result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress)
+    finally:
+        progress.close()
+    if json_:
+        echo_json(summary(result))
+        return
+    verb = "would write" if result.dry_run else "wrote"
+    click.echo(f"{verb} {result.outfile}: {result.n_tensors} tensors, {result.n_bytes / 1e6:.1f} MB, "
+               f"{result.outtype}, vocab {result.vocab.model} ({result.vocab.n_tokens} tokens) "
+               f"in {result.seconds:.2f} s")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+
+
+@click.group()
+@click.version_option(__version__, prog_name="dflash-gguf")
+def main() -> None:
+    """dflash-gguf: DFlash drafter + target from Hugging Face to a llama.cpp GGUF pair."""
+
+
+main.add_command(convert_cmd)
+
+
+def convert_main() -> None:
+    """Entry point of ``dflash-convert``."""
+    convert_cmd(prog_name="dflash-convert")
+
+
+def verify_main() -> None:
+    """Entry point of ``dflash-verify``."""
+    from .cli_verify import verify_cmd
+
+    verify_cmd(prog_name="dflash-verify")
+
+
+def _register_optional() -> None:
+    """Commands that live in their own cli_*.py modules (one per concern)."""
+    import importlib
+
+    for module, attr in (("cli_verify", "verify_cmd"), ("cli_quantize", "quantize_cmd"),
+                         ("cli_tokenizer", "fix_tokenizer_cmd")):
+        try:
+            mod = importlib.import_module(f".{module}", __package__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.{module}":
+                raise
+            continue
+        main.add_command(getattr(mod, attr))
+
+
+_register_optional()

@@ -1,0 +1,350 @@
+"""DFlash drafter checkpoint + target dir -> one GGUF, identical to llama.cpp b11434's output.
+
+One function, read top to bottom: read and check both configs, index and check the drafter's
+tensors, plan the metadata in b11434's order, embed the target's vocabulary, then stream every
+tensor into ``<out>.partial`` and rename it. Nothing is written before every check has passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gguf import GGMLQuantizationType, LlamaFileType
+
+from .. import LLAMA_CPP_BUILD, __version__
+from ..atomic import atomic_output, check_free_space
+from ..errors import IncompatiblePairError, TensorError, UnsupportedModelError
+from ..gguf_writer import GGUFPlan, TensorOut
+from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
+from .constants import (
+    ARCH,
+    EMBEDDING_TENSORS,
+    GGML_QUANT_VERSION,
+    IGNORED_SUFFIXES,
+    PROVENANCE_PREFIX,
+    TENSOR_MAP,
+    Keys,
+)
+from .safetensors import TensorRef, index_checkpoint
+from .tensor_io import tensor_writer
+from .vocab import VocabInfo, add_target_vocab
+
+log = logging.getLogger(__name__)
+
+OUTTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
+    "f32": (LlamaFileType.ALL_F32, GGMLQuantizationType.F32),
+    "f16": (LlamaFileType.MOSTLY_F16, GGMLQuantizationType.F16),
+    "bf16": (LlamaFileType.MOSTLY_BF16, GGMLQuantizationType.BF16),
+    "q8_0": (LlamaFileType.MOSTLY_Q8_0, GGMLQuantizationType.Q8_0),
+}
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    outfile: Path
+    n_tensors: int
+    n_bytes: int
+    outtype: str
+    vocab: VocabInfo
+    notes: tuple[str, ...]
+    seconds: float
+    dry_run: bool = False
+    provenance: dict[str, str] = field(default_factory=dict)
+
+
+def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str]) -> list[tuple[str, TensorRef]]:
+    """HF names -> GGUF names in b11434's order; refuse what its DFlash loader cannot take."""
+    src = cfg.path.parent
+    mapped: list[tuple[str, TensorRef]] = []
+    unknown: list[str] = []
+    for hf_name, ref in refs.items():
+        name = hf_name.removeprefix("model.")
+        if name.endswith(IGNORED_SUFFIXES):
+            continue
+        if name.endswith(".bias"):
+            raise UnsupportedModelError(
+                f"{src}: tensor {hf_name!r} is an attention/projection bias. llama.cpp b11434's DFlash loader has "
+                "no bias tensors, so the file would fail at load with 'wrong number of tensors'; dropping trained "
+                "biases would change the model. This drafter cannot be served by llama.cpp b11434."
+            )
+        if name in ("d2t", "t2d"):
+            raise UnsupportedModelError(
+                f"{src}: tensor {hf_name!r} is a reduced draft vocabulary map. llama.cpp b11434 supports d2t only "
+                "for DSpark checkpoints; its DFlash converter aborts on it ('Can not map tensor')."
+            )
+        if name in EMBEDDING_TENSORS:
+            notes.append(f"{hf_name} kept as {EMBEDDING_TENSORS[name]} (as b11434 does): the draft will use its "
+                         "own table instead of the target's")
+            mapped.append((EMBEDDING_TENSORS[name], ref))
+            continue
+        m = _LAYER.match(name)
+        key, bid = (f"layers.{{i}}.{m.group(2)}", int(m.group(1))) if m else (name, None)
+        gguf_name = TENSOR_MAP.get(key)
+        if gguf_name is None or (bid is not None and bid >= cfg.n_layer):
+            unknown.append(hf_name)
+            continue
+        mapped.append((gguf_name.format(i=bid), ref))
+    if unknown:
+        raise TensorError(
+            f"{src}: unsupported drafter tensor(s) {unknown[:6]}{' ...' if len(unknown) > 6 else ''}. llama.cpp "
+            "b11434's DFlash loader creates only the DFlash1 tensor set, so a file carrying them fails at load "
+            "with 'wrong number of tensors'. This drafter variant cannot be served by llama.cpp b11434."
+        )
+    have = {n for n, _ in mapped}
+    required = {TENSOR_MAP[k].format(i=i) for k in TENSOR_MAP for i in range(cfg.n_layer) if "{i}" in k}
+    required |= {v for k, v in TENSOR_MAP.items() if "{i}" not in k}
+    if missing := sorted(required - have):
+        raise TensorError(
+            f"{src}: tensor(s) missing from the checkpoint: {missing[:6]}{' ...' if len(missing) > 6 else ''} "
+            f"(a DFlash1 drafter with {cfg.n_layer} layers has {11 * cfg.n_layer + 3}). llama.cpp would fail with "
+            "'missing tensor'. Re-download the complete checkpoint."
+        )
+    return mapped
+
+
+def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DrafterConfig) -> None:
+    hp = cfg.hp
+    h, f = cfg.hidden_size, int(hp["intermediate_size"])
+    nh, nkv, hd = int(hp["num_attention_heads"]), int(hp["num_key_value_heads"]), int(hp["head_dim"])
+    k = len(cfg.target_layer_ids)
+    fc = dict(mapped)["fc.weight"]
+    if fc.shape != (h, k * h):
+        raise IncompatiblePairError(
+            f"{cfg.path.parent}: fc.weight has shape {list(fc.shape)} but {k} taps x hidden_size {h} needs "
+            f"[{h}, {k * h}]. llama.cpp would refuse it ('fc.weight has wrong shape'). target_layer_ids in "
+            f"{cfg.path.name} do not belong to these weights: use the matching config.json."
+        )
+    expect = {"attn_q.weight": (nh * hd, h), "attn_k.weight": (nkv * hd, h), "attn_v.weight": (nkv * hd, h),
+              "attn_output.weight": (h, nh * hd), "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
+              "attn_norm.weight": (h,), "ffn_norm.weight": (h,), "ffn_gate.weight": (f, h),
+              "ffn_up.weight": (f, h), "ffn_down.weight": (h, f), "enc.output_norm.weight": (h,),
+              "output_norm.weight": (h,)}
+    for name, ref in mapped:
+        want = expect.get(name.split(".", 2)[-1] if name.startswith("blk.") else name)
+        if ref.dtype not in ("BF16", "F16", "F32"):
+            raise TensorError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; DFlash drafters are "
+                              "BF16/F16/F32 checkpoints. Quantized or FP8 drafters are not supported.")
+        if want is not None and ref.shape != want:
+            raise TensorError(
+                f"{ref.path}: tensor {ref.name!r} has shape {list(ref.shape)}, but config.json (hidden_size {h}, "
+                f"heads {nh}/{nkv}, head_dim {hd}, intermediate_size {f}) implies {list(want)}. The config and "
+                "weights do not belong together: re-download the checkpoint."
+            )
+
+
+def _check_pair(cfg: DrafterConfig, target: TargetConfig) -> None:
+    if cfg.hidden_size != target.hidden_size:
+        raise IncompatiblePairError(
+            f"Drafter {cfg.path} has hidden_size {cfg.hidden_size} but target {target.path} has "
+            f"{target.hidden_size}. A DFlash drafter must be trained for its target's hidden size (llama.cpp "
+            "aborts with 'ggml_can_repeat'). Pick the drafter made for this target."
+        )
+    bad = [t for t in cfg.target_layer_ids if not 0 <= t <= target.n_layer - 2]
+    if bad:
+        raise IncompatiblePairError(
+            f"Drafter {cfg.path} taps target layers {bad} (target_layer_ids {cfg.target_layer_ids}), but target "
+            f"{target.path} has {target.n_layer} layers: llama.cpp taps the input of layer id+1, so ids must lie "
+            f"in 0..{target.n_layer - 2}. The drafter was made for a deeper target; pick the matching one."
+        )
+    n_target = cfg.raw.get("num_target_layers")
+    if n_target is not None and int(n_target) != target.n_layer:
+        raise IncompatiblePairError(
+            f"Drafter {cfg.path} says num_target_layers {n_target} but target {target.path} has {target.n_layer} "
+            "layers. Pick the drafter made for this target."
+        )
+
+
+def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype: LlamaFileType) -> None:
+    """The keys of TextModel.set_gguf_parameters + DFlashModel.set_gguf_parameters, in their order."""
+    hp = cfg.hp
+    plan.add_uint32(Keys.BLOCK_COUNT, cfg.n_layer)
+    plan.add_uint32(Keys.CONTEXT_LENGTH, hp["max_position_embeddings"])
+    plan.add_uint32(Keys.EMBEDDING_LENGTH, cfg.hidden_size)
+    plan.add_uint32(Keys.FEED_FORWARD_LENGTH, hp["intermediate_size"])
+    plan.add_uint32(Keys.HEAD_COUNT, hp["num_attention_heads"])
+    plan.add_uint32(Keys.HEAD_COUNT_KV, hp["num_key_value_heads"])
+    if hp.get("is_causal") is False:
+        plan.add_bool(Keys.CAUSAL, False)
+
+    rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    if "full_attention" not in rope and "sliding_attention" not in rope:
+        if "rope_theta" not in rope and hp.get("rope_theta") is not None:
+            rope["rope_theta"] = hp["rope_theta"]
+        if "rope_type" not in rope and rope.get("type") is not None:
+            rope["rope_type"] = rope["type"]
+        for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+            if key not in rope and hp.get(key) is not None:
+                rope[key] = hp[key]
+    params = rope.get("full_attention", rope)
+    rope_type, factor = params.get("rope_type"), params.get("factor")
+    if rope_type == "linear" and factor is not None:
+        plan.add_string(Keys.ROPE_SCALING_TYPE, "linear")
+        plan.add_float32(Keys.ROPE_SCALING_FACTOR, factor)
+    elif rope_type == "yarn" and factor is not None:
+        plan.add_string(Keys.ROPE_SCALING_TYPE, "yarn")
+        plan.add_float32(Keys.ROPE_SCALING_FACTOR, factor)
+        plan.add_uint32(Keys.ROPE_SCALING_ORIG_CTX, params["original_max_position_embeddings"])
+        for src, key in (("extrapolation_factor", Keys.ROPE_SCALING_YARN_EXT),
+                         ("attention_factor", Keys.ROPE_SCALING_YARN_ATTN), ("beta_fast", Keys.ROPE_SCALING_YARN_BETA_FAST),
+                         ("beta_slow", Keys.ROPE_SCALING_YARN_BETA_SLOW)):
+            value = params.get(src, params.get("attn_factor") if src == "attention_factor" else None)
+            if value is not None:
+                plan.add_float32(key, value)
+    elif rope_type in ("su", "longrope"):
+        plan.add_string(Keys.ROPE_SCALING_TYPE, "longrope")
+    if params.get("rope_theta") is not None:
+        plan.add_float32(Keys.ROPE_FREQ_BASE, params["rope_theta"])
+    if (swa_theta := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
+        plan.add_float32(f"{ARCH}.rope.freq_base_swa", swa_theta)
+    plan.add_float32(Keys.RMS_EPS, hp["rms_norm_eps"])
+    if hp.get("head_dim") is not None:
+        plan.add_uint32(Keys.KEY_LENGTH, hp["head_dim"])
+        plan.add_uint32(Keys.VALUE_LENGTH, hp["head_dim"])
+    plan.add_uint32(Keys.FILE_TYPE, ftype)
+
+    dflash = cfg.dflash
+    if (prf := rope.get("partial_rotary_factor")) is not None:
+        plan.add_uint32(Keys.ROPE_DIMENSION_COUNT, int(hp["head_dim"] * prf))
+    if (value_scale := dflash.get("attention_value_scale")) is not None:
+        plan.add_float32(Keys.VALUE_SCALE, value_scale)
+    plan.add_uint32(Keys.BLOCK_SIZE, cfg.block_size)
+    if (mult := dflash.get("output_multiplier", cfg.raw.get("output_multiplier"))) is not None:
+        plan.add_float32(Keys.LOGIT_SCALE, mult)
+    softcap = dflash.get("final_logit_softcapping", cfg.raw.get("final_logit_softcapping"))
+    if softcap is not None and float(softcap) > 0:
+        plan.add_float32(Keys.FINAL_LOGIT_SOFTCAPPING, softcap)
+    scale = dflash.get("input_embedding_scale", cfg.raw.get("input_embedding_scale"))
+    if scale is None and target.is_gemma:
+        scale = target.hidden_size ** 0.5  # Gemma scales its embeddings by sqrt(H) in the forward pass
+    if scale is not None:
+        plan.add_float32(Keys.EMBEDDING_SCALE, scale)
+    plan.add_array(Keys.TARGET_LAYERS, [t + 1 for t in cfg.target_layer_ids])
+    if cfg.sliding_window and cfg.swa_pattern:
+        plan.add_uint32(Keys.SLIDING_WINDOW, cfg.sliding_window)
+        plan.add_array(Keys.SLIDING_WINDOW_PATTERN, cfg.swa_pattern)
+    if cfg.causal is not None:
+        plan.add_bool(Keys.CAUSAL, cfg.causal)
+    if target.uses_mrope:
+        plan.add_array(Keys.ROPE_DIMENSION_SECTIONS, [int(hp["head_dim"]) // 2, 0, 0, 0])
+
+
+def _resolve_outtype(outtype: str, mapped: list[tuple[str, TensorRef]]) -> str:
+    if outtype != "auto":
+        return outtype
+    first = next((ref for _, ref in mapped if len(ref.shape) >= 2), None)
+    return {"BF16": "bf16", "F16": "f16"}.get(first.dtype if first else "", "f16")
+
+
+def _tensor_type(name: str, ref: TensorRef, outtype: GGMLQuantizationType) -> GGMLQuantizationType:
+    """b11434 prepare_tensors: norms, 1-D and non-.weight tensors F32; Q8_0 needs rows of 32 else F16."""
+    if len(ref.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return GGMLQuantizationType.F32
+    if outtype == GGMLQuantizationType.Q8_0 and ref.shape[-1] % 32:
+        log.warning("%s: row length %d is not a multiple of 32, writing F16 as llama.cpp does", name, ref.shape[-1])
+        return GGMLQuantizationType.F16
+    return outtype
+
+
+def convert_drafter(
+    drafter_dir: Path,
+    target_dir: Path,
+    outfile: Path,
+    outtype: str = "auto",
+    *,
+    tokenizer_dir: Path | None = None,
+    provenance: dict[str, str] | None = None,
+    dry_run: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ConvertResult:
+    """Convert a DFlash drafter for llama.cpp b11434.
+
+    ``tokenizer_dir`` (default: ``target_dir``) is where the target's tokenizer files are read, so a
+    repaired overlay can stand in for a read-only snapshot. ``provenance`` adds our own keys.
+
+    Raises:
+        ConfigError, UnsupportedModelError, TensorError, IncompatiblePairError, TokenizerError,
+        InputError, OutputError: each with a message naming the file, the field and the fix.
+    """
+    start = time.perf_counter()
+    drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
+    cfg = read_drafter_config(drafter_dir)
+    target = read_target_config(target_dir)
+    _check_pair(cfg, target)
+    notes = list(cfg.notes)
+    mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes)
+    _check_shapes(mapped, cfg)
+    if outtype not in OUTTYPES and outtype != "auto":
+        raise ValueError(f"unknown outtype {outtype!r}")
+    outtype = _resolve_outtype(outtype, mapped)
+    ftype, qtype = OUTTYPES[outtype]
+
+    plan = GGUFPlan(ARCH)
+    plan.add_string("general.type", "model")
+    plan.add_string("general.name", (provenance or {}).get("drafter_repo") or drafter_dir.name)
+    for name, ref in mapped:
+        tq = _tensor_type(name, ref, qtype)
+        plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq)))
+    _add_hparams(plan, cfg, target, ftype)
+    plan.add_uint32(Keys.QUANTIZATION_VERSION, GGML_QUANT_VERSION)
+    vocab = add_target_vocab(plan, tokenizer_dir or target_dir, target, int(cfg.hp["vocab_size"]))
+    if cfg.mask_token_id >= vocab.n_tokens:
+        raise IncompatiblePairError(
+            f"Drafter {cfg.path} has mask_token_id {cfg.mask_token_id}, outside the {vocab.n_tokens}-token vocabulary "
+            f"of target {target_dir}. llama.cpp would abort on the first draft. Pick the drafter made for this target."
+        )
+    plan.add_uint32(Keys.MASK_TOKEN_ID, cfg.mask_token_id)
+
+    prov = {
+        "converter": f"dflash-gguf {__version__}",
+        "llama_cpp_build": LLAMA_CPP_BUILD,
+        "drafter.source": str(drafter_dir),
+        "target.source": str(target_dir),
+        "target.architecture": target.arch,
+        "target.config_sha256": hashlib.sha256(target.path.read_bytes()).hexdigest(),
+        "target.vocab_sha256": vocab.sha256,
+        "tokenizer.origin": "original",
+        **(provenance or {}),
+    }
+    for key, value in prov.items():
+        plan.add_string(PROVENANCE_PREFIX + key, value)
+    if notes:
+        plan.add_array(PROVENANCE_PREFIX + "notes", notes)
+    total = plan.data_bytes
+    if dry_run:
+        return ConvertResult(Path(outfile), len(plan.tensors), total, outtype, vocab, tuple(notes),
+                             time.perf_counter() - start, True, prov)
+
+    outfile = Path(outfile)
+    check_free_space(outfile, total + len(plan.header_bytes()))
+    done = 0
+
+    def tick(t: TensorOut) -> None:
+        nonlocal done
+        done += t.nbytes
+        if on_progress is not None:
+            on_progress(done, total)
+
+    with atomic_output(outfile) as tmp:
+        size = plan.write(tmp, on_tensor=tick)
+    log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), size)
+    return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, tuple(notes),
+                         time.perf_counter() - start, False, prov)
+
+
+def summary(result: ConvertResult) -> dict[str, object]:
+    """A JSON-ready description for ``--json`` and the demo."""
+    return {"outfile": str(result.outfile), "tensors": result.n_tensors, "bytes": result.n_bytes,
+            "outtype": result.outtype, "vocab": {"model": result.vocab.model, "tokens": result.vocab.n_tokens,
+            "sha256": result.vocab.sha256}, "notes": list(result.notes), "seconds": round(result.seconds, 3),
+            "dry_run": result.dry_run, "provenance": result.provenance}
+
+
+__all__ = ["convert_drafter", "ConvertResult", "OUTTYPES", "summary", "json"]

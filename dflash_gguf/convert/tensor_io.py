@@ -1,0 +1,88 @@
+"""Tensor bytes from a safetensors range into the GGUF output, copied or converted in chunks.
+
+Same-type tensors (the common BF16 -> BF16 case) are copied with ``copy_file_range``: the kernel
+moves the bytes, nothing is mapped into this process, so RSS stays flat however large the model.
+Type changes read bounded chunks with ``pread`` and convert them with numpy exactly as b11434's
+``prepare_tensors`` does (cast to F32 first, then F16 by numpy rounding, BF16 by round-to-nearest-
+even with quiet NaNs, Q8_0 by gguf-py's bit-exact quantizer).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import BinaryIO
+
+import numpy as np
+from gguf import GGMLQuantizationType, quants
+
+from .safetensors import TensorRef
+
+CHUNK_BYTES = 16 * 1024 * 1024
+_NATIVE = {"BF16": GGMLQuantizationType.BF16, "F16": GGMLQuantizationType.F16, "F32": GGMLQuantizationType.F32}
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round F32 to BF16 bits (nearest even; NaNs kept quiet), as ggml's fp32->bf16 does."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    is_nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    u = np.where(is_nan, (u & np.uint32(0xFFFF0000)) | np.uint32(0x00400000), u)
+    rounded = (u.astype(np.uint64) + np.uint64(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint64(16)
+    return rounded.astype(np.uint16)
+
+
+def to_f32(raw: bytes | bytearray | memoryview, dtype: str) -> np.ndarray:
+    if dtype == "BF16":
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if dtype == "F16":
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
+    if dtype == "F32":
+        return np.frombuffer(raw, dtype="<f4")
+    raise ValueError(f"cannot convert {dtype} tensors")
+
+
+def encode(x: np.ndarray, qtype: GGMLQuantizationType, row: int) -> np.ndarray:
+    """F32 values -> the bytes of ``qtype`` (rows of ``row`` elements for block types)."""
+    if qtype == GGMLQuantizationType.F32:
+        return x
+    if qtype == GGMLQuantizationType.F16:
+        return x.astype(np.float16)
+    if qtype == GGMLQuantizationType.BF16:
+        return f32_to_bf16(x)
+    return quants.quantize(x.reshape(-1, row), qtype)
+
+
+def _copy_range(src: TensorRef, out: BinaryIO) -> None:
+    out.flush()
+    dst_fd = out.fileno()
+    with open(src.path, "rb", buffering=0) as f:
+        src_fd, offset, left = f.fileno(), src.offset, src.nbytes
+        while left:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, left, offset)
+            except OSError:  # e.g. across filesystems on old kernels: fall back to pread/write
+                n = 0
+            if n == 0:
+                n = os.write(dst_fd, os.pread(src_fd, min(left, CHUNK_BYTES), offset))
+            offset += n
+            left -= n
+
+
+def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[BinaryIO], None]:
+    """A callback writing ``src`` as ``qtype`` into an unbuffered output file."""
+    if _NATIVE.get(src.dtype) == qtype:
+        return lambda out: _copy_range(src, out)
+
+    row = src.shape[-1] if src.shape else 1
+    elem = src.nbytes // max(1, int(np.prod(src.shape, dtype=np.int64)))
+    rows_per_chunk = max(1, CHUNK_BYTES // max(1, row * elem))
+    step = rows_per_chunk * row * elem
+
+    def write(out: BinaryIO) -> None:
+        with open(src.path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            for start in range(0, src.nbytes, step):
+                raw = os.pread(fd, min(step, src.nbytes - start), src.offset + start)
+                out.write(encode(to_f32(raw, src.dtype), qtype, row).tobytes())
+
+    return write

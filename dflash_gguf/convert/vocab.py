@@ -1,0 +1,237 @@
+"""The target's vocabulary, embedded in the drafter GGUF as llama.cpp b11434 embeds it.
+
+b11434's DFlash converter runs the *target* architecture's ``set_vocab`` on the target dir with
+the *drafter's* hparams (format reference, section 5). Two families are mirrored here, without
+transformers:
+
+* Gemma-4 (``Gemma4Model.set_vocab``): tokenizer.json only (BPE + byte fallback), model
+  ``gemma4``, scores -1000, CONTROL for the tokenizer's declared special tokens, BYTE for
+  ``<0xNN>``, seven chat/tool markers forced USER_DEFINED, no padding.
+* GPT-2 BPE (``_set_vocab_gpt2`` for Qwen2/Qwen3/Llama-3): model ``gpt2``, ``pre`` from the
+  pre-tokenizer fingerprint, ``[PAD{i}]`` rows up to the drafter's ``vocab_size``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import TokenType
+
+from ..errors import TokenizerError, UnsupportedModelError
+from ..gguf_writer import GGUFPlan
+from .configs import TargetConfig
+from .special_vocab import read_special_tokens
+
+# Tokens b11434 forces to USER_DEFINED for Gemma-4 so the chat parser sees them (conversion/gemma.py).
+GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                  "<tool_response|>", '<|"|>'}
+
+# The fixed text b11434 tokenizes to fingerprint a BPE pre-tokenizer (TextModel.get_vocab_base_pre).
+CHKTXT = (
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 "
+    "333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
+    "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
+    "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
+)
+# sha256(str(token ids of CHKTXT)) -> tokenizer.ggml.pre, for the target families we support
+# (b11434 conversion/base.py, generated table in get_vocab_base_pre).
+PRE_TOKENIZERS = {
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen1.5 .. Qwen3
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3-Embedding
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama-3
+}
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What was embedded, for the summary and the provenance keys."""
+
+    model: str
+    n_tokens: int
+    source: str  # the file the token list came from
+    sha256: str  # of the token list, types and merges, for pairing checks
+
+
+def _load_tokenizer_json(tok_dir: Path) -> dict[str, Any]:
+    path = tok_dir / "tokenizer.json"
+    if not path.is_file():
+        has_model = (tok_dir / "tokenizer.model").is_file()
+        raise TokenizerError(
+            f"Target {tok_dir} has no tokenizer.json{' (only tokenizer.model)' if has_model else ''}. The drafter "
+            "GGUF embeds the target's vocabulary, which llama.cpp b11434 reads from tokenizer.json for this "
+            "architecture. Download the target's tokenizer files (tokenizer.json, tokenizer_config.json)."
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["model"]["vocab"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise TokenizerError(f"{path} is corrupt or not a Hugging Face tokenizers file ({e!r}). "
+                             "Re-download it.") from None
+    return data
+
+
+def _declared_specials(tok_dir: Path) -> set[str]:
+    """Strings transformers reports in ``all_special_tokens`` for this dir (the named tokens plus
+    additional/extra special tokens from tokenizer_config.json and special_tokens_map.json)."""
+    found: set[str] = set()
+
+    def collect(value: Any) -> None:
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, dict):
+            if isinstance(value.get("content"), str):
+                found.add(value["content"])
+            else:
+                for v in value.values():
+                    collect(v)
+        elif isinstance(value, list):
+            for v in value:
+                collect(v)
+
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = tok_dir / name
+        if not path.is_file():
+            continue
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        for key in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
+            collect(cfg.get(f"{key}_token"))
+        collect(cfg.get("additional_special_tokens"))
+        collect(cfg.get("extra_special_tokens"))
+    return found
+
+
+def _fingerprint(plan: GGUFPlan) -> str:
+    h = hashlib.sha256()
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
+        h.update(json.dumps(plan.get(key), ensure_ascii=False).encode())
+    return h.hexdigest()
+
+
+def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
+    tj = _load_tokenizer_json(tok_dir)
+    model = tj["model"]
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or (tj.get("decoder") or {}).get("type") != "Sequence":
+        raise TokenizerError(f"{tok_dir / 'tokenizer.json'}: a Gemma-4 tokenizer must be BPE with byte_fallback "
+                             "and a Sequence decoder, as llama.cpp b11434's Gemma-4 path requires. Re-download it.")
+    base: dict[str, int] = model["vocab"]
+    n_base = len(base)
+    full = {**base, **{t["content"]: t["id"] for t in tj.get("added_tokens", [])}}
+    reverse = {i: s for s, i in full.items()}
+    names = _declared_specials(tok_dir)
+    special_ids = {full[s] for s in names if s in full}
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n_base):
+        text = reverse.get(i)
+        if text is None:
+            raise TokenizerError(f"{tok_dir / 'tokenizer.json'}: id {i} has no token. Re-download it.")
+        tokens.append(text)
+        if _BYTE_PIECE.fullmatch(text):
+            types.append(TokenType.BYTE)
+        else:
+            types.append(TokenType.CONTROL if i in special_ids else TokenType.NORMAL)
+    for t in sorted((t for t in tj.get("added_tokens", []) if t["id"] >= n_base), key=lambda t: t["id"]):
+        tokens.append(t["content"])
+        types.append(TokenType.CONTROL if t["content"] in names else TokenType.USER_DEFINED)
+    types = [TokenType.USER_DEFINED if tok in GEMMA4_VISIBLE else ty for tok, ty in zip(tokens, types)]
+
+    plan.add_string("tokenizer.ggml.model", "gemma4")
+    plan.add_array("tokenizer.ggml.tokens", tokens)
+    plan.add_array("tokenizer.ggml.scores", [-1000.0] * len(tokens))
+    plan.add_array("tokenizer.ggml.token_type", [int(t) for t in types])
+    read_special_tokens(tok_dir).add_to(plan)
+    plan.add_bool("tokenizer.ggml.add_space_prefix", False)
+    plan.add_bool("tokenizer.ggml.add_bos_token", True)
+    return VocabInfo("gemma4", len(tokens), "tokenizer.json", _fingerprint(plan))
+
+
+def _looks_special(token: str) -> bool:
+    """Added tokens b11434 types CONTROL even when not flagged special (TextModel.does_token_look_special)."""
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (token.startswith("<|") and token.endswith("|>"))
+            or (token.startswith("<｜") and token.endswith("｜>"))
+            or (token.startswith("<unused") and token.endswith(">")))
+
+
+def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
+    from tokenizers import Tokenizer  # Rust tokenizers only: no torch, no transformers
+
+    tj = _load_tokenizer_json(tok_dir)
+    if (tok_dir / "tokenizer.model").is_file():
+        raise UnsupportedModelError(
+            f"Target {tok_dir} has a tokenizer.model: llama.cpp b11434 would read it with SentencePiece for this "
+            "architecture, a path dflash-gguf does not mirror. Remove it from a copy of the target folder if it "
+            "does not belong there (e.g. copied from another model)."
+        )
+    try:
+        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises plain Exception subclasses
+        raise TokenizerError(f"{tok_dir / 'tokenizer.json'} cannot be loaded by tokenizers: {e}. Re-download it.") \
+            from None
+    full = tok.get_vocab(with_added_tokens=True)
+    biggest = max(full.values())
+    if biggest >= vocab_size:
+        raise TokenizerError(
+            f"Target tokenizer {tok_dir / 'tokenizer.json'} has token id {biggest}, beyond the drafter's "
+            f"vocab_size {vocab_size}. The drafter was not made for this tokenizer: check --target."
+        )
+    chkhsh = hashlib.sha256(str(tok.encode(CHKTXT).ids).encode()).hexdigest()
+    pre = PRE_TOKENIZERS.get(chkhsh)
+    if pre is None:
+        raise TokenizerError(
+            f"Target tokenizer {tok_dir / 'tokenizer.json'} has pre-tokenizer fingerprint {chkhsh}, which is not "
+            "one dflash-gguf supports (Qwen2/Qwen3: qwen2; Llama-3: llama-bpe). llama.cpp b11434 cannot convert "
+            "an unknown pre-tokenizer either."
+        )
+    added = {t["id"]: dict(t) for t in tj.get("added_tokens", [])}
+    cfg_path = tok_dir / "tokenizer_config.json"
+    if cfg_path.is_file():
+        for sid, entry in (json.loads(cfg_path.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}).items():
+            if int(sid) in added:
+                added[int(sid)].update({k: entry[k] for k in ("special", "normalized") if k in entry})
+    reverse = {i: s for s, i in full.items()}
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(vocab_size):
+        text = reverse.get(i)
+        if text is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(TokenType.UNUSED)
+            continue
+        info = added.get(i)
+        if info is None:
+            types.append(TokenType.NORMAL)
+        else:
+            if not info.get("normalized", True):
+                text = tok.decode(tok.encode(text, add_special_tokens=False).ids, skip_special_tokens=False)
+            if info.get("special") or _looks_special(text):
+                types.append(TokenType.CONTROL)
+            else:
+                text = text.replace("\u2581", " ")
+                types.append(TokenType.USER_DEFINED)
+        tokens.append(text)
+
+    plan.add_string("tokenizer.ggml.model", "gpt2")
+    plan.add_string("tokenizer.ggml.pre", pre)
+    plan.add_array("tokenizer.ggml.tokens", tokens)
+    plan.add_array("tokenizer.ggml.token_type", [int(t) for t in types])
+    read_special_tokens(tok_dir).add_to(plan)
+    return VocabInfo(f"gpt2/{pre}", len(tokens), "tokenizer.json", _fingerprint(plan))
+
+
+def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafter_vocab_size: int) -> VocabInfo:
+    """Embed the target's tokenizer the way b11434's DFlash converter does.
+
+    Raises:
+        TokenizerError: tokenizer files missing, corrupt, or not matching the drafter.
+        UnsupportedModelError: a tokenizer layout b11434 would read by a path we do not mirror.
+    """
+    if target.vocab_family == "gemma4":
+        return add_gemma4_vocab(plan, tok_dir)
+    return add_bpe_vocab(plan, tok_dir, drafter_vocab_size)

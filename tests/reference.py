@@ -1,0 +1,680 @@
+"""Test helpers that run the llama.cpp b11434 reference: converter, llama-quantize, libllama, llama-server.
+
+Byte-for-byte parity can only be shown against the real b11434, so tests call it through these helpers.
+Everything here imports with nothing installed; a test first asks ``reference_available()`` or
+``llama_cpp_available()`` and hands the answer to ``require_or_skip``, which skips locally but fails on CI
+(``CI=true``), where a missing reference means a broken pipeline, not an optional extra.
+
+Locations come from ``scripts/reference_env.py`` (set it up with ``python scripts/reference_env.py setup``;
+with ``DFLASH_GGUF_SETUP=1`` the availability checks run the setup themselves). Every subprocess has a
+timeout; servers bind to 127.0.0.1 only; the converter runs with Hugging Face offline switches and a
+dead proxy, so nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP_ENV = "DFLASH_GGUF_SETUP"
+
+
+def _load_reference_env() -> ModuleType:
+    """Import scripts/reference_env.py by path: scripts/ is not a package."""
+    name = "dflash_reference_env"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "reference_env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+env = _load_reference_env()
+
+# ------------------------------------------------------------------------------------ availability
+
+
+def require_or_skip(reason: str | None) -> None:
+    """Skip a test whose reference is missing, except on CI (``CI=true``), where that is a failure."""
+    import pytest
+
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"llama.cpp reference required on CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _auto_setup(step: str) -> str | None:
+    if os.environ.get(SETUP_ENV) != "1":
+        return None
+    try:
+        {"ref": env.ensure_reference_venv, "llama": env.ensure_llama_cpp}[step]()
+    except env.SetupError as exc:
+        return f"automatic reference setup failed: {exc}"
+    return None
+
+
+def reference_available() -> str | None:
+    """None when b11434's convert_hf_to_gguf.py can run, else why not."""
+    failure = _auto_setup("ref")
+    return failure or env.step_status("sdist") or env.step_status("ref")
+
+
+def llama_cpp_available() -> str | None:
+    """None when the b11434 binaries and libllama are built, else why not."""
+    failure = _auto_setup("llama")
+    return failure or env.step_status("sdist") or env.step_status("llama")
+
+
+def _require(reason: str | None) -> None:
+    if reason is not None:
+        raise FileNotFoundError(reason)
+
+
+# --------------------------------------------------------------------------------------- converter
+
+
+def _offline_env(tmp: Path) -> dict[str, str]:
+    """Environment that keeps the reference converter off the network and away from user caches."""
+    out = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "HF_TOKEN")}
+    dead_proxy = "http://127.0.0.1:9"  # discard port: any HTTP(S) attempt fails at once
+    out.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HOME": str(tmp / "hf-home"),
+            "PYTHONNOUSERSITE": "1",
+            "http_proxy": dead_proxy,
+            "https_proxy": dead_proxy,
+            "HTTP_PROXY": dead_proxy,
+            "HTTPS_PROXY": dead_proxy,
+            "no_proxy": "",
+            "NO_PROXY": "",
+        }
+    )
+    return out
+
+
+def run_reference_convert(
+    drafter_dir: str | os.PathLike[str],
+    target_dir: str | os.PathLike[str],
+    outfile: str | os.PathLike[str],
+    outtype: str = "auto",
+    extra_args: Sequence[str] = (),
+    timeout: float = 900,
+) -> subprocess.CompletedProcess[str]:
+    """Convert a drafter with b11434's convert_hf_to_gguf.py; output is captured, not checked.
+
+    Raises:
+        FileNotFoundError: the reference is not set up.
+        subprocess.TimeoutExpired: the converter ran longer than `timeout`.
+    """
+    _require(reference_available())
+    cmd = [
+        str(env.venv_python(env.ref_venv_dir())),
+        str(env.convert_script()),
+        str(Path(drafter_dir).resolve()),
+        "--target-model-dir",
+        str(Path(target_dir).resolve()),
+        "--outfile",
+        str(Path(outfile).resolve()),
+        "--outtype",
+        outtype,
+        *extra_args,
+    ]
+    # cwd is a scratch dir so nothing the script writes relative to cwd lands in the repo.
+    with tempfile.TemporaryDirectory(prefix="dflash-ref-convert-") as tmp:
+        return subprocess.run(
+            cmd,
+            cwd=tmp,
+            env=_offline_env(Path(tmp)),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+# ------------------------------------------------------------------------------------ binaries
+
+
+def llama_bin(name: str) -> Path:
+    """Path of a b11434 binary or library ("llama-quantize", "llama-server", "libllama.so", ...).
+
+    Raises:
+        FileNotFoundError: the build is missing, or has no file of that name.
+    """
+    _require(llama_cpp_available())
+    env.fix_llama_symlinks()
+    path = env.llama_bin_dir() / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist in the llama.cpp {env.LLAMA_CPP_TAG} build")
+    return path
+
+
+def _bin_env() -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}  # no hidden CLI args
+    libdir = str(env.llama_bin_dir())
+    out["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    return out
+
+
+def run_llama_quantize(
+    inp: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    qtype: str,
+    *args: str,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run `llama-quantize [args] inp out qtype`; options go first because it stops parsing at inp."""
+    cmd = [str(llama_bin("llama-quantize")), *args, str(inp), str(out), qtype]
+    return subprocess.run(
+        cmd, env=_bin_env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+# ----------------------------------------------------------------------------- libllama via ctypes
+
+# struct llama_model_params in b11434's include/llama.h, in declaration order. It is passed and
+# returned BY VALUE, so the size must be exact; `model_params_layout()` measures the real layout with
+# the C compiler and the tests check this mirror against it.
+MODEL_PARAMS_FIELDS: tuple[tuple[str, type], ...] = (
+    ("devices", ctypes.c_void_p),
+    ("tensor_buft_overrides", ctypes.c_void_p),
+    ("n_gpu_layers", ctypes.c_int32),
+    ("split_mode", ctypes.c_int),
+    ("load_mode", ctypes.c_int),
+    ("lazy_mode", ctypes.c_int),
+    ("main_gpu", ctypes.c_int32),
+    ("tensor_split", ctypes.c_void_p),
+    ("progress_callback", ctypes.c_void_p),
+    ("progress_callback_user_data", ctypes.c_void_p),
+    ("kv_overrides", ctypes.c_void_p),
+    ("vocab_only", ctypes.c_bool),
+    ("check_tensors", ctypes.c_bool),
+    ("use_extra_bufts", ctypes.c_bool),
+    ("no_host", ctypes.c_bool),
+    ("no_alloc", ctypes.c_bool),
+    ("load_mtp", ctypes.c_bool),
+)
+LLAMA_LOAD_MODE_MMAP = 1  # enum llama_load_mode in llama.h; b11434 replaced `bool use_mmap` by it
+
+
+class ModelParamsMirror(ctypes.Structure):
+    _fields_ = list(MODEL_PARAMS_FIELDS)
+
+
+def mirror_layout() -> dict[str, object]:
+    """The layout ctypes derives from MODEL_PARAMS_FIELDS, in the same shape as the compiler's."""
+    return {
+        "sizeof": ctypes.sizeof(ModelParamsMirror),
+        "alignof": ctypes.alignment(ModelParamsMirror),
+        "offsets": {name: getattr(ModelParamsMirror, name).offset for name, _ in MODEL_PARAMS_FIELDS},
+        "LLAMA_LOAD_MODE_MMAP": LLAMA_LOAD_MODE_MMAP,
+        "source": "ctypes mirror",
+    }
+
+
+_PROBE_C = """\
+#include <stddef.h>
+#include <stdio.h>
+#include "llama.h"
+typedef struct llama_model_params P;
+int main(void) {
+    printf("{\\"sizeof\\": %zu, \\"alignof\\": %zu, ", sizeof(P), _Alignof(P));
+    printf("\\"LLAMA_LOAD_MODE_MMAP\\": %d, \\"offsets\\": {", (int) LLAMA_LOAD_MODE_MMAP);
+FIELDS
+    printf("}}\\n");
+    return 0;
+}
+"""
+
+
+def model_params_layout(compiler: str | None = None) -> dict[str, object]:
+    """sizeof/offsetof of struct llama_model_params as the C compiler sees b11434's llama.h.
+
+    Compiling against the header beats counting by hand: a field added in another build cannot
+    silently shift the by-value struct. The result is cached per header hash under the cache root.
+    Falls back to the ctypes mirror when no compiler or header is available.
+    """
+    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    header = env.llama_cpp_src() / "include" / "llama.h"
+    if cc is None or not header.is_file():
+        return mirror_layout()
+    fields = "\n".join(
+        f'    printf("{", " if i else ""}\\"{name}\\": %zu", offsetof(P, {name}));'
+        for i, (name, _) in enumerate(MODEL_PARAMS_FIELDS)
+    )
+    source = _PROBE_C.replace("FIELDS", fields)
+    digest = hashlib.sha256(header.read_bytes() + source.encode()).hexdigest()[:16]
+    cache = env.cache_root() / "abi" / f"llama_model_params-{digest}.json"
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(cache.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory(prefix="dflash-abi-") as tmp:
+        (Path(tmp) / "probe.c").write_text(source, encoding="utf-8")
+        include = [f"-I{env.llama_cpp_src() / 'include'}", f"-I{env.llama_cpp_src() / 'ggml' / 'include'}"]
+        subprocess.run(
+            [cc, "-std=gnu11", *include, "probe.c", "-o", "probe"],
+            cwd=tmp,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        out = subprocess.run(
+            [str(Path(tmp) / "probe")], check=True, capture_output=True, text=True, timeout=30
+        ).stdout
+    layout = json.loads(out)
+    layout["source"] = f"{cc} against {header}"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(layout, indent=2), encoding="utf-8")
+    return layout
+
+
+# Runs in a child process: an abort inside llama.cpp (GGML_ASSERT) must not take pytest down. The struct
+# is an opaque, correctly sized and aligned blob; only the fields we set are written, at the offsets the
+# compiler reported, so no field we do not touch can be misplaced.
+_LOADER = r"""
+import ctypes, json, sys
+cfg = json.loads(sys.argv[1])
+lay = cfg["layout"]
+assert lay["sizeof"] % 8 == 0 and lay["alignof"] == 8, lay
+class Params(ctypes.Structure):
+    _fields_ = [("blob", ctypes.c_uint64 * (lay["sizeof"] // 8))]
+lib = ctypes.CDLL(cfg["lib"])
+lib.llama_backend_init.restype = None
+lib.llama_model_default_params.restype = Params
+lib.llama_model_default_params.argtypes = []
+lib.llama_model_load_from_file.restype = ctypes.c_void_p
+lib.llama_model_load_from_file.argtypes = [ctypes.c_char_p, Params]
+lib.llama_model_free.restype = None
+lib.llama_model_free.argtypes = [ctypes.c_void_p]
+lib.llama_model_desc.restype = ctypes.c_int32
+lib.llama_model_desc.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+lib.llama_model_n_params.restype = ctypes.c_uint64
+lib.llama_model_n_params.argtypes = [ctypes.c_void_p]
+lib.llama_backend_free.restype = None
+lib.llama_backend_init()
+p = lib.llama_model_default_params()
+off = lay["offsets"]
+ctypes.c_int32.from_buffer(p, off["n_gpu_layers"]).value = 0
+ctypes.c_int.from_buffer(p, off["load_mode"]).value = lay["LLAMA_LOAD_MODE_MMAP"]
+ctypes.c_bool.from_buffer(p, off["vocab_only"]).value = False
+model = lib.llama_model_load_from_file(cfg["model"].encode(), p)
+result = {"loaded": bool(model)}
+if model:
+    buf = ctypes.create_string_buffer(256)
+    lib.llama_model_desc(model, buf, len(buf))
+    result.update(desc=buf.value.decode(errors="replace"), n_params=lib.llama_model_n_params(model))
+    lib.llama_model_free(model)
+lib.llama_backend_free()
+sys.stderr.flush()
+print("DFLASH_LOADER_RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def load_with_libllama(gguf_path: str | os.PathLike[str], timeout: float = 300) -> tuple[bool, str]:
+    """Load a GGUF the way llama.cpp does (llama_model_load_from_file, CPU, mmap) in a child process.
+
+    Returns (loaded, log): the log is llama.cpp's own stderr, so tests can assert on its exact error
+    ("missing tensor 'x'", "wrong number of tensors; expected 11, got 12", ...). A crash or timeout is
+    reported as not loaded, with the reason appended to the log.
+
+    Raises:
+        FileNotFoundError: the llama.cpp build is missing.
+    """
+    lib = llama_bin("libllama.so")
+    cfg = {"lib": str(lib), "model": str(Path(gguf_path).resolve()), "layout": model_params_layout()}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _LOADER, json.dumps(cfg)],
+            env=_bin_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        return False, f"{partial}\n[loader] timed out after {timeout}s"
+    result: dict[str, object] = {}
+    other_stdout = []
+    for line in res.stdout.splitlines():
+        if line.startswith("DFLASH_LOADER_RESULT "):
+            result = json.loads(line.split(" ", 1)[1])
+        else:
+            other_stdout.append(line)
+    log = res.stderr + "".join(f"{line}\n" for line in other_stdout)
+    if not result:
+        log += f"[loader] child exited with code {res.returncode} before reporting\n"
+    elif result.get("loaded"):
+        log += f"[loader] loaded: {result.get('desc')} ({result.get('n_params')} params)\n"
+    return bool(result.get("loaded")) and res.returncode == 0, log
+
+
+# ------------------------------------------------------------------------------------------ server
+
+
+def free_port() -> int:
+    """A currently free loopback port (the tiny race with other processes is acceptable in tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never via a proxy
+
+
+def http_json(
+    url: str, payload: Mapping[str, object] | None = None, timeout: float = 120
+) -> tuple[int, object]:
+    """GET (payload None) or POST JSON to a local server; returns (status, decoded body or text)."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with _NO_PROXY.open(req, timeout=timeout) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode(errors="replace")
+
+
+@dataclass
+class LlamaServer:
+    """A running (or failed) llama-server; `output` holds its stdout+stderr, also after it exited."""
+
+    url: str
+    cmd: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    ready: bool = False
+    returncode: int | None = None
+    _final_output: str | None = field(default=None, repr=False)
+
+    @property
+    def output(self) -> str:
+        if self._final_output is not None:
+            return self._final_output
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_exit(self, timeout: float = 30) -> int | None:
+        """Wait for the process to end on its own (e.g. an abort on the first request)."""
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.returncode = self.process.wait(timeout=timeout)
+        return self.returncode
+
+
+@contextlib.contextmanager
+def start_llama_server(
+    target: str | os.PathLike[str],
+    draft: str | os.PathLike[str] | None,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+    n_max: int = 15,
+    startup_timeout: float = 180,
+) -> Iterator[LlamaServer]:
+    """Run llama-server on 127.0.0.1 with the DFlash drafter; yield once /health answers or it died.
+
+    The yielded LlamaServer has `ready` False when the process exited (or never became healthy)
+    during startup: assert on `server.output` then, it holds llama.cpp's abort message. The process
+    is killed on exit of the block; `output` stays readable afterwards.
+    """
+    port = port or free_port()
+    cmd = [str(llama_bin("llama-server")), "-m", str(target)]
+    if draft is not None:
+        cmd += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
+    cmd += ["-c", "256", "-t", "2", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    with tempfile.TemporaryDirectory(prefix="dflash-llama-server-") as tmp:
+        server = LlamaServer(url=f"http://127.0.0.1:{port}", cmd=cmd, log_path=Path(tmp) / "server.log")
+        with open(server.log_path, "wb") as log_file:
+            server.process = subprocess.Popen(
+                cmd,
+                cwd=tmp,
+                env=_bin_env(),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        try:
+            deadline = time.monotonic() + startup_timeout
+            while time.monotonic() < deadline:
+                if server.process.poll() is not None:
+                    server.returncode = server.process.returncode
+                    break
+                with contextlib.suppress(OSError, urllib.error.URLError):
+                    status, _ = http_json(f"{server.url}/health", timeout=2)
+                    if status == 200:
+                        server.ready = True
+                        break
+                time.sleep(0.2)
+            yield server
+        finally:
+            if server.process.poll() is None:
+                server.process.terminate()
+                try:
+                    server.process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    server.process.kill()
+                    server.process.wait(timeout=15)
+            server.returncode = server.process.returncode
+            server._final_output = server.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+# ------------------------------------------------------------------------------------ tiny fixtures
+
+TINY_VOCAB = "ggml-vocab-llama-spm.gguf"  # 32k SPM vocab shipped in b11434's models/ folder
+TINY_HEADS = 2
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_vocab() -> tuple[list[bytes], list[float], list[int]]:
+    """Tokens, scores and token types of TINY_VOCAB: a real vocab llama.cpp's SPM loader accepts."""
+    import gguf
+
+    fields = gguf.GGUFReader(env.llama_cpp_src() / "models" / TINY_VOCAB).fields
+    tok = fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(tok.parts[i]) for i in tok.data]  # raw bytes: no decode/encode round trip
+    scores = [float(s) for s in fields["tokenizer.ggml.scores"].contents()]
+    types = [int(t) for t in fields["tokenizer.ggml.token_type"].contents()]
+    return tokens, scores, types
+
+
+def _write_tiny(
+    path: str | os.PathLike[str],
+    arch: str,
+    hparams: Mapping[str, tuple[str, object]],
+    tensors: Mapping[str, object],
+    *,
+    drop_tensors: Sequence[str],
+    extra_tensors: Sequence[str],
+    drop_keys: Sequence[str],
+    mask_token_id: int | None = None,
+) -> Path:
+    """Write `{arch}.*` hparams, the tiny vocab and `tensors` (with the knobs applied) via gguf-py."""
+    import gguf
+    import numpy as np
+
+    tensors = dict(tensors)
+    n_embd = int(hparams["embedding_length"][1])  # type: ignore[call-overload]
+    for name in extra_tensors:
+        tensors[name] = np.ones(n_embd, dtype=np.float32)
+    for name in drop_tensors:
+        del tensors[name]
+    tokens, scores, types = _tiny_vocab()
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
+    for key, (kind, value) in hparams.items():
+        full = f"{arch}.{key}"
+        if full not in drop_keys:
+            getattr(writer, f"add_{kind}")(full, value)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    if mask_token_id is not None:
+        writer.add_mask_token_id(mask_token_id)
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def _tiny_tensors(n_layer: int, n_embd: int, rng: Any, qk_norm: int = 0) -> dict[str, object]:
+    """Blocks with llama-style names (shared by the llama and DFlash layouts) plus output_norm."""
+    import numpy as np
+
+    n_ff = 2 * n_embd
+
+    def mat(rows: int, cols: int) -> Any:  # PyTorch shape [out, in]; ggml ne is the reverse
+        return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
+
+    def ones(n: int) -> Any:
+        return np.ones(n, dtype=np.float32)
+
+    out: dict[str, object] = {"output_norm.weight": ones(n_embd)}
+    for i in range(n_layer):
+        out[f"blk.{i}.attn_norm.weight"] = ones(n_embd)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            out[f"blk.{i}.{proj}.weight"] = mat(n_embd, n_embd)
+        if qk_norm:
+            out[f"blk.{i}.attn_q_norm.weight"] = ones(qk_norm)
+            out[f"blk.{i}.attn_k_norm.weight"] = ones(qk_norm)
+        out[f"blk.{i}.ffn_norm.weight"] = ones(n_embd)
+        out[f"blk.{i}.ffn_gate.weight"] = mat(n_ff, n_embd)
+        out[f"blk.{i}.ffn_up.weight"] = mat(n_ff, n_embd)
+        out[f"blk.{i}.ffn_down.weight"] = mat(n_embd, n_ff)
+    return out
+
+
+def _tiny_hparams(n_layer: int, n_embd: int) -> dict[str, tuple[str, object]]:
+    return {
+        "context_length": ("uint32", 256),
+        "embedding_length": ("uint32", n_embd),
+        "block_count": ("uint32", n_layer),
+        "feed_forward_length": ("uint32", 2 * n_embd),
+        "attention.head_count": ("uint32", TINY_HEADS),
+        "attention.head_count_kv": ("uint32", TINY_HEADS),
+        "attention.layer_norm_rms_epsilon": ("float32", 1e-5),
+        "rope.freq_base": ("float32", 10000.0),
+    }
+
+
+
+def write_tiny_llama_gguf(
+    path: str | os.PathLike[str],
+    *,
+    arch: str = "llama",
+    n_layer: int = 2,
+    n_embd: int = 64,
+    drop_tensors: Sequence[str] = (),
+    extra_tensors: Sequence[str] = (),
+    drop_keys: Sequence[str] = (),
+    seed: int = 0,
+) -> Path:
+    """A random-weight llama model (~5 MB, b11434's 32k SPM test vocab): a loadable, servable target.
+
+    The knobs make broken variants whose llama.cpp errors tests assert on; keys are written under
+    `arch`, so e.g. arch="dflash" reaches the DFlash hparam loader. Needs numpy and gguf.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n_vocab = len(_tiny_vocab()[0])
+    tensors = {
+        "token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16),
+        **_tiny_tensors(n_layer, n_embd, rng),
+    }
+    hparams = _tiny_hparams(n_layer, n_embd)
+    return _write_tiny(
+        path,
+        arch,
+        hparams,
+        tensors,
+        drop_tensors=drop_tensors,
+        extra_tensors=extra_tensors,
+        drop_keys=drop_keys,
+    )
+
+
+def write_tiny_dflash_gguf(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int = 1,
+    n_embd: int = 64,
+    target_layers: Sequence[int] = (1,),
+    block_size: int = 16,
+    mask_token_id: int | None = 0,
+    drop_tensors: Sequence[str] = (),
+    extra_tensors: Sequence[str] = (),
+    drop_keys: Sequence[str] = (),
+    seed: int = 1,
+) -> Path:
+    """A random-weight DFlash drafter in b11434's layout (11·L + 3 tensors) for the tiny llama target.
+
+    `target_layers` are GGUF values (HF id + 1) and must stay below the target's n_layer. Written from
+    the format reference, not by our converter: it proves the harness, not the converter.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    k = len(target_layers)
+    tensors = {
+        "fc.weight": (rng.standard_normal((n_embd, k * n_embd)) * 0.02).astype(np.float16),
+        "enc.output_norm.weight": np.ones(n_embd, dtype=np.float32),
+        **_tiny_tensors(n_layer, n_embd, rng, qk_norm=n_embd // TINY_HEADS),
+    }
+    hparams = _tiny_hparams(n_layer, n_embd)
+    hparams["block_size"] = ("uint32", block_size)
+    hparams["target_layers"] = ("array", [int(t) for t in target_layers])
+    return _write_tiny(
+        path,
+        "dflash",
+        hparams,
+        tensors,
+        drop_tensors=drop_tensors,
+        extra_tensors=extra_tensors,
+        drop_keys=drop_keys,
+        mask_token_id=mask_token_id,
+    )
