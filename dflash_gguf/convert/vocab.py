@@ -139,7 +139,7 @@ def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
     for t in sorted((t for t in tj.get("added_tokens", []) if t["id"] >= n_base), key=lambda t: t["id"]):
         tokens.append(t["content"])
         types.append(TokenType.CONTROL if t["content"] in names else TokenType.USER_DEFINED)
-    types = [TokenType.USER_DEFINED if tok in GEMMA4_VISIBLE else ty for tok, ty in zip(tokens, types)]
+    types = [TokenType.USER_DEFINED if tok in GEMMA4_VISIBLE else ty for tok, ty in zip(tokens, types, strict=True)]
 
     plan.add_string("tokenizer.ggml.model", "gemma4")
     plan.add_array("tokenizer.ggml.tokens", tokens)
