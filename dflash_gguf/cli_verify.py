@@ -1,0 +1,74 @@
+"""``dflash-verify``: judge a drafter/target GGUF pair before it is served."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .verify import Report, verify_files
+
+_MARK = {("pass", "error"): "ok", ("pass", "warning"): "ok", ("pass", "info"): "info", ("skip", "error"): "skip",
+         ("skip", "warning"): "skip", ("skip", "info"): "skip", ("fail", "error"): "ERROR",
+         ("fail", "warning"): "warn", ("fail", "info"): "info"}
+
+
+def render(report: Report, width: int = 100) -> str:
+    """A readable table: check, result, message (and the fix under it when there is one)."""
+    rows = [(r.id, _MARK[(r.status, r.severity)], r.message, r.fix) for r in report.results]
+    w_id = max((len(r[0]) for r in rows), default=5)
+    msg_w = max(40, width - w_id - 10)
+    lines = [f"{'check':<{w_id}}  {'result':<6}  message / fix", "-" * min(width, w_id + 10 + msg_w)]
+    for cid, mark, msg, fix in rows:
+        wrapped = textwrap.wrap(msg, msg_w) or [""]
+        if fix and mark in ("ERROR", "warn"):
+            wrapped += textwrap.wrap("fix: " + fix, msg_w)
+        lines.append(f"{cid:<{w_id}}  {mark:<6}  {wrapped[0]}")
+        lines += [f"{'':<{w_id}}  {'':<6}  {x}" for x in wrapped[1:]]
+    n_err, n_warn = len(report.errors), len(report.warnings)
+    verdict = "MUST NOT be served" if n_err else "can be served"
+    lines.append(f"\n{verdict}: {n_err} error(s), {n_warn} warning(s).")
+    return "\n".join(lines)
+
+
+def _handled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``cli.handle_errors``, looked up at call time: cli.py imports this module while it is being imported."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .cli import handle_errors
+
+        return handle_errors(fn)(*args, **kwargs)
+    return wrapper
+
+
+@click.command("verify")
+@click.argument("drafter", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("target", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--allow-derived-target", is_flag=True,
+              help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
+@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+@click.pass_context
+@_handled
+def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_derived_target: bool,
+               json_: bool) -> None:
+    """Check that a DFlash drafter GGUF and its target GGUF belong together.
+
+    Exit 0: servable; 1: must not be served; 2: an input cannot be read.
+
+    \b
+    Example:
+      dflash-verify gemma4-12B-it-DFlash-BF16.gguf gemma-4-12B-it-Q4_0.gguf
+    """
+    from .cli import echo_json
+
+    report = verify_files(drafter, target, allow_derived_target=allow_derived_target)
+    if json_:
+        echo_json(report.to_dict())
+    else:
+        click.echo(render(report, shutil.get_terminal_size((100, 20)).columns))
+    ctx.exit(report.exit_code)

@@ -1,0 +1,232 @@
+"""The built-in quantizer: llama-quantize b11434's output for Q4_0/Q8_0/F16/BF16/F32, without llama.cpp.
+
+Bit-exactness rests on three things: the per-tensor types of ``rules.py``, gguf-py's numpy
+quantizers (bit-identical to ggml's reference ``quantize_row_q4_0_ref``/``q8_0_ref``, which is what
+``ggml_quantize_chunk`` calls), and the file layout of ``llama_model_quantize_impl``: input KVs in
+order minus ``general.quantization_version``/``general.file_type``/``split.*``, those two appended,
+tensors sorted by ``weight_name_comparer``, data 32-byte aligned.
+
+Streaming: tensors are read with ``os.pread`` in row chunks (not through the mmap, so the page
+cache of a multi-GB input never counts against our RSS) and quantized by a small thread pool;
+numpy releases the GIL inside its array kernels, so two threads use two cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from .. import __version__
+from ..atomic import atomic_output, check_free_space
+from ..convert.constants import PROVENANCE_PREFIX
+from ..errors import QuantizeError
+from .gguf_input import InputGGUF, InputTensor, kv_string, kv_uint32, pack_string
+from .rules import FTYPES, QUANTIZATION_VERSION, SUPPORTED_TYPES, choose_type, is_quantized, layer_sort_key
+
+log = logging.getLogger(__name__)
+Q = GGMLQuantizationType
+
+BUILTIN_VERSION = f"dflash-gguf {__version__} builtin (llama.cpp b11434 rules)"
+KEY_QUANTIZER = PROVENANCE_PREFIX + "quantizer"
+KEY_QUANTIZER_VERSION = PROVENANCE_PREFIX + "quantizer_version"
+ALIGNMENT = 32
+# Keys llama-quantize drops (split.*) or re-appends at the end (the other two): llama-quant.cpp.
+_MOVED_KEYS = ("general.quantization_version", "general.file_type", "split.no", "split.count",
+               "split.tensors.count")
+CHUNK_ELEMENTS = 1 << 20  # ~4 MB of f32 per work item: big enough for numpy, small for memory
+
+
+@dataclass(frozen=True)
+class TensorJob:
+    """One output tensor: where its input is, which type it becomes, and why if not the default."""
+
+    src: InputTensor
+    dst_type: GGMLQuantizationType
+    dst_nbytes: int
+    reason: str = ""
+    fallback: bool = False
+
+    @property
+    def copy(self) -> bool:
+        return self.dst_type == self.src.qtype
+
+
+def _row_bytes(qtype: GGMLQuantizationType, n: int) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    return n // block * size
+
+
+def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False) -> list[TensorJob]:
+    """Per-tensor output types in llama-quantize's order.
+
+    Raises:
+        QuantizeError: unknown type, quantized input without ``allow_requantize``, a tensor type the
+            built-in cannot read, or a tensor llama-quantize would make Q6_K (the built-in cannot).
+    """
+    if type_name not in FTYPES:
+        raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
+                            f"{', '.join(SUPPORTED_TYPES)}; other types need --quantizer llama-quantize.")
+    default = FTYPES[type_name][1]
+    names = {t.name for t in gguf.tensors}
+    has_output = "output.weight" in names
+    jobs = []
+    for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name)):
+        stored = Q(t.qtype)
+        choice = choose_type(t.name, t.ne, stored, default, has_output)
+        if choice.qtype != stored and is_quantized(stored) and not allow_requantize:
+            raise QuantizeError(
+                f"{gguf.path} is already quantized (tensor {t.name} is {stored.name}). Quantize from the BF16/F16 "
+                "conversion instead; --allow-requantize converts it anyway (dequantize, then quantize again), "
+                "which loses quality twice.")
+        if choice.qtype != stored and stored not in (Q.F32, Q.F16, Q.BF16) and not is_quantized(stored):
+            raise QuantizeError(f"Tensor {t.name} in {gguf.path} has type {stored.name}, which cannot be converted "
+                                f"to {choice.qtype.name}.")
+        if choice.qtype == Q.Q6_K:
+            raise QuantizeError(
+                f"llama-quantize b11434 stores {t.name} as Q6_K in a {type_name.upper()} file (its rule for the "
+                "output tensor and a tied token embedding), and the built-in quantizer cannot produce Q6_K "
+                "bit-exactly. Install llama.cpp (pip install 'dflash-gguf[llama-cpp]' or set LLAMA_QUANTIZE) and "
+                "use --quantizer llama-quantize, or quantize this file to q8_0.")
+        n_rows = 1
+        for d in t.ne[1:]:
+            n_rows *= d
+        jobs.append(TensorJob(t, choice.qtype, n_rows * _row_bytes(choice.qtype, t.ne[0]), choice.reason,
+                              choice.fallback))
+    return jobs
+
+
+def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> bytes:
+    kvs = [raw for key, raw in gguf.kv_raw.items()
+           if key not in _MOVED_KEYS and key not in (KEY_QUANTIZER, KEY_QUANTIZER_VERSION)]
+    kvs.append(kv_uint32("general.quantization_version", QUANTIZATION_VERSION))
+    kvs.append(kv_uint32("general.file_type", int(FTYPES[type_name][0])))
+    kvs.append(kv_string(KEY_QUANTIZER, "builtin"))
+    kvs.append(kv_string(KEY_QUANTIZER_VERSION, BUILTIN_VERSION))
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(jobs), len(kvs)))
+    for raw in kvs:
+        out += raw
+    offset = 0
+    for j in jobs:
+        out += pack_string(j.src.name) + struct.pack("<I", len(j.src.ne)) + struct.pack(f"<{len(j.src.ne)}Q", *j.src.ne)
+        out += struct.pack("<IQ", j.dst_type, offset)
+        offset += _pad(j.dst_nbytes)
+    out += bytes(_pad(len(out)) - len(out))
+    return bytes(out)
+
+
+def _pad(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
+    """Decode rows to float32 exactly as ggml's to_float does (BF16/F16 widen exactly)."""
+    if qtype == Q.F32:
+        return np.frombuffer(raw, dtype=np.float32).reshape(-1, n_per_row)
+    if qtype == Q.F16:
+        return np.frombuffer(raw, dtype=np.float16).astype(np.float32).reshape(-1, n_per_row)
+    if qtype == Q.BF16:
+        return (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, n_per_row)
+    data = np.frombuffer(raw, dtype=np.uint8).reshape(-1, _row_bytes(qtype, n_per_row))
+    return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(-1, n_per_row)
+
+
+def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes:
+    n = job.src.ne[0]
+    src_row = _row_bytes(Q(job.src.qtype), n)
+    raw = os.pread(fd, n_rows * src_row, job.src.offset + row0 * src_row)
+    if len(raw) != n_rows * src_row:
+        raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
+    if job.copy:
+        return raw
+    f32 = _to_f32(raw, Q(job.src.qtype), n)
+    if job.dst_type == Q.F32:
+        return f32.tobytes()
+    return quants.quantize(f32, job.dst_type).tobytes()
+
+
+def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
+                    on_progress: Callable[[int, int], None] | None = None) -> int:
+    """Write the output to ``tmp`` tensor by tensor; return its size in bytes."""
+    total = sum(j.src.nbytes for j in jobs)
+    done = 0
+    fd = os.open(gguf.path, os.O_RDONLY)
+    try:
+        with open(tmp, "wb") as f, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            f.write(_header(gguf, jobs, type_name))
+            for job in jobs:
+                rows_total = job.src.nbytes // max(1, _row_bytes(Q(job.src.qtype), job.src.ne[0]))
+                step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
+                pending: deque[Future[bytes]] = deque()
+                written = 0
+                try:
+                    for row0 in range(0, rows_total, step):
+                        pending.append(pool.submit(_convert_chunk, fd, job, row0, min(step, rows_total - row0)))
+                        if len(pending) >= 2 * threads:  # bounded: at most 2*threads chunks in memory
+                            written += f.write(pending.popleft().result())
+                    while pending:
+                        written += f.write(pending.popleft().result())
+                finally:
+                    for fut in pending:
+                        fut.cancel()
+                if written != job.dst_nbytes:
+                    raise QuantizeError(f"Internal error: tensor {job.src.name} produced {written} bytes, "
+                                        f"expected {job.dst_nbytes}.")
+                f.write(bytes(_pad(written) - written))
+                done += job.src.nbytes
+                if on_progress is not None:
+                    on_progress(done, total)
+            return f.tell()
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class BuiltinOutcome:
+    """What the built-in wrote: size, per-type counts and the fallbacks llama-quantize would warn about."""
+
+    n_bytes: int
+    types: dict[str, int]
+    fallbacks: tuple[str, ...]
+    seconds: float
+
+
+def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int = 2, allow_requantize: bool = False,
+                dry_run: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BuiltinOutcome:
+    """Plan, check space, and write ``outfile`` atomically (``<out>.partial`` renamed on success).
+
+    Raises:
+        QuantizeError: see :func:`plan_tensors`; also a GGUF alignment other than 32 or a split file.
+        OutputError: no space, or the output folder is missing.
+    """
+    t0 = time.monotonic()
+    if gguf.alignment != ALIGNMENT:
+        raise QuantizeError(f"{gguf.path} uses general.alignment={gguf.alignment}; the built-in quantizer writes "
+                            "32-byte alignment only. Use --quantizer llama-quantize.")
+    split_count = gguf.values.get("split.count")
+    if isinstance(split_count, int) and split_count > 1:
+        raise QuantizeError(f"{gguf.path} is one part of a {split_count}-way split GGUF. Merge it first "
+                            "(llama-gguf-split --merge) or use --quantizer llama-quantize.")
+    jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize)
+    types: dict[str, int] = {}
+    for j in jobs:
+        types[j.dst_type.name] = types.get(j.dst_type.name, 0) + 1
+    fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
+    for msg in fallbacks:
+        log.warning("%s", msg)
+    size = len(_header(gguf, jobs, type_name)) + sum(_pad(j.dst_nbytes) for j in jobs)
+    if dry_run:
+        return BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
+    check_free_space(Path(outfile), size)
+    with atomic_output(Path(outfile)) as tmp:
+        n = write_quantized(gguf, jobs, type_name, tmp, threads, on_progress)
+    return BuiltinOutcome(n, types, fallbacks, time.monotonic() - t0)

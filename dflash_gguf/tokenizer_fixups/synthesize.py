@@ -1,0 +1,306 @@
+"""Build a SentencePiece ``tokenizer.model`` from a Hugging Face ``tokenizer.json``.
+
+Gemma-4 ships only tokenizer.json; SentencePiece-first tools need tokenizer.model. Copying Gemma-3's
+file "fixes" the error but puts other strings in the chat slots (failure mode C2), so we rebuild the
+file from the target's own tokenizer.json instead. Only the SentencePiece-derived layout converts
+exactly: BPE with byte fallback, spaces turned into U+2581 by the normalizer, no other pre-tokenizer.
+
+How each field is chosen (the inverse of transformers' ``SpmConverter``, which wrote these files):
+
+* piece: the string at that id (base vocab, then ``added_tokens``).
+* type: the model's ``unk_token`` is UNKNOWN; ``<0xNN>`` pieces are BYTE; an added token flagged
+  ``special`` is CONTROL (SentencePiece never matches it in text, like ``encode_special_tokens``),
+  an unflagged one USER_DEFINED (matched in text, as tokenizers does); everything else NORMAL.
+* score: SentencePiece BPE merges the adjacent pair whose *result* has the highest score, tokenizers
+  the pair with the lowest merge rank; so a piece scores ``-rank`` of the first merge producing it.
+  Pieces no merge produces score below all merges (``-(n_merges + id)``); only merge results matter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import TokenizerError
+
+WS = "\u2581"  # SentencePiece's visible space
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
+# tokenizer.json model types we refuse, each with the reason a tokenizer.model cannot stand in for it.
+_REFUSED_MODELS = {
+    "Unigram": "a Unigram model needs SentencePiece's unigram lattice and its log-probability scores; only BPE "
+               "is supported here",
+    "WordPiece": "WordPiece (BERT-style) has no SentencePiece equivalent",
+    "WordLevel": "WordLevel (whole-word lookup) has no SentencePiece equivalent",
+}
+
+
+@dataclass(frozen=True)
+class TokenizerJsonVocab:
+    """What a tokenizer.json says about each id, in SentencePiece terms."""
+
+    path: Path
+    pieces: tuple[str, ...]
+    types: tuple[str, ...]  # NORMAL / CONTROL / USER_DEFINED / BYTE / UNKNOWN
+    scores: tuple[float, ...]
+    add_dummy_prefix: bool
+    special_ids: dict[str, int] = field(default_factory=dict)  # unk/bos/eos/pad -> id
+    notes: tuple[str, ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.pieces)
+
+
+def load_tokenizer_json(path: Path) -> dict[str, Any]:
+    """Parse tokenizer.json, turning every kind of damage into one TokenizerError.
+
+    Raises:
+        TokenizerError: missing, truncated, not JSON, or not a tokenizers file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(f"{path} does not exist. Download the target's tokenizer.json; it is the source "
+                             "tokenizer.model is rebuilt from and compared against.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data["model"]["vocab"], (dict, list)):
+            raise TypeError("model.vocab is not a table")
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise TokenizerError(f"{path} is corrupt, truncated or not a Hugging Face tokenizers file ({e!r}). "
+                             "Re-download it (huggingface-cli download REPO tokenizer.json --force-download).") \
+            from None
+    return data
+
+
+def _normalizer_dummy_prefix(path: Path, normalizer: dict[str, Any] | None) -> bool:
+    """True for Llama-style ``Prepend("▁") + Replace(" ", "▁")``, False for Gemma's bare Replace."""
+    def is_replace(n: dict[str, Any]) -> bool:
+        return n.get("type") == "Replace" and n.get("pattern") == {"String": " "} and n.get("content") == WS
+
+    if normalizer is not None:
+        if is_replace(normalizer):
+            return False
+        steps = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else None
+        if steps and len(steps) == 1 and is_replace(steps[0]):
+            return False
+        if steps and len(steps) == 2 and steps[0] == {"type": "Prepend", "prepend": WS} and is_replace(steps[1]):
+            return True
+    raise TokenizerError(
+        f"{path}: normalizer {json.dumps(normalizer)[:200]} is not the SentencePiece layout (Replace(' ', '{WS}'), "
+        "optionally after Prepend('{WS}')). Other normalizers need a compiled SentencePiece charsmap that cannot be "
+        "derived from tokenizer.json; no tokenizer.model is synthesized for this target."
+    )
+
+
+def _check_pre_tokenizer(path: Path, pre: dict[str, Any] | None) -> None:
+    # After Replace(" ", "▁") no plain space is left, so Gemma's Split(" ") never fires: a no-op.
+    if pre is None or (pre.get("type") == "Split" and pre.get("pattern") == {"String": " "}):
+        return
+    raise TokenizerError(
+        f"{path}: pre-tokenizer {pre.get('type')!r} splits text before BPE (e.g. byte-level GPT-2 style), which "
+        "SentencePiece cannot reproduce. Such models are read from tokenizer.json directly (llama.cpp b11434 does); "
+        "no tokenizer.model is synthesized."
+    )
+
+
+def _merge_pairs(path: Path, merges: list[Any]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for m in merges:
+        if isinstance(m, str):
+            left, sep, right = m.partition(" ")
+            if not sep:
+                raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
+            out.append((left, right))
+        elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
+            out.append((m[0], m[1]))
+        else:
+            raise TokenizerError(f"{path}: merge {m!r} is not a pair of strings. Re-download tokenizer.json.")
+    return out
+
+
+def _named_special(tok_dir: Path, pieces: dict[str, int]) -> dict[str, int]:
+    """bos/eos/pad ids from tokenizer_config.json (plain or {"content": ...} values), if present there."""
+    found: dict[str, int] = {}
+    cfg_path = tok_dir / "tokenizer_config.json"
+    if not cfg_path.is_file():
+        return found
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenizerError(f"{cfg_path} is corrupt ({e!r}). Re-download it.") from None
+    for name in ("bos", "eos", "pad"):
+        value = cfg.get(f"{name}_token")
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str) and value in pieces:
+            found[name] = pieces[value]
+    return found
+
+
+def _pieces_by_id(path: Path, data: dict[str, Any]) -> tuple[list[str], dict[int, bool], int]:
+    """(piece per id, {added id: special flag}, base vocab size), refusing gaps and duplicates."""
+    by_id: dict[int, str] = {}
+    try:
+        for piece, i in data["model"]["vocab"].items():
+            by_id[int(i)] = piece
+        n_base = len(by_id)
+        added: dict[int, bool] = {}
+        for tok in data.get("added_tokens") or []:
+            i, content = int(tok["id"]), tok["content"]
+            if by_id.get(i, content) != content:
+                raise TokenizerError(f"{path}: added token {content!r} reuses id {i} of {by_id[i]!r}. "
+                                     "Re-download it.")
+            by_id[i] = content
+            added[i] = bool(tok.get("special"))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise TokenizerError(f"{path}: vocabulary is malformed ({e!r}). Re-download tokenizer.json.") from None
+    n = max(by_id) + 1 if by_id else 0
+    missing = [i for i in range(n) if i not in by_id]
+    if not n or missing:
+        raise TokenizerError(f"{path}: token ids are not contiguous (first missing id {missing[:1] or [0]}); "
+                             "a SentencePiece model needs one piece per id. Re-download tokenizer.json.")
+    pieces = [by_id[i] for i in range(n)]
+    seen: dict[str, int] = {}
+    for i, p in enumerate(pieces):
+        if p in seen or not isinstance(p, str) or not p:
+            raise TokenizerError(f"{path}: piece {p!r} appears at ids {seen.get(p)} and {i} (or is empty); "
+                                 "SentencePiece needs unique pieces. Re-download tokenizer.json.")
+        seen[p] = i
+    return pieces, added, n_base
+
+
+def tokenizer_json_pieces(path: Path) -> list[str]:
+    """The string at every id of tokenizer.json (base vocab plus added tokens), for id-by-id checks.
+
+    Raises:
+        TokenizerError: corrupt file, gaps or duplicate pieces.
+    """
+    return _pieces_by_id(Path(path), load_tokenizer_json(path))[0]
+
+
+def read_tokenizer_json(path: Path) -> TokenizerJsonVocab:
+    """Read what tokenizer.json implies for every id, refusing layouts SentencePiece cannot mirror.
+
+    Raises:
+        TokenizerError: corrupt file, refused model type or normalizer, ids with gaps or duplicates.
+    """
+    path = Path(path)
+    data = load_tokenizer_json(path)
+    model = data["model"]
+    kind = model.get("type", "BPE" if "merges" in model else None)
+    if kind in _REFUSED_MODELS:
+        raise TokenizerError(f"{path}: model type {kind}: {_REFUSED_MODELS[kind]}. No tokenizer.model is synthesized.")
+    if kind != "BPE":
+        raise TokenizerError(f"{path}: unknown model type {kind!r}; only BPE with byte_fallback is supported.")
+    if not model.get("byte_fallback"):
+        raise TokenizerError(
+            f"{path}: BPE without byte_fallback (byte-level GPT-2/Qwen/Llama-3 style) has no SentencePiece "
+            "equivalent; those models need no tokenizer.model (llama.cpp b11434 reads tokenizer.json)."
+        )
+    if model.get("dropout") or model.get("ignore_merges") or model.get("continuing_subword_prefix") \
+            or model.get("end_of_word_suffix"):
+        raise TokenizerError(f"{path}: BPE options dropout/ignore_merges/continuing_subword_prefix/end_of_word_suffix "
+                             "change tokenization in ways SentencePiece cannot express; refusing to synthesize.")
+    add_dummy_prefix = _normalizer_dummy_prefix(path, data.get("normalizer"))
+    _check_pre_tokenizer(path, data.get("pre_tokenizer"))
+
+    pieces, added, n_base = _pieces_by_id(path, data)
+    index = {p: i for i, p in enumerate(pieces)}
+    unk = model.get("unk_token")
+    if unk not in index:
+        raise TokenizerError(f"{path}: unk_token {unk!r} is not in the vocabulary; SentencePiece requires one "
+                             "UNKNOWN piece. Re-download tokenizer.json.")
+
+    merges = _merge_pairs(path, model.get("merges") or [])
+    first_rank: dict[str, int] = {}
+    for rank, (left, right) in enumerate(merges):
+        first_rank.setdefault(left + right, rank)
+    types: list[str] = []
+    scores: list[float] = []
+    unreachable = 0
+    for i, p in enumerate(pieces):
+        if i == index[unk]:
+            types.append("UNKNOWN")
+        elif i in added:
+            types.append("CONTROL" if added[i] else "USER_DEFINED")
+        elif i < n_base and _BYTE_PIECE.fullmatch(p):
+            types.append("BYTE")
+        else:
+            types.append("NORMAL")
+        if types[-1] != "NORMAL":
+            scores.append(0.0)
+        elif p in first_rank:
+            scores.append(-float(first_rank[p]))
+        else:
+            unreachable += len(p) > 1
+            scores.append(-float(len(merges) + i))
+    n_bytes = types.count("BYTE")
+    if n_bytes != 256:
+        raise TokenizerError(f"{path}: byte_fallback is on but {n_bytes} of the 256 <0xNN> pieces exist. "
+                             "Re-download tokenizer.json.")
+    notes = [f"{unreachable} multi-character NORMAL pieces are produced by no merge (scored below every merge)"] \
+        if unreachable else []
+    special = {"unk": index[unk], **_named_special(path.parent, index)}
+    return TokenizerJsonVocab(path, tuple(pieces), tuple(types), tuple(scores), add_dummy_prefix, special,
+                              tuple(notes))
+
+
+def build_model_proto(vocab: TokenizerJsonVocab) -> bytes:
+    """Serialize ``vocab`` as a SentencePiece ModelProto (BPE, byte fallback, identity normalization).
+
+    Raises:
+        TokenizerError: sentencepiece/protobuf missing, or SentencePiece rejects the result.
+    """
+    try:
+        import sentencepiece as spm
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except ImportError as e:
+        raise TokenizerError(f"Synthesizing tokenizer.model needs sentencepiece and protobuf ({e}). "
+                             "pip install sentencepiece protobuf") from None
+    m = pb.ModelProto()
+    SP = pb.ModelProto.SentencePiece
+    for piece, kind, score in zip(vocab.pieces, vocab.types, vocab.scores, strict=True):
+        m.pieces.add(piece=piece, score=score, type=getattr(SP, kind))
+    t = m.trainer_spec
+    t.model_type = pb.TrainerSpec.BPE
+    t.vocab_size = vocab.n_tokens
+    t.byte_fallback = True
+    t.split_digits = False
+    t.allow_whitespace_only_pieces = True
+    t.treat_whitespace_as_suffix = False
+    ids = vocab.special_ids
+    t.unk_id, t.unk_piece = ids["unk"], vocab.pieces[ids["unk"]]
+    for name in ("bos", "eos", "pad"):
+        i = ids.get(name, -1)
+        # SentencePiece only accepts CONTROL pieces for bos/eos/pad; otherwise leave the slot unset.
+        if i >= 0 and vocab.types[i] != "CONTROL":
+            i = -1
+        setattr(t, f"{name}_id", i)
+        if i >= 0:
+            setattr(t, f"{name}_piece", vocab.pieces[i])
+    ns = m.normalizer_spec
+    ns.name = "identity"
+    ns.precompiled_charsmap = b""
+    ns.add_dummy_prefix = vocab.add_dummy_prefix
+    ns.remove_extra_whitespaces = False
+    ns.escape_whitespaces = True
+    data = m.SerializeToString()
+    try:
+        spm.SentencePieceProcessor(model_proto=data)
+    except (RuntimeError, OSError) as e:
+        raise TokenizerError(f"SentencePiece rejected the model synthesized from {vocab.path}: {e}") from None
+    return data
+
+
+def synthesize_tokenizer_model(tokenizer_json: Path) -> tuple[bytes, TokenizerJsonVocab]:
+    """tokenizer.json -> (tokenizer.model bytes, what was read). Writes nothing.
+
+    Raises:
+        TokenizerError: see ``read_tokenizer_json`` and ``build_model_proto``.
+    """
+    vocab = read_tokenizer_json(tokenizer_json)
+    return build_model_proto(vocab), vocab

@@ -1,0 +1,188 @@
+"""Checks of one drafter GGUF against what llama.cpp b11434's DFlash loader requires.
+
+Sources: format reference sections 2-4 and 7 (``src/models/dflash.cpp``, ``src/llama-model.cpp``).
+"""
+
+from __future__ import annotations
+
+from gguf import GGUFValueType as VT
+
+from .gguf_meta import GGUFMeta, type_name
+from .report import Report
+
+A = "dflash"
+RECONVERT = "Reconvert the drafter from its Hugging Face checkpoint with dflash-convert (llama.cpp b11434 layout)."
+
+# key -> accepted (type, array element type or None); required keys first. llama-model-loader.cpp get_key.
+REQUIRED_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
+    f"{A}.block_count": ((VT.UINT32, None),),
+    f"{A}.context_length": ((VT.UINT32, None),),
+    f"{A}.embedding_length": ((VT.UINT32, None),),
+    f"{A}.attention.layer_norm_rms_epsilon": ((VT.FLOAT32, None),),
+    f"{A}.target_layers": ((VT.ARRAY, VT.INT32), (VT.ARRAY, VT.UINT32)),
+    "tokenizer.ggml.model": ((VT.STRING, None),),
+}
+OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
+    f"{A}.feed_forward_length": ((VT.UINT32, None),),
+    f"{A}.attention.head_count": ((VT.UINT32, None),),
+    f"{A}.attention.head_count_kv": ((VT.UINT32, None),),
+    f"{A}.attention.key_length": ((VT.UINT32, None),),
+    f"{A}.attention.value_length": ((VT.UINT32, None),),
+    f"{A}.attention.sliding_window": ((VT.UINT32, None),),
+    f"{A}.attention.sliding_window_pattern": ((VT.ARRAY, VT.BOOL),),
+    f"{A}.attention.causal": ((VT.BOOL, None),),
+    f"{A}.block_size": ((VT.UINT32, None),),
+    f"{A}.embedding_scale": ((VT.FLOAT32, None),),
+    f"{A}.logit_scale": ((VT.FLOAT32, None),),
+    f"{A}.rope.freq_base": ((VT.FLOAT32, None),),
+    f"{A}.rope.dimension_count": ((VT.UINT32, None),),
+    "tokenizer.ggml.mask_token_id": ((VT.UINT32, None),),
+}
+BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+OPTIONAL_BLOCK_TENSORS = ("attn_post_norm", "ffn_post_norm", "layer_output_scale", "attn_sinks")
+OPTIONAL_TENSORS = ("token_embd.weight", "output.weight", "fc.scale", "rope_freqs.weight")
+
+
+def u32(meta: GGUFMeta, key: str) -> int | None:
+    """An integer key only if stored with a usable integer type (wrong types are reported elsewhere)."""
+    kv = meta.kv.get(key)
+    if kv is None or kv.vtype not in (VT.UINT32, VT.INT32, VT.UINT64, VT.INT64, VT.UINT16, VT.UINT8):
+        return None
+    return int(kv.value)
+
+
+def taps(meta: GGUFMeta) -> list[int] | None:
+    kv = meta.kv.get(f"{A}.target_layers")
+    if kv is None or kv.vtype != VT.ARRAY or kv.subtype not in (VT.INT32, VT.UINT32, VT.INT64, VT.UINT64):
+        return None
+    return [int(x) for x in kv.value]
+
+
+def check_format(d: GGUFMeta) -> Report:
+    """All format.* checks of a drafter; stops after format.arch when the file is no mainline drafter."""
+    r = Report()
+    arch = d.arch
+    if arch == "dflash-draft" or any(k.startswith("dflash-draft.") for k in d.kv):
+        r.fail("format.arch", "error", f"{d.path.name} uses the ik_llama.cpp/fork format 'dflash-draft'; llama.cpp "
+               "b11434 stops with \"unknown model architecture: 'dflash-draft'\".", RECONVERT)
+        return r
+    if arch != A:
+        found = f"architecture {arch!r}" if arch else "no general.architecture"
+        r.fail("format.arch", "error", f"{d.path.name} has {found}, not a DFlash drafter ('dflash').",
+               "Pass the drafter GGUF first and the target second; or reconvert the drafter with dflash-convert.")
+        return r
+    r.ok("format.arch", "architecture 'dflash' (llama.cpp mainline; needs a build with DFlash, b11434 tested)")
+
+    premerge = [x for x in ("hidden_norm.weight",) if x in d.tensors] + \
+        [k for k in (f"{A}.mask_token_id", f"{A}.target_hidden_size") if k in d.kv]
+    if premerge:
+        r.fail("format.layout", "error", f"{d.path.name} has the pre-merge layout ({', '.join(premerge)}): b11434 "
+               "stops with \"missing tensor 'enc.output_norm.weight'\", and its taps lack the +1 of the merged "
+               "format, so renaming would tap every layer one too early.", RECONVERT + " Do not rename tensors.")
+    else:
+        r.ok("format.layout", "b11434 layout (enc.output_norm.weight, tokenizer.ggml.mask_token_id, taps +1)")
+
+    missing = [k for k in REQUIRED_KEYS if k not in d.kv]
+    if missing:
+        r.fail("format.keys", "error", f"missing keys llama.cpp b11434 requires: {', '.join(missing)} (load fails "
+               "with 'key not found' or \"DFlash model requires 'target_layers'\").", RECONVERT)
+    else:
+        r.ok("format.keys", "every key the b11434 loader requires is present")
+    wrong = []
+    for key, allowed in {**REQUIRED_KEYS, **OPTIONAL_KEYS}.items():
+        kv = d.kv.get(key)
+        if kv is not None and (kv.vtype, kv.subtype) not in allowed:
+            wrong.append(f"{key} is {kv.type_name}, expected {' or '.join(type_name(*a) for a in allowed)}")
+    if wrong:
+        r.fail("format.key_types", "error", "; ".join(wrong) + " (b11434: 'key ... has wrong type').", RECONVERT)
+    else:
+        r.ok("format.key_types", "every DFlash key has the GGUF type the loader expects")
+
+    if "tokenizer.ggml.mask_token_id" in d.kv:
+        r.ok("format.mask_token", f"mask token id {d.get('tokenizer.ggml.mask_token_id')}")
+    else:
+        r.fail("format.mask_token", "error", "no tokenizer.ggml.mask_token_id: llama-server logs mask_token_id=-1 and "
+               "aborts on the first draft ('get_sub_batch: failed to add embedding').",
+               "Reconvert with a drafter config that has dflash_config.mask_token_id.")
+
+    n_layer = u32(d, f"{A}.block_count")
+    window = u32(d, f"{A}.attention.sliding_window") or 0
+    pattern = d.get(f"{A}.attention.sliding_window_pattern")
+    if window > 0 and pattern is None:
+        r.fail("format.sliding_window", "error", f"sliding_window {window} without sliding_window_pattern: b11434 "
+               "fails with 'array key not found in model: dflash.attention.sliding_window_pattern'.", RECONVERT)
+    elif pattern is not None and n_layer is not None and len(pattern) != n_layer:
+        r.fail("format.sliding_window", "error", f"sliding_window_pattern has {len(pattern)} entries for {n_layer} "
+               "layers.", RECONVERT)
+    else:
+        r.ok("format.sliding_window", f"sliding window {window or 'off'}")
+
+    _check_tensors(d, r, n_layer)
+    return r
+
+
+def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
+    names = set(d.tensors)
+    biases = sorted(n for n in names if n.endswith(".bias"))
+    if biases:
+        r.fail("format.bias", "error", f"{len(biases)} bias tensors ({', '.join(biases[:3])}...): b11434's DFlash "
+               "loader creates none and stops with 'wrong number of tensors'.",
+               "This drafter (attention_bias: true) cannot be served by llama.cpp b11434; dropping trained biases "
+               "would change the model.")
+    else:
+        r.ok("format.bias", "no bias tensors")
+    if n_layer is None:
+        r.skip("format.tensors", "no usable dflash.block_count; tensor set not checked", "error")
+        r.skip("format.shapes", "no usable dflash.block_count; shapes not checked", "error")
+        return
+    required = {"fc.weight", "enc.output_norm.weight", "output_norm.weight"}
+    optional = set(OPTIONAL_TENSORS)
+    for i in range(n_layer):
+        required |= {f"blk.{i}.{t}.weight" for t in BLOCK_TENSORS if t != "attn_v"}
+        optional |= {f"blk.{i}.attn_v.weight"} | {f"blk.{i}.{t}.weight" for t in OPTIONAL_BLOCK_TENSORS}
+    missing = sorted(required - names)
+    extra = sorted(names - required - optional - set(biases))
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing[:5])}" + ("..." if len(missing) > 5 else "")] if missing else []) + \
+            ([f"unknown to the b11434 loader: {', '.join(extra[:5])}" + ("..." if len(extra) > 5 else "")]
+             if extra else [])
+        r.fail("format.tensors", "error", f"{len(names)} tensors for {n_layer} layers (DFlash1 has "
+               f"{11 * n_layer + 3}): {'; '.join(parts)}. b11434 stops with 'missing tensor' or "
+               "'wrong number of tensors'.", RECONVERT)
+    else:
+        r.ok("format.tensors", f"{len(names)} tensors, the DFlash1 set for {n_layer} layers (11*L+3 = "
+             f"{11 * n_layer + 3})")
+    _check_shapes(d, r, n_layer)
+
+
+def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
+    h = u32(d, f"{A}.embedding_length")
+    nh = u32(d, f"{A}.attention.head_count")
+    nkv = u32(d, f"{A}.attention.head_count_kv") or nh
+    hd = u32(d, f"{A}.attention.key_length") or (h // nh if h and nh else None)
+    ff = u32(d, f"{A}.feed_forward_length")
+    k = len(taps(d) or [])
+    want: dict[str, tuple[int | None, ...]] = {
+        "fc.weight": (k * h if h and k else None, h), "enc.output_norm.weight": (h,), "output_norm.weight": (h,)}
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        q = nh * hd if nh and hd else None
+        kvw = nkv * hd if nkv and hd else None
+        want.update({b + "attn_norm.weight": (h,), b + "ffn_norm.weight": (h,), b + "attn_q.weight": (h, q),
+                     b + "attn_k.weight": (h, kvw), b + "attn_v.weight": (h, kvw), b + "attn_output.weight": (q, h),
+                     b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
+                     b + "ffn_gate.weight": (h, ff), b + "ffn_up.weight": (h, ff), b + "ffn_down.weight": (ff, h)})
+    bad = []
+    for name, shape in want.items():
+        t = d.tensors.get(name)
+        if t is None:
+            continue
+        if len(t.ne) != len(shape) or any(w is not None and w != got for w, got in zip(shape, t.ne, strict=False)):
+            exp = ", ".join("?" if w is None else str(w) for w in shape)
+            bad.append(f"{name} is [{', '.join(map(str, t.ne))}], expected [{exp}]")
+    if bad:
+        r.fail("format.shapes", "error", f"{len(bad)} tensor shapes do not follow from the hyperparameters: "
+               f"{'; '.join(bad[:3])} (b11434: 'check_tensor_dims: ... has wrong shape').", RECONVERT)
+    else:
+        r.ok("format.shapes", f"shapes follow from H={h}, heads={nh}/{nkv}x{hd}, ffn={ff}, taps={k}")

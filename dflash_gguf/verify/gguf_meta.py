@@ -1,0 +1,305 @@
+"""A defensive GGUF header reader: metadata and tensor infos, never the tensor data.
+
+Why our own and not ``gguf.GGUFReader``: that reader maps the whole file, builds a numpy view per array
+element (seconds on a 150k-token vocabulary) and trusts the lengths it reads. A file under verification
+may be truncated or hostile, so here every count and length is checked against the bytes that remain
+before anything is allocated, absurd counts are refused, and every failure is a :class:`VerifyError`
+(exit 2) naming the file and the offset. Layout as in llama.cpp b11434 ``ggml/src/gguf.cpp``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import quants as gguf_quants
+
+from ..errors import VerifyError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_TENSORS = 1 << 20  # a 1T-parameter MoE has < 100k tensors
+MAX_KV = 1 << 16  # real files have < 100 keys; token lists are one key each
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_STRING = 1 << 24  # a single key or value string above 16 MiB is not a model file
+MAX_ARRAY = 1 << 24  # the largest vocabularies have ~260k tokens; 16M elements is far beyond any real key
+
+_SCALARS: dict[int, tuple[str, int]] = {
+    GGUFValueType.UINT8: ("<B", 1),
+    GGUFValueType.INT8: ("<b", 1),
+    GGUFValueType.UINT16: ("<H", 2),
+    GGUFValueType.INT16: ("<h", 2),
+    GGUFValueType.UINT32: ("<I", 4),
+    GGUFValueType.INT32: ("<i", 4),
+    GGUFValueType.FLOAT32: ("<f", 4),
+    GGUFValueType.UINT64: ("<Q", 8),
+    GGUFValueType.INT64: ("<q", 8),
+    GGUFValueType.FLOAT64: ("<d", 8),
+    GGUFValueType.BOOL: ("<B", 1),
+}
+_U64 = struct.Struct("<Q")
+_NP_DTYPES: dict[int, str] = {
+    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
+    GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
+    GGUFValueType.FLOAT32: "<f4", GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8",
+    GGUFValueType.FLOAT64: "<f8", GGUFValueType.BOOL: "<u1",
+}
+
+
+def type_name(vtype: int, subtype: int | None = None) -> str:
+    """``u32``, ``f32``, ``arr[i32]``... as llama.cpp prints types in its loader errors."""
+    short = {GGUFValueType.UINT8: "u8", GGUFValueType.INT8: "i8", GGUFValueType.UINT16: "u16",
+             GGUFValueType.INT16: "i16", GGUFValueType.UINT32: "u32", GGUFValueType.INT32: "i32",
+             GGUFValueType.FLOAT32: "f32", GGUFValueType.BOOL: "bool", GGUFValueType.STRING: "str",
+             GGUFValueType.UINT64: "u64", GGUFValueType.INT64: "i64", GGUFValueType.FLOAT64: "f64"}
+    if vtype == GGUFValueType.ARRAY:
+        return f"arr[{short.get(subtype or -1, '?')}]"
+    return short.get(vtype, f"type{vtype}")
+
+
+@dataclass(frozen=True)
+class KV:
+    """One metadata value; arrays of numbers stay numpy arrays (cheap for 150k-entry token types)."""
+
+    vtype: int
+    value: Any
+    subtype: int | None = None
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.vtype, self.subtype)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ne: tuple[int, ...]
+    qtype: int
+    offset: int  # relative to the data section
+
+    @property
+    def type_name(self) -> str:
+        try:
+            return GGMLQuantizationType(self.qtype).name
+        except ValueError:
+            return f"type{self.qtype}"
+
+
+@dataclass
+class GGUFMeta:
+    """What the header of one GGUF file says."""
+
+    path: Path
+    version: int
+    file_size: int
+    kv: dict[str, KV] = field(default_factory=dict)
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    data_offset: int = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        kv = self.kv.get(key)
+        return default if kv is None else kv.value
+
+    @property
+    def arch(self) -> str | None:
+        value = self.get("general.architecture")
+        return value if isinstance(value, str) else None
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a memory map."""
+
+    def __init__(self, buf: Any, size: int, path: Path) -> None:
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def fail(self, what: str) -> VerifyError:
+        return VerifyError(f"{self.path}: {what} (at byte {self.pos} of {self.size}). The file is truncated, damaged "
+                           "or not a GGUF; re-download or re-convert it.")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"{what} needs {n} bytes but only {self.size - self.pos} remain")
+
+    def scalar(self, vtype: int, what: str) -> Any:
+        fmt, n = _SCALARS[vtype]
+        self.need(n, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return bool(value) if vtype == GGUFValueType.BOOL else value
+
+    def u32(self, what: str) -> int:
+        return int(self.scalar(GGUFValueType.UINT32, what))
+
+    def u64(self, what: str) -> int:
+        return int(self.scalar(GGUFValueType.UINT64, what))
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        if n > MAX_STRING:
+            raise self.fail(f"{what} claims {n} bytes, more than any GGUF string")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def _strings(self, count: int, what: str) -> list[str]:
+        """A string array in a tight loop (a 150k-token vocabulary must read in well under a second)."""
+        unpack, buf, size, pos = _U64.unpack_from, self.buf, self.size, self.pos
+        out: list[str] = []
+        append = out.append
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                raise self.fail(f"element {i} of {what} is cut off")
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                raise self.fail(f"element {i} of {what} claims {n} bytes but only {size - pos} remain")
+            append(buf[pos:pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
+
+    def value(self, vtype: int, what: str) -> KV:
+        if vtype in _SCALARS:
+            return KV(vtype, self.scalar(vtype, what))
+        if vtype == GGUFValueType.STRING:
+            return KV(vtype, self.string(what))
+        if vtype != GGUFValueType.ARRAY:
+            raise self.fail(f"{what} has unknown value type {vtype}")
+        sub = self.u32(f"element type of {what}")
+        count = self.u64(f"length of {what}")
+        if count > MAX_ARRAY:
+            raise self.fail(f"{what} claims {count} elements, more than any GGUF array")
+        if sub in _SCALARS:
+            n = count * _SCALARS[sub][1]
+            self.need(n, f"{count} elements of {what}")
+            arr = np.frombuffer(self.buf, dtype=_NP_DTYPES[sub], count=count, offset=self.pos).copy()
+            self.pos += n
+            return KV(vtype, arr.astype(bool) if sub == GGUFValueType.BOOL else arr, sub)
+        if sub == GGUFValueType.STRING:
+            self.need(count * 8, f"{count} strings of {what}")  # every string has an 8-byte length
+            return KV(vtype, self._strings(count, what), sub)
+        raise self.fail(f"{what} is an array of type {sub}; llama.cpp reads no nested or unknown arrays")
+
+
+def read_gguf(path: Path) -> GGUFMeta:
+    """Read the header (metadata + tensor infos) of ``path``.
+
+    Raises:
+        VerifyError: missing, empty, truncated, non-GGUF or hostile file; the message names file and offset.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                raise VerifyError(f"{path}: the file is empty. Re-download or re-convert it.")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _parse(mm, size, path)
+    except VerifyError:
+        raise
+    except (OSError, ValueError) as e:
+        raise VerifyError(f"{path}: cannot read it ({e}). Check the path and permissions.") from e
+
+
+def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
+    c = _Cursor(buf, size, path)
+    c.need(4, "magic")
+    magic = bytes(buf[0:4])
+    if magic != GGUF_MAGIC:
+        raise VerifyError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF'). "
+                          "Pass the .gguf files produced by dflash-convert or llama.cpp.")
+    c.pos = 4
+    version = c.u32("version")
+    if version not in SUPPORTED_VERSIONS:
+        raise c.fail(f"GGUF version {version} is not supported (llama.cpp b11434 reads 2 and 3)")
+    n_tensors = c.u64("tensor count")
+    n_kv = c.u64("metadata count")
+    # each KV takes >= 8 (key len) + 4 (type) + 1 bytes, each tensor info >= 8 + 4 + 8 + 4 + 8
+    if n_tensors > MAX_TENSORS or n_tensors * 32 > size:
+        raise c.fail(f"tensor count {n_tensors} is absurd for a {size}-byte file")
+    if n_kv > MAX_KV or n_kv * 13 > size:
+        raise c.fail(f"metadata count {n_kv} is absurd for a {size}-byte file")
+    meta = GGUFMeta(path=path, version=version, file_size=size)
+    for i in range(n_kv):
+        key = c.string(f"key #{i}")
+        vtype = c.u32(f"type of {key!r}")
+        meta.kv[key] = c.value(vtype, f"value of {key!r}")  # duplicates: keep the last, as gguf-py does
+    for i in range(n_tensors):
+        name = c.string(f"tensor name #{i}")
+        n_dims = c.u32(f"dims of tensor {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise c.fail(f"tensor {name!r} has {n_dims} dimensions (ggml allows 1..{MAX_DIMS})")
+        ne = tuple(c.u64(f"shape of tensor {name!r}") for _ in range(n_dims))
+        qtype = c.u32(f"type of tensor {name!r}")
+        offset = c.u64(f"offset of tensor {name!r}")
+        if name in meta.tensors:
+            raise c.fail(f"tensor {name!r} appears twice")
+        meta.tensors[name] = TensorInfo(name, ne, qtype, offset)
+    align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+        raise c.fail(f"general.alignment {align!r} is not a power of two")
+    meta.data_offset = (c.pos + align - 1) // align * align
+    for t in meta.tensors.values():
+        end = meta.data_offset + t.offset + tensor_nbytes(t, path)
+        if end > size:
+            raise VerifyError(f"{path}: tensor {t.name!r} ends at byte {end} but the file has {size} bytes. "
+                              "The file is truncated; re-download or re-convert it.")
+    return meta
+
+
+def tensor_nbytes(t: TensorInfo, path: Path) -> int:
+    """Bytes of a tensor's data; unknown types or ragged rows are a damaged file."""
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.qtype)]
+    except (ValueError, KeyError):
+        raise VerifyError(f"{path}: tensor {t.name!r} has unknown ggml type {t.qtype}; the file is damaged "
+                          "or from a newer llama.cpp than b11434.") from None
+    n = 1
+    for d in t.ne:
+        n *= d
+    if t.ne[0] % block:
+        raise VerifyError(f"{path}: tensor {t.name!r} row length {t.ne[0]} is not a multiple of the "
+                          f"{t.type_name} block size {block}; the file is damaged.")
+    return n // block * type_size
+
+
+def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
+    """Dequantized rows of a 2-D tensor as float32 [len(rows), ne0]; reads only those rows.
+
+    Raises:
+        VerifyError: the tensor is missing, not 2-D, of a type we cannot dequantize, or a row is out of range.
+    """
+    t = meta.tensors.get(name)
+    if t is None or len(t.ne) != 2:
+        raise VerifyError(f"{meta.path}: no 2-D tensor {name!r} to sample.")
+    qtype = GGMLQuantizationType(t.qtype)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    row_bytes = t.ne[0] // block * type_size
+    out = np.empty((len(rows), t.ne[0]), dtype=np.float32)
+    with open(meta.path, "rb") as f:
+        for i, r in enumerate(rows):
+            if not 0 <= r < t.ne[1]:
+                raise VerifyError(f"{meta.path}: row {r} outside tensor {name!r} with {t.ne[1]} rows.")
+            f.seek(meta.data_offset + t.offset + r * row_bytes)
+            raw = np.frombuffer(f.read(row_bytes), dtype=np.uint8)
+            if raw.size != row_bytes:
+                raise VerifyError(f"{meta.path}: tensor {name!r} is truncated.")
+            try:
+                if qtype == GGMLQuantizationType.F32:
+                    out[i] = raw.view("<f4")
+                elif qtype == GGMLQuantizationType.F16:
+                    out[i] = raw.view("<f2").astype(np.float32)
+                else:
+                    out[i] = gguf_quants.dequantize(raw, qtype).reshape(-1)
+            except (NotImplementedError, ValueError, TypeError) as e:
+                raise VerifyError(f"{meta.path}: cannot dequantize {name!r} of type {qtype.name} ({e}).") from e
+    return out

@@ -1,0 +1,268 @@
+"""pair.* and lineage.* checks of a drafter GGUF against a target GGUF (or against its own provenance).
+
+Why each: llama-server b11434 compares none of this (failure-modes S1-S5); mismatches end as aborts
+(hidden size, taps, vocabulary, mask id) or as silent acceptance loss (lineage, embedding scale).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from . import fingerprint as efp
+from .format_checks import A, taps, u32
+from .gguf_meta import GGUFMeta, read_rows
+from .lineage import TargetIdentity, judge, known_target_for
+from .report import PREFIX, Report
+
+# Target graphs that publish layer inputs in b11434 (format reference, section 9).
+TAPPABLE_ARCHS = {"qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "llama", "gemma4", "gpt-oss",
+                  "nemotron_h", "minimax-m2", "deepseek4", "lfm2"}
+UNTAPPABLE_ARCHS = {"gemma", "gemma2", "gemma3", "gemma3n"}
+SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "eot_token_id")
+FP_KEY = PREFIX + "target.embd_fingerprint"
+PICK = "Pick the drafter made for this target (or the target the drafter was made for)."
+
+
+def vocab_sha256(meta: GGUFMeta) -> str:
+    """The converter's vocab hash (dflash_gguf/convert/vocab.py): tokens, token types, merges as JSON."""
+    h = hashlib.sha256()
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
+        value = meta.get(key)
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        h.update(json.dumps(value, ensure_ascii=False).encode())
+    return h.hexdigest()
+
+
+def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
+    """Structural agreement of drafter ``d`` with target ``t``."""
+    r = Report()
+    tarch = t.arch or "?"
+    if tarch in TAPPABLE_ARCHS:
+        r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
+    elif tarch in UNTAPPABLE_ARCHS or tarch == A:
+        r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
+               "(its graph publishes no layer inputs: 'layer input tensor is null').",
+               "Pass the target model GGUF second." if tarch == A else PICK)
+    else:
+        r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
+               "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
+
+    h_d, h_t = u32(d, f"{A}.embedding_length"), u32(t, f"{tarch}.embedding_length")
+    n_t = u32(t, f"{tarch}.block_count")
+    if h_d is None or h_t is None:
+        r.skip("pair.hidden_size", "hidden size missing on one side", "error")
+    elif h_d != h_t:
+        r.fail("pair.hidden_size", "error", f"drafter hidden size {h_d} != target embedding_length {h_t}: "
+               "llama-server aborts with 'GGML_ASSERT(ggml_can_repeat(b, a))'.", PICK)
+    else:
+        r.ok("pair.hidden_size", f"hidden size {h_d} on both sides")
+
+    tp = taps(d)
+    if not tp or n_t is None:
+        r.skip("pair.taps", "taps or target block_count missing", "error")
+    else:
+        bad = [x for x in tp if not 1 <= x <= n_t - 1]
+        if bad:
+            r.fail("pair.taps", "error", f"drafter taps {tp} (GGUF, HF id + 1) include {bad}, outside 1..{n_t - 1} "
+                   f"for a {n_t}-layer target: llama-server aborts ('lid <= n_layer' or 'layer input tensor is "
+                   "null').", PICK + " The drafter was trained for a deeper target.")
+        else:
+            r.ok("pair.taps", f"taps {tp} name layer inputs of the {n_t}-layer target")
+
+    fc = d.tensors.get("fc.weight")
+    if fc is None or not tp or h_t is None:
+        r.skip("pair.fc_width", "fc.weight, taps or target hidden size missing", "error")
+    elif fc.ne[0] != len(tp) * h_t:
+        r.fail("pair.fc_width", "error", f"fc.weight width {fc.ne[0]} != taps x target hidden = {len(tp)} x {h_t}.",
+               PICK)
+    else:
+        r.ok("pair.fc_width", f"fc width {fc.ne[0]} = {len(tp)} taps x {h_t}")
+
+    _check_vocab(d, t, r)
+    _check_scale_and_block(d, r, tarch, h_t)
+    return r
+
+
+def _first_diff(a: list, b: list) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"first difference at id {i}: {x!r} vs {y!r}"
+    return f"lengths {len(a)} vs {len(b)}"
+
+
+def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
+    diffs = []
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+        if d.get(key) != t.get(key):
+            diffs.append(f"{key} {d.get(key)!r} vs {t.get(key)!r}")
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
+        a, b = d.get(key), t.get(key)
+        a = a.tolist() if hasattr(a, "tolist") else a
+        b = b.tolist() if hasattr(b, "tolist") else b
+        if a != b:
+            diffs.append(f"{key} differs ({_first_diff(a or [], b or [])})")
+    if diffs:
+        r.fail("pair.vocab", "error", "drafter and target vocabularies differ: " + "; ".join(diffs) + ". "
+               "draft-dflash never compares them: expect 'GGML_ASSERT(i01 >= 0 && i01 < ne01)' or nonsense drafts.",
+               "Reconvert the drafter with --target pointing at this target's folder (its tokenizer is embedded).")
+    else:
+        n = len(t.get("tokenizer.ggml.tokens") or [])
+        r.ok("pair.vocab", f"identical vocabulary ({n} tokens, types, merges)")
+    special = []
+    for key in (*(f"tokenizer.ggml.{s}" for s in SPECIAL_KEYS), "tokenizer.ggml.add_bos_token"):
+        if d.get(key) != t.get(key):
+            special.append(f"{key.removeprefix('tokenizer.ggml.')} {d.get(key)!r} vs {t.get(key)!r}")
+    if special:
+        r.fail("pair.special_tokens", "error", "special tokens differ (drafter vs target): " + "; ".join(special) + ".",
+               "Reconvert the drafter against this target's tokenizer files.")
+    else:
+        r.ok("pair.special_tokens", "bos/eos/pad/unk ids and add_bos agree")
+    mask = u32(d, "tokenizer.ggml.mask_token_id")
+    tokens = t.get("tokenizer.ggml.tokens") or []
+    if mask is None:
+        r.skip("pair.mask_token", "drafter has no mask token id (see format.mask_token)", "error")
+    elif not 0 <= mask < len(tokens):
+        r.fail("pair.mask_token", "error", f"mask token id {mask} is outside the target's {len(tokens)}-token "
+               "vocabulary: llama-server aborts on the first draft.", PICK)
+    else:
+        r.ok("pair.mask_token", f"mask token id {mask} ({tokens[mask]!r}) is in the target vocabulary")
+
+
+def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) -> None:
+    gemma = tarch.startswith("gemma") or str(d.get(PREFIX + "target.architecture", "")).lower().startswith("gemma")
+    scale = d.get(f"{A}.embedding_scale")
+    if gemma and not isinstance(scale, float):
+        r.fail("pair.embedding_scale", "error", "the target is a Gemma but the drafter has no dflash.embedding_scale "
+               "(a file from before the Gemma embedding scale): drafts see unscaled embeddings and are rarely "
+               "accepted.", "Reconvert the drafter with dflash-convert (it writes sqrt(hidden size)).")
+    elif gemma and h_t and not math.isclose(float(scale), math.sqrt(h_t), rel_tol=1e-3):
+        r.fail("pair.embedding_scale", "warning", f"dflash.embedding_scale {scale:g} is not sqrt({h_t}) = "
+               f"{math.sqrt(h_t):g}.", "Check dflash_config.input_embedding_scale of the drafter checkpoint.")
+    else:
+        r.ok("pair.embedding_scale", f"embedding scale {scale:g}" if isinstance(scale, float)
+             else "no embedding scale (not a Gemma target)")
+    bs = u32(d, f"{A}.block_size")
+    size = bs if bs else 16
+    src = "" if bs else " (key absent: llama.cpp default)"
+    r.info("pair.block_size", f"block_size {size}{src}: serve with --spec-draft-n-max {size - 1} (default is 3)",
+           f"llama-server -m TARGET.gguf -md DRAFTER.gguf --spec-type draft-dflash --spec-draft-n-max {size - 1}")
+
+
+def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
+    """(target name the drafter was trained for, where that came from)."""
+    repo = d.get(PREFIX + "target.repo")
+    if isinstance(repo, str) and repo:
+        return repo, f"{PREFIX}target.repo"
+    for key in (PREFIX + "drafter.repo", PREFIX + "drafter_repo", "general.name", PREFIX + "drafter.source"):
+        value = d.get(key)
+        if isinstance(value, str) and (pair := known_target_for(value)):
+            return pair.target, f"known published pair {pair.drafter} ({pair.source})"
+    src = d.get(PREFIX + "target.source")
+    if isinstance(src, str) and src:
+        return Path(src.rstrip("/")).name, f"{PREFIX}target.source"
+    return None, ""
+
+
+def target_identity(t: GGUFMeta) -> TargetIdentity:
+    """Names of the target GGUF: general.* keys and the file name; base models from general.base_model.*."""
+    names = [str(t.get(k)) for k in ("general.name", "general.basename") if isinstance(t.get(k), str)]
+    label = "-".join(str(t.get(k)) for k in ("general.basename", "general.size_label", "general.finetune")
+                     if isinstance(t.get(k), str))
+    names += [label] if label.count("-") >= 1 else []
+    names.append(t.path.stem)
+    bases = []
+    n = u32(t, "general.base_model.count") or 0
+    for i in range(min(n, 16)):
+        for k in ("repo_url", "name"):
+            v = t.get(f"general.base_model.{i}.{k}")
+            if isinstance(v, str) and v:
+                org = t.get(f"general.base_model.{i}.organization")
+                bases.append(f"{org}/{v}" if k == "name" and isinstance(org, str) else v)
+                break
+    return TargetIdentity(names=names, base_models=bases)
+
+
+def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Report:
+    """lineage.*: intended target vs the target at hand; recorded vocab hash and embedding fingerprint."""
+    r = Report()
+    intended, source = intended_target(d)
+    if intended:
+        r.info("lineage.intended_target", f"drafter was trained for {intended!r} (from {source})")
+    else:
+        r.fail("lineage.intended_target", "warning", "the drafter records no target (no dflash_gguf.target.* keys and "
+               "not a known published drafter), so lineage cannot be judged.",
+               "Convert with dflash-convert, which records the target in dflash_gguf.* keys.")
+    recorded = d.get(PREFIX + "target.vocab_sha256")
+    if isinstance(recorded, str):
+        side, actual = (t.path.name, vocab_sha256(t)) if t is not None else (d.path.name, vocab_sha256(d))
+        if actual != recorded:
+            r.fail("lineage.vocab_record", "error", f"the vocabulary recorded at conversion "
+                   f"({recorded[:12]}...) is not the one in {side} ({actual[:12]}...).", PICK)
+        else:
+            r.ok("lineage.vocab_record", f"vocabulary hash {recorded[:12]}... matches {side}")
+    if t is None:
+        return r
+    ident = target_identity(t)
+    for f in judge(intended, ident) if intended else []:
+        if f.kind == "derived":
+            if allow_derived:
+                r.fail("lineage.derived_target", "warning", f"{f.message}; allowed by --allow-derived-target. "
+                       "Expect lower acceptance than published.", "")
+            else:
+                r.fail("lineage.derived_target", "error", f"{f.message}. The drafter was trained on {intended!r}; "
+                       "on a QAT/quantized/abliterated/merged derivative acceptance collapses (0.25% observed), "
+                       "slower than no drafter.", f"Serve the drafter with {intended!r} itself, use a drafter trained "
+                       "on this target, or pass --allow-derived-target to accept it knowingly.")
+        elif f.kind == "size":
+            r.fail("lineage.size", "error", f.message + ".", PICK)
+        elif f.kind == "family":
+            r.fail("lineage.family", "warning", f.message + ".", PICK)
+        elif f.kind == "match":
+            r.ok("lineage.derived_target", f.message)
+    if not any(x.id.startswith("lineage.derived") for x in r.results) and intended:
+        r.skip("lineage.derived_target", "the target carries no names to compare")
+    _check_fingerprint(d, t, r)
+    return r
+
+
+def target_fingerprint(t: GGUFMeta) -> efp.Fingerprint | None:
+    """Fingerprint of the target GGUF's token_embd (reads only the sampled rows)."""
+    emb = t.tensors.get("token_embd.weight")
+    if emb is None or len(emb.ne) != 2:
+        return None
+    rows = read_rows(t, emb.name, efp.sample_rows(emb.ne[1]))
+    return efp.compute(rows, emb.ne[1])
+
+
+def _check_fingerprint(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
+    text = d.get(FP_KEY)
+    if text is None:
+        r.skip("lineage.fingerprint", f"the drafter records no {FP_KEY}; weights not compared", "warning")
+        return
+    rec = efp.decode(text)
+    if rec is None:
+        r.fail("lineage.fingerprint", "warning", f"{FP_KEY} is not an efp1 fingerprint.", "Reconvert the drafter.")
+        return
+    got = target_fingerprint(t)
+    if got is None:
+        r.skip("lineage.fingerprint", "the target GGUF has no 2-D token_embd.weight", "warning")
+        return
+    if (got.n_vocab, got.n_embd, got.values.shape) != (rec.n_vocab, rec.n_embd, rec.values.shape):
+        r.fail("lineage.fingerprint", "error", f"recorded target embedding is {rec.n_vocab}x{rec.n_embd}, this "
+               f"target's is {got.n_vocab}x{got.n_embd}.", PICK)
+        return
+    cos = efp.row_cosines(rec, got)
+    mean, low = float(cos.mean()), float(cos.min())
+    msg = f"token_embd vs the fingerprint recorded at conversion: mean row cosine {mean:.4f}, min {low:.4f}"
+    if mean >= 0.98:
+        r.ok("lineage.fingerprint", msg + " (same weights within quantization noise)")
+    elif mean >= 0.9:
+        r.fail("lineage.fingerprint", "warning", msg + ": close but not the same weights (fine-tuned or QAT "
+               "derivative?).", "Serve with the exact target the drafter was converted against.")
+    else:
+        r.fail("lineage.fingerprint", "error", msg + ": a different model.", PICK)
+
