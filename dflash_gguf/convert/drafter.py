@@ -193,7 +193,8 @@ def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype
         plan.add_float32(Keys.ROPE_SCALING_FACTOR, factor)
         plan.add_uint32(Keys.ROPE_SCALING_ORIG_CTX, params["original_max_position_embeddings"])
         for src, key in (("extrapolation_factor", Keys.ROPE_SCALING_YARN_EXT),
-                         ("attention_factor", Keys.ROPE_SCALING_YARN_ATTN), ("beta_fast", Keys.ROPE_SCALING_YARN_BETA_FAST),
+                         ("attention_factor", Keys.ROPE_SCALING_YARN_ATTN),
+                         ("beta_fast", Keys.ROPE_SCALING_YARN_BETA_FAST),
                          ("beta_slow", Keys.ROPE_SCALING_YARN_BETA_SLOW)):
             value = params.get(src, params.get("attn_factor") if src == "attention_factor" else None)
             if value is not None:

@@ -33,7 +33,8 @@ GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<
 
 # The fixed text b11434 tokenizes to fingerprint a BPE pre-tokenizer (TextModel.get_vocab_base_pre).
 CHKTXT = (
-    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 "
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) "
+    "✅ 🦙🦙 3 33 "
     "333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
     "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
     "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
@@ -116,7 +117,8 @@ def _fingerprint(plan: GGUFPlan) -> str:
 def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
     tj = _load_tokenizer_json(tok_dir)
     model = tj["model"]
-    if model.get("type") != "BPE" or not model.get("byte_fallback") or (tj.get("decoder") or {}).get("type") != "Sequence":
+    decoder = (tj.get("decoder") or {}).get("type")
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or decoder != "Sequence":
         raise TokenizerError(f"{tok_dir / 'tokenizer.json'}: a Gemma-4 tokenizer must be BPE with byte_fallback "
                              "and a Sequence decoder, as llama.cpp b11434's Gemma-4 path requires. Re-download it.")
     base: dict[str, int] = model["vocab"]
