@@ -107,7 +107,7 @@ REFUSALS = [
     ("hidden_mismatch", "gemma4", IncompatiblePairError, 6, ["hidden_size 96", "64"]),
     ("tap_out_of_range", "gemma4", IncompatiblePairError, 6, ["taps target layers [6]"]),
     ("tap_last_layer", "gemma4", IncompatiblePairError, 6, ["taps target layers [5]"]),
-    ("missing_tensor", "gemma4", TensorError, 5, ["layers.1.mlp.down_proj.weight", "missing tensor"]),
+    ("missing_tensor", "gemma4", TensorError, 5, ["layers.1.mlp.down_proj.weight", "not found"]),
     ("unexpected_tensor", "gemma4", TensorError, 5, ["layers.0.self_attn.gate.weight", "wrong number of tensors"]),
     ("attention_bias", "gemma4", UnsupportedModelError, 4, ["attention_bias", "wrong number of tensors"]),
     ("d2t", "gemma4", UnsupportedModelError, 4, ["d2t", "DSpark"]),

@@ -24,6 +24,7 @@ from dflash_gguf.errors import QuantizeError
 from dflash_gguf.gguf_writer import GGUFPlan, TensorOut
 from dflash_gguf.quantize import quantize_gguf
 from dflash_gguf.quantize.builtin import KEY_QUANTIZER, KEY_QUANTIZER_VERSION
+from dflash_gguf.quantize.gguf_input import read_gguf
 from dflash_gguf.quantize.rules import choose_type, layer_sort_key
 
 Q = GGMLQuantizationType
@@ -71,12 +72,12 @@ def _write_synthetic_target(path: Path, *, tied: bool, n_embd: int = 256, n_voca
 
 
 def _types(path: Path) -> dict[str, str]:
-    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    """Tensor name -> type name in file order (our fast header parser: GGUFReader is slow on vocabularies)."""
+    return {t.name: Q(t.qtype).name for t in read_gguf(path).tensors}
 
 
 def _kv(path: Path, key: str) -> object:
-    field = GGUFReader(path).fields.get(key)
-    return None if field is None else field.contents()
+    return read_gguf(path).values.get(key)
 
 
 # --------------------------------------------------------------------------------------------- rules

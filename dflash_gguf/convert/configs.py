@@ -132,7 +132,7 @@ def read_drafter_config(drafter_dir: Path) -> DrafterConfig:
         raise ConfigError(
             f"{path}: no 'dflash_config.target_layer_ids' (nor top-level 'target_layer_ids'). llama.cpp b11434 "
             "would write a file without dflash.target_layers that cannot load ('DFlash model requires "
-            "target_layers'), and guessing taps is wrong for most z-lab drafters. Use the config.json "
+            "'target_layers' in GGUF metadata'), and guessing taps is wrong for most z-lab drafters. Use the config.json "
             "published with the checkpoint, or add the ids it was trained with."
         )
     if not all(isinstance(t, int) and t >= 0 for t in taps):

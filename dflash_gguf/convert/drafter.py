@@ -105,7 +105,7 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str
         raise TensorError(
             f"{src}: tensor(s) missing from the checkpoint: {missing[:6]}{' ...' if len(missing) > 6 else ''} "
             f"(a DFlash1 drafter with {cfg.n_layer} layers has {11 * cfg.n_layer + 3}). llama.cpp would fail with "
-            "'missing tensor'. Re-download the complete checkpoint."
+            "'check_tensor_dims: tensor ... not found'. Re-download the complete checkpoint."
         )
     return mapped
 
