@@ -132,8 +132,8 @@ def read_drafter_config(drafter_dir: Path) -> DrafterConfig:
         raise ConfigError(
             f"{path}: no 'dflash_config.target_layer_ids' (nor top-level 'target_layer_ids'). llama.cpp b11434 "
             "would write a file without dflash.target_layers that cannot load ('DFlash model requires "
-            "'target_layers' in GGUF metadata'), and guessing taps is wrong for most z-lab drafters. Use the config.json "
-            "published with the checkpoint, or add the ids it was trained with."
+            "'target_layers' in GGUF metadata'), and guessing taps is wrong for most z-lab drafters. "
+            "Use the config.json published with the checkpoint, or add the ids it was trained with."
         )
     if not all(isinstance(t, int) and t >= 0 for t in taps):
         raise ConfigError(f"{path}: target_layer_ids {taps!r} must be non-negative integers.")
