@@ -1,0 +1,152 @@
+"""Speed and memory, side by side with llama.cpp b11434, in one run (``make bench``).
+
+1. Convert a synthetic drafter shaped like z-lab/gemma4-12B-it-DFlash (hidden 3840, 5 layers,
+   6 taps, intermediate 7680, BF16, ~1.5 GB) with dflash-gguf and with b11434's
+   convert_hf_to_gguf.py; check the two outputs agree; print wall time, MB/s, peak RSS, ratios.
+2. Quantize that drafter GGUF to Q8_0 and Q4_0 with the built-in quantizer (2 threads) and with
+   b11434's llama-quantize.
+Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
+file pages touched through mmap included); inputs are read once beforehand so both sides start
+from a warm page cache. Not a test: numbers only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_fixtures  # noqa: E402
+import reference_env  # noqa: E402
+
+H, LAYERS, TAPS, FF, HEADS, KV_HEADS, HEAD_DIM = 3840, 5, 6, 7680, 32, 8, 128
+
+
+def _bf16_noise(rng: np.random.Generator, n: int) -> bytes:
+    """Plausible small BF16 values (|x| in [2^-31, 2^-8)), fast to make."""
+    u = rng.integers(0x3000, 0x3B80, size=n, dtype=np.uint16)
+    return (u | (rng.integers(0, 2, size=n, dtype=np.uint16) << 15)).tobytes()
+
+
+def make_big_drafter(root: Path) -> tuple[Path, Path]:
+    """Write the synthetic drafter (streamed, one tensor at a time) and a matching Gemma-4 target dir."""
+    target = make_fixtures.make_gemma4_target(root / "targets")
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["text_config"].update(hidden_size=H, num_hidden_layers=48)
+    (target / "config.json").write_text(json.dumps(cfg, indent=2))
+    drafter = make_fixtures.make_drafter(root / "drafters", target="gemma4")  # tiny weights, replaced below
+    dcfg = json.loads((drafter / "config.json").read_text())
+    dcfg.update(hidden_size=H, num_hidden_layers=LAYERS, intermediate_size=FF, num_attention_heads=HEADS,
+                num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, num_target_layers=48,
+                layer_types=["sliding_attention"] * 4 + ["full_attention"])
+    dcfg["dflash_config"]["target_layer_ids"] = [1, 10, 19, 28, 37, 46]
+    (drafter / "config.json").write_text(json.dumps(dcfg, indent=2))
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, TAPS * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+        shapes |= {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                   p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                   p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                   p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,),
+                   p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H),
+                   p + "mlp.down_proj.weight": (H, FF)}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in sorted(shapes):
+        n = int(np.prod(shapes[name])) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    rng = np.random.default_rng(0)
+    with open(drafter / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for name in sorted(shapes):
+            f.write(_bf16_noise(rng, int(np.prod(shapes[name]))))
+    return drafter, target
+
+
+def timed(cmd: list[str], cwd: Path | None = None) -> tuple[float, float]:
+    """Run ``cmd`` under /usr/bin/time -v: (wall seconds, peak RSS in MB)."""
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    assert wall and rss, proc.stderr[-2000:]
+    seconds = int(wall.group(1) or 0) * 3600 + int(wall.group(2)) * 60 + float(wall.group(3))
+    return seconds, int(rss.group(1)) / 1024
+
+
+def warm(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
+def row(label: str, mb: float, ours: tuple[float, float], ref: tuple[float, float]) -> str:
+    return (f"| {label} | {ours[0]:.2f} s | {mb / ours[0]:.0f} MB/s | {ours[1]:.0f} MB | {ref[0]:.2f} s | "
+            f"{mb / ref[0]:.0f} MB/s | {ref[1]:.0f} MB | {ref[0] / ours[0]:.2f}x | {ours[1] / ref[1]:.2f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, default=None, help="where to put the ~4.5 GB of files (default: tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep the files")
+    args = ap.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    venv_bin = Path(sys.executable).parent
+    ref_py = str(reference_env.venv_python(reference_env.ref_venv_dir()))
+    bins = reference_env.llama_bin_dir()
+    try:
+        drafter, target = make_big_drafter(work)
+        st = drafter / "model.safetensors"
+        mb = st.stat().st_size / 1e6
+        lines = ["| step | dflash-gguf | MB/s | peak RSS | llama.cpp b11434 | MB/s | peak RSS | speed-up | RSS ratio |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        warm(st)
+        ours_out, ref_out = work / "ours-BF16.gguf", work / "ref-BF16.gguf"
+        ours = timed([str(venv_bin / "dflash-convert"), "--drafter", str(drafter), "--target", str(target),
+                      "--outfile", str(ours_out)])
+        warm(st)
+        ref = timed([ref_py, str(reference_env.convert_script()), str(drafter), "--target-model-dir", str(target),
+                     "--outfile", str(ref_out)], cwd=work)
+        lines.append(row(f"convert drafter ({mb:.0f} MB BF16)", mb, ours, ref))
+        sys.path.insert(0, str(ROOT / "tests"))
+        from gguf_compare import diff, read_tensors  # noqa: E402
+
+        problems = diff(ours_out, ref_out)
+        ref_out.unlink()
+        for qtype in ("Q8_0", "Q4_0"):
+            warm(ours_out)
+            q_ours = timed([str(venv_bin / "dflash-gguf"), "quantize", str(ours_out), str(work / f"b-{qtype}.gguf"),
+                            qtype.lower(), "--quantizer", "builtin", "--threads", "2"])
+            warm(ours_out)
+            q_ref = timed([str(bins / "llama-quantize"), str(ours_out), str(work / f"l-{qtype}.gguf"), qtype, "2"])
+            lines.append(row(f"quantize drafter -> {qtype} (2 threads)", mb, q_ours, q_ref))
+            same = read_tensors(work / f"b-{qtype}.gguf") == read_tensors(work / f"l-{qtype}.gguf")
+            lines.append(f"|   {qtype}: tensor names, types and bytes identical: {same} | | | | | | | | |")
+            for p in (work / f"b-{qtype}.gguf", work / f"l-{qtype}.gguf"):
+                p.unlink()
+        print("\n".join(lines))
+        print(f"\nconvert parity on the synthetic drafter: {'identical' if not problems else problems[:5]}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
