@@ -32,7 +32,8 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
     report = Report(inputs={"drafter": str(drafter), "target": str(target) if target else ""})
     fmt = check_format(d)
     report.extend(fmt)
-    if fmt.result("format.arch") is not None and fmt.result("format.arch").status == "pass":  # type: ignore[union-attr]
+    arch = fmt.result("format.arch")
+    if arch is not None and arch.status == "pass":
         if t is not None:
             report.extend(check_pair(d, t))
         else:

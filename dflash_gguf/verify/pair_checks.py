@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 from . import fingerprint as efp
@@ -162,8 +163,9 @@ def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
         if isinstance(value, str) and (pair := known_target_for(value)):
             return pair.target, f"known published pair {pair.drafter} ({pair.source})"
     src = d.get(PREFIX + "target.source")
-    if isinstance(src, str) and src:
-        return Path(src.rstrip("/")).name, f"{PREFIX}target.source"
+    name = Path(src.rstrip("/")).name if isinstance(src, str) else ""
+    if name and not re.fullmatch(r"[0-9a-f]{40}", name):  # an HF cache snapshots/<sha> dir names nothing
+        return name, f"{PREFIX}target.source"
     return None, ""
 
 
