@@ -21,6 +21,7 @@ demo: venv
 	$(VENV)/bin/dflash-convert --drafter $(OUT)/demo/drafters/gemma4-tiny-it-DFlash \
 	    --target $(OUT)/demo/targets/gemma-4-tiny-it --outfile $(OUT)/demo/gemma4-tiny-it-DFlash-BF16.gguf
 	$(PY) scripts/gguf_summary.py $(OUT)/demo/gemma4-tiny-it-DFlash-BF16.gguf
+	$(VENV)/bin/dflash-verify $(OUT)/demo/gemma4-tiny-it-DFlash-BF16.gguf
 
 reference: venv
 	$(PY) scripts/reference_env.py setup

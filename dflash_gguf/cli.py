@@ -66,6 +66,17 @@ class _Progress:
         self.bar.close()
 
 
+def _repo_provenance(drafter_repo: str | None, target_repo: str | None) -> dict[str, str]:
+    prov: dict[str, str] = {}
+    for role, spec in (("drafter", drafter_repo), ("target", target_repo)):
+        if spec:
+            repo, _, rev = spec.partition("@")
+            prov[f"{role}.repo"] = repo
+            if rev:
+                prov[f"{role}.revision"] = rev
+    return prov
+
+
 @click.command("convert")
 @click.option("--drafter", "drafter", required=True, type=click.Path(path_type=Path),
               help="DFlash drafter checkpoint folder (config.json + model*.safetensors).")
@@ -74,12 +85,16 @@ class _Progress:
 @click.option("--outfile", required=True, type=click.Path(path_type=Path), help="GGUF file to write.")
 @click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default="auto",
               show_default=True, help="Tensor type of the matrices (auto: the checkpoint's own BF16/F16).")
+@click.option("--drafter-repo", default=None, metavar="ORG/NAME[@REV]",
+              help="Hub repo id the drafter folder came from; recorded for dflash-verify's lineage checks.")
+@click.option("--target-repo", default=None, metavar="ORG/NAME[@REV]",
+              help="Hub repo id the target folder came from; recorded for dflash-verify's lineage checks.")
 @click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
 @handle_errors
-def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, dry_run: bool, json_: bool,
-                verbose: bool) -> None:
+def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, drafter_repo: str | None,
+                target_repo: str | None, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Convert a DFlash drafter into a GGUF that llama.cpp b11434 loads.
 
     \b
@@ -92,7 +107,8 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, dry_ru
     _setup_logging(verbose)
     progress = _Progress("convert")
     try:
-        result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress)
+        result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress,
+                                 provenance=_repo_provenance(drafter_repo, target_repo))
     finally:
         progress.close()
     if json_:

@@ -80,13 +80,13 @@ def _auto_setup(step: str) -> str | None:
 def reference_available() -> str | None:
     """None when b11434's convert_hf_to_gguf.py can run, else why not."""
     failure = _auto_setup("ref")
-    return failure or env.step_status("sdist") or env.step_status("ref")
+    return failure or env.step_status("ref") or env.step_status("sdist")  # ref's hint covers sdist
 
 
 def llama_cpp_available() -> str | None:
     """None when the b11434 binaries and libllama are built, else why not."""
     failure = _auto_setup("llama")
-    return failure or env.step_status("sdist") or env.step_status("llama")
+    return failure or env.step_status("llama") or env.step_status("sdist")
 
 
 def _require(reason: str | None) -> None:

@@ -22,10 +22,10 @@ from gguf import quants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dflash_gguf import fingerprint as efp
 from dflash_gguf.cli_verify import verify_cmd
 from dflash_gguf.errors import VerifyError
 from dflash_gguf.gguf_writer import GGUFPlan, TensorOut
-from dflash_gguf.verify import fingerprint as efp
 from dflash_gguf.verify import precheck, read_gguf, verify_files
 from dflash_gguf.verify.gguf_meta import GGUFMeta, tensor_nbytes
 from dflash_gguf.verify.lineage import known_target_for, parse_name
@@ -424,3 +424,24 @@ def test_llama_server_fails_where_verify_predicts(tmp_path: Path, taps: tuple[in
                 served = False
             served = served and server.alive
     assert served == (expected is None), server.output[-2000:]
+
+
+def test_drafter_converted_against_qat_target_is_refused_alone(tmp_path: Path) -> None:
+    """Lineage with no target file: the published pair vs the target recorded at conversion."""
+    import make_fixtures
+
+    from dflash_gguf.convert.drafter import convert_drafter
+
+    drafter = make_fixtures.make_drafter(tmp_path / "d", target="gemma4")
+    qat = make_fixtures.make_gemma4_target(tmp_path / "t", qat=True)
+    vanilla = make_fixtures.make_gemma4_target(tmp_path / "v")
+    runner = CliRunner()
+    for target, repo, code in ((qat, "google/gemma-4-12B-it-qat-q4_0-unquantized", 1),
+                               (vanilla, "google/gemma-4-12B-it", 0)):
+        out = tmp_path / f"{target.name}.gguf"
+        convert_drafter(drafter, target, out, provenance={"drafter.repo": "z-lab/gemma4-12B-it-DFlash",
+                                                          "target.repo": repo})
+        result = runner.invoke(verify_cmd, [str(out), "--json"])
+        assert result.exit_code == code, result.output
+        checks = {c["id"]: c["status"] for c in json.loads(result.output)["checks"]}
+        assert checks["lineage.derived_target"] == ("fail" if code else "pass")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -19,8 +20,9 @@ from pathlib import Path
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from .. import LLAMA_CPP_BUILD, __version__
+from .. import fingerprint as efp
 from ..atomic import atomic_output, check_free_space
-from ..errors import IncompatiblePairError, TensorError, UnsupportedModelError
+from ..errors import IncompatiblePairError, InputError, TensorError, UnsupportedModelError
 from ..gguf_writer import GGUFPlan, TensorOut
 from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
 from .constants import (
@@ -33,7 +35,7 @@ from .constants import (
     Keys,
 )
 from .safetensors import TensorRef, index_checkpoint
-from .tensor_io import tensor_writer
+from .tensor_io import tensor_writer, to_f32
 from .vocab import VocabInfo, add_target_vocab
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,31 @@ def _check_pair(cfg: DrafterConfig, target: TargetConfig) -> None:
             f"Drafter {cfg.path} says num_target_layers {n_target} but target {target.path} has {target.n_layer} "
             "layers. Pick the drafter made for this target."
         )
+
+
+_EMBED_NAMES = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight",
+                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
+
+
+def target_embedding_fingerprint(target_dir: Path) -> str | None:
+    """Fingerprint of the target's token embedding, reading only the sampled rows; None without weights.
+
+    Recorded so dflash-verify can later tell the target this drafter was converted against from a QAT or
+    re-trained one with the same config and tokenizer (see dflash_gguf/fingerprint.py).
+    """
+    try:
+        refs = index_checkpoint(target_dir)
+    except (TensorError, InputError):
+        return None
+    ref = next((refs[n] for n in _EMBED_NAMES if n in refs), None)
+    if ref is None or len(ref.shape) != 2 or ref.dtype not in ("BF16", "F16", "F32"):
+        return None
+    n_vocab, n_embd = ref.shape
+    row_bytes = ref.nbytes // n_vocab
+    ids = efp.sample_rows(n_vocab)
+    with open(ref.path, "rb", buffering=0) as f:
+        raw = b"".join(os.pread(f.fileno(), row_bytes, ref.offset + i * row_bytes) for i in ids)
+    return efp.encode(efp.compute(to_f32(raw, ref.dtype).reshape(len(ids), n_embd), n_vocab))
 
 
 def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype: LlamaFileType) -> None:
@@ -289,7 +316,7 @@ def convert_drafter(
 
     plan = GGUFPlan(ARCH)
     plan.add_string("general.type", "model")
-    plan.add_string("general.name", (provenance or {}).get("drafter_repo") or drafter_dir.name)
+    plan.add_string("general.name", (provenance or {}).get("drafter.repo") or drafter_dir.name)
     for name, ref in mapped:
         tq = _tensor_type(name, ref, qtype)
         plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq)))
@@ -312,6 +339,7 @@ def convert_drafter(
         "target.config_sha256": hashlib.sha256(target.path.read_bytes()).hexdigest(),
         "target.vocab_sha256": vocab.sha256,
         "tokenizer.origin": "original",
+        **({"target.embd_fingerprint": fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
         **(provenance or {}),
     }
     for key, value in prov.items():

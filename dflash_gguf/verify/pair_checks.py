@@ -12,7 +12,7 @@ import math
 import re
 from pathlib import Path
 
-from . import fingerprint as efp
+from .. import fingerprint as efp
 from .format_checks import A, taps, u32
 from .gguf_meta import GGUFMeta, read_rows
 from .lineage import TargetIdentity, judge, known_target_for
@@ -154,14 +154,18 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
 
 
 def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
-    """(target name the drafter was trained for, where that came from)."""
-    repo = d.get(PREFIX + "target.repo")
-    if isinstance(repo, str) and repo:
-        return repo, f"{PREFIX}target.repo"
+    """(target name the drafter was trained for, where that came from).
+
+    A known published pair wins over ``target.repo``: that key names the target the file was
+    *converted against*, which is exactly what may be wrong (a QAT target given by mistake).
+    """
     for key in (PREFIX + "drafter.repo", PREFIX + "drafter_repo", "general.name", PREFIX + "drafter.source"):
         value = d.get(key)
         if isinstance(value, str) and (pair := known_target_for(value)):
             return pair.target, f"known published pair {pair.drafter} ({pair.source})"
+    repo = d.get(PREFIX + "target.repo")
+    if isinstance(repo, str) and repo:
+        return repo, f"{PREFIX}target.repo"
     src = d.get(PREFIX + "target.source")
     name = Path(src.rstrip("/")).name if isinstance(src, str) else ""
     if name and not re.fullmatch(r"[0-9a-f]{40}", name):  # an HF cache snapshots/<sha> dir names nothing
@@ -207,8 +211,13 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
         else:
             r.ok("lineage.vocab_record", f"vocabulary hash {recorded[:12]}... matches {side}")
     if t is None:
-        return r
-    ident = target_identity(t)
+        # judged alone: compare the published target with the one the file was converted against
+        converted = d.get(PREFIX + "target.repo")
+        if not (intended and isinstance(converted, str) and converted and source.startswith("known")):
+            return r
+        ident = TargetIdentity(names=[converted], base_models=[])
+    else:
+        ident = target_identity(t)
     for f in judge(intended, ident) if intended else []:
         if f.kind == "derived":
             if allow_derived:
@@ -227,7 +236,8 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
             r.ok("lineage.derived_target", f.message)
     if not any(x.id.startswith("lineage.derived") for x in r.results) and intended:
         r.skip("lineage.derived_target", "the target carries no names to compare")
-    _check_fingerprint(d, t, r)
+    if t is not None:
+        _check_fingerprint(d, t, r)
     return r
 
 
