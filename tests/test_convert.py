@@ -215,3 +215,36 @@ def test_cli_json_and_dry_run(tmp_path: Path, targets: dict[str, Path]) -> None:
     doc = json.loads(result.output)
     assert doc["dry_run"] is True and doc["tensors"] == 25 and doc["vocab"]["tokens"] == 512
     assert not out.exists()
+
+
+def _qwen3_target_with_sentencepiece(tmp_path: Path) -> Path:
+    """A Qwen3-architecture target that ships a tokenizer.model: b11434 takes its SentencePiece path."""
+    import shutil
+
+    donor = make_fixtures.make_gemma3_target(tmp_path / "g3")
+    target = tmp_path / "qwen3-sp"
+    target.mkdir()
+    for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(donor / name, target / name)
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 6,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+        "vocab_size": 512, "bos_token_id": 2, "eos_token_id": 1}))
+    return target
+
+
+def test_sentencepiece_target_matches_reference(tmp_path: Path) -> None:
+    target = _qwen3_target_with_sentencepiece(tmp_path)
+    drafter = _drafter(tmp_path, "qwen3", "default",
+                       config_overrides={"vocab_size": 600, "dflash_config.mask_token_id": 4})
+    ours = tmp_path / "ours.gguf"
+    result = convert_drafter(drafter, target, ours)
+    kv = read_kv(ours)
+    assert kv["tokenizer.ggml.model"] == (["STRING"], "llama") and result.vocab.n_tokens == 600
+    assert kv["tokenizer.ggml.tokens"][1][599] == "[PAD599]"  # padded to the drafter's vocab_size
+    reference.require_or_skip(reference.reference_available())
+    ref = tmp_path / "ref.gguf"
+    proc = reference.run_reference_convert(drafter, target, ref)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert diff(ours, ref) == []
+    REFERENCE_COMPARISONS.append("qwen3-sentencepiece/default/auto")

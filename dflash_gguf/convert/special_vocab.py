@@ -137,15 +137,15 @@ def _template_flags(st: SpecialTokens, proc: dict[str, Any], cfg: dict[str, Any]
             cfg["sep_token"] = eos
 
 
-def read_special_tokens(tok_dir: Path, *, n_vocab: int | None = None) -> SpecialTokens:
-    """Everything gguf-py's ``SpecialVocab(tok_dir, load_merges=True)`` would add to a GGUF."""
+def read_special_tokens(tok_dir: Path, *, n_vocab: int | None = None, load_merges: bool = True) -> SpecialTokens:
+    """Everything gguf-py's ``SpecialVocab(tok_dir, load_merges=..., n_vocab=...)`` would add to a GGUF."""
     st = SpecialTokens()
     types = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"]
     tokenizer: dict[str, Any] | None = None
     added: list[dict[str, Any]] = []
     if (tok_dir / "tokenizer.json").is_file():
         tokenizer = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        st.merges = _merges(tokenizer)
+        st.merges = _merges(tokenizer) if load_merges else []
         if norm := tokenizer.get("normalizer"):
             _normalizer_flags(st, norm)
         added = tokenizer.get("added_tokens", [])

@@ -46,6 +46,9 @@ PRE_TOKENIZERS = {
     "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3-Embedding
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama-3
 }
+# Target classes whose b11434 set_vocab tries tokenizer.model (SentencePiece) before tokenizer.json
+# (Qwen2Model.set_vocab, LlamaModel.set_vocab); Qwen3-MoE goes straight to the GPT-2 path.
+SENTENCEPIECE_FIRST = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
@@ -165,12 +168,6 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     from tokenizers import Tokenizer  # Rust tokenizers only: no torch, no transformers
 
     tj = _load_tokenizer_json(tok_dir)
-    if (tok_dir / "tokenizer.model").is_file():
-        raise UnsupportedModelError(
-            f"Target {tok_dir} has a tokenizer.model: llama.cpp b11434 would read it with SentencePiece for this "
-            "architecture, a path dflash-gguf does not mirror. Remove it from a copy of the target folder if it "
-            "does not belong there (e.g. copied from another model)."
-        )
     try:
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     except Exception as e:  # tokenizers raises plain Exception subclasses
@@ -227,6 +224,55 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     return VocabInfo(f"gpt2/{pre}", len(tokens), "tokenizer.json", _fingerprint(plan))
 
 
+# SentencePieceTokenTypes in b11434 conversion/base.py (same values as gguf.TokenType)
+_SP_NORMAL, _SP_UNKNOWN, _SP_CONTROL, _SP_USER_DEFINED, _SP_UNUSED, _SP_BYTE = 1, 2, 3, 4, 5, 6
+
+
+def add_sentencepiece_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
+    """b11434 ``_set_vocab_sentencepiece``: tokenizer.model pieces, added tokens, [PAD] rows to vocab_size."""
+    from sentencepiece import SentencePieceProcessor
+
+    path = tok_dir / "tokenizer.model"
+    sp = SentencePieceProcessor()
+    try:
+        sp.LoadFromFile(str(path))
+    except (OSError, RuntimeError) as e:
+        raise TokenizerError(f"{path} is not a valid SentencePiece model ({e}). Re-download it, or remove it if "
+                             "it was copied in from another model.") from None
+    n = vocab_size or sp.vocab_size()
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    scores = [-10000.0] * n
+    types = [_SP_UNUSED] * n
+    for i in range(min(sp.vocab_size(), n)):
+        tokens[i], scores[i] = sp.IdToPiece(i), sp.GetScore(i)
+        types[i] = (_SP_UNKNOWN if sp.IsUnknown(i) else _SP_CONTROL if sp.IsControl(i) else
+                    _SP_UNUSED if sp.IsUnused(i) else _SP_BYTE if sp.IsByte(i) else _SP_NORMAL)
+    added = tok_dir / "added_tokens.json"
+    if added.is_file():
+        for text, tid in json.loads(added.read_text(encoding="utf-8")).items():
+            if tid < n:
+                tokens[tid], scores[tid], types[tid] = text, -1000.0, _SP_USER_DEFINED
+    cfg = tok_dir / "tokenizer_config.json"
+    if cfg.is_file():
+        for sid, entry in (json.loads(cfg.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}).items():
+            tid, text = int(sid), entry["content"]
+            if tid >= n:
+                continue
+            if entry.get("special") or _looks_special(text):
+                types[tid] = _SP_CONTROL
+            else:
+                text = text.replace("\u2581", " ")
+                types[tid] = _SP_USER_DEFINED
+            scores[tid], tokens[tid] = -1000.0, text
+    plan.add_string("tokenizer.ggml.model", "llama")
+    plan.add_string("tokenizer.ggml.pre", "default")
+    plan.add_array("tokenizer.ggml.tokens", tokens)
+    plan.add_array("tokenizer.ggml.scores", scores)
+    plan.add_array("tokenizer.ggml.token_type", types)
+    read_special_tokens(tok_dir, n_vocab=len(tokens), load_merges=False).add_to(plan)
+    return VocabInfo("llama/sentencepiece", len(tokens), "tokenizer.model", _fingerprint(plan))
+
+
 def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafter_vocab_size: int) -> VocabInfo:
     """Embed the target's tokenizer the way b11434's DFlash converter does.
 
@@ -235,5 +281,19 @@ def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafte
         UnsupportedModelError: a tokenizer layout b11434 would read by a path we do not mirror.
     """
     if target.vocab_family == "gemma4":
-        return add_gemma4_vocab(plan, tok_dir)
+        return add_gemma4_vocab(plan, tok_dir)  # reads tokenizer.json only, whatever else is there
+    if target.arch == "LlamaForCausalLM":
+        cfg = tok_dir / "tokenizer_config.json"
+        if cfg.is_file() and (prefix := json.loads(cfg.read_text(encoding="utf-8")).get("add_prefix_space")) \
+                is not None:
+            plan.add_bool("tokenizer.ggml.add_space_prefix", bool(prefix))
+    if target.arch in SENTENCEPIECE_FIRST and (tok_dir / "tokenizer.model").is_file():
+        return add_sentencepiece_vocab(plan, tok_dir, drafter_vocab_size)
+    if target.arch == "LlamaForCausalLM":
+        model = _load_tokenizer_json(tok_dir)["model"]
+        if not (model.get("type") == "BPE" and model.get("ignore_merges") and not model.get("byte_fallback", True)):
+            raise UnsupportedModelError(
+                f"{tok_dir / 'tokenizer.json'}: a Llama target whose tokenizer is not Llama-3 style BPE; llama.cpp "
+                "b11434 would read it through a path (LlamaHfVocab) dflash-gguf does not mirror."
+            )
     return add_bpe_vocab(plan, tok_dir, drafter_vocab_size)
