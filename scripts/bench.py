@@ -160,6 +160,28 @@ def row(label: str, mb: float, ours: tuple[float, float], ref: tuple[float, floa
             f"{mb / ref[0]:.0f} MB/s | {ref[1]:.0f} MB | {ref[0] / ours[0]:.2f}x | {ours[1] / ref[1]:.2f}x |")
 
 
+def quantize_both(src: Path, label: str, work: Path, ours_cli: Path, llama_quantize: Path) -> list[str]:
+    """Q8_0 and Q4_0 with the built-in quantizer and llama-quantize; table rows, outputs compared."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_compare import read_tensors
+
+    mb = src.stat().st_size / 1e6
+    lines = []
+    for qtype in ("Q8_0", "Q4_0"):
+        ours_out, ref_out = work / f"builtin-{qtype}.gguf", work / f"llama-{qtype}.gguf"
+        warm(src)
+        ours = timed([str(ours_cli), "quantize", str(src), str(ours_out), qtype.lower(), "--quantizer", "builtin",
+                      "--threads", "2"])
+        warm(src)
+        ref = timed([str(llama_quantize), str(src), str(ref_out), qtype, "2"])
+        lines.append(row(f"quantize {label} ({mb:.0f} MB) -> {qtype}, 2 threads", mb, ours, ref))
+        same = read_tensors(ours_out) == read_tensors(ref_out)
+        lines.append(f"|   {qtype}: tensor names, types and bytes identical: {same} | | | | | | | | |")
+        ours_out.unlink()
+        ref_out.unlink()
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None, help="where to put the ~4.5 GB of files (default: tmp)")
@@ -185,34 +207,13 @@ def main() -> None:
                      "--outfile", str(ref_out)], cwd=work)
         lines.append(row(f"convert drafter ({mb:.0f} MB BF16)", mb, ours, ref))
         sys.path.insert(0, str(ROOT / "tests"))
-        from gguf_compare import diff, read_tensors  # noqa: E402
+        from gguf_compare import diff  # noqa: E402
 
         problems = diff(ours_out, ref_out)
         ref_out.unlink()
-        for qtype in ("Q8_0", "Q4_0"):
-            warm(ours_out)
-            q_ours = timed([str(venv_bin / "dflash-gguf"), "quantize", str(ours_out), str(work / f"b-{qtype}.gguf"),
-                            qtype.lower(), "--quantizer", "builtin", "--threads", "2"])
-            warm(ours_out)
-            q_ref = timed([str(bins / "llama-quantize"), str(ours_out), str(work / f"l-{qtype}.gguf"), qtype, "2"])
-            lines.append(row(f"quantize drafter -> {qtype} (2 threads)", mb, q_ours, q_ref))
-            same = read_tensors(work / f"b-{qtype}.gguf") == read_tensors(work / f"l-{qtype}.gguf")
-            lines.append(f"|   {qtype}: tensor names, types and bytes identical: {same} | | | | | | | | |")
-            for p in (work / f"b-{qtype}.gguf", work / f"l-{qtype}.gguf"):
-                p.unlink()
+        lines += quantize_both(ours_out, "drafter", work, venv_bin / "dflash-gguf", bins / "llama-quantize")
         target = make_target_gguf(work / "target-BF16.gguf", None, hidden=2880, layers=14, ff=7680, vocab=32000)
-        tmb = target.stat().st_size / 1e6
-        for qtype in ("Q8_0", "Q4_0"):
-            warm(target)
-            q_ours = timed([str(venv_bin / "dflash-gguf"), "quantize", str(target), str(work / f"tb-{qtype}.gguf"),
-                            qtype.lower(), "--quantizer", "builtin", "--threads", "2"])
-            warm(target)
-            q_ref = timed([str(bins / "llama-quantize"), str(target), str(work / f"tl-{qtype}.gguf"), qtype, "2"])
-            lines.append(row(f"quantize target ({tmb:.0f} MB, H 2880) -> {qtype}", tmb, q_ours, q_ref))
-            same = read_tensors(work / f"tb-{qtype}.gguf") == read_tensors(work / f"tl-{qtype}.gguf")
-            lines.append(f"|   {qtype}: tensor names, types and bytes identical: {same} | | | | | | | | |")
-            for p in (work / f"tb-{qtype}.gguf", work / f"tl-{qtype}.gguf"):
-                p.unlink()
+        lines += quantize_both(target, "target (H 2880)", work, venv_bin / "dflash-gguf", bins / "llama-quantize")
         target.unlink()
         big = make_target_gguf(work / "target-10G-BF16.gguf", ours_out, hidden=H, layers=48, ff=15360,
                                vocab=262144, sparse=True)
