@@ -85,6 +85,11 @@ def _repo_provenance(drafter_repo: str | None, target_repo: str | None) -> dict[
 @click.option("--outfile", required=True, type=click.Path(path_type=Path), help="GGUF file to write.")
 @click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default="auto",
               show_default=True, help="Tensor type of the matrices (auto: the checkpoint's own BF16/F16).")
+@click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
+              help="Read the target's tokenizer files here instead (e.g. an overlay from 'dflash-gguf fix-tokenizer').")
+@click.option("--pair-with", "pair_with", default=None, metavar="TARGET.gguf",
+              help="File name of the target GGUF this drafter will be served with, recorded so that "
+                   "'dflash-verify DRAFTER.gguf' finds it beside the drafter.")
 @click.option("--drafter-repo", default=None, metavar="ORG/NAME[@REV]",
               help="Hub repo id the drafter folder came from; recorded for dflash-verify's lineage checks.")
 @click.option("--target-repo", default=None, metavar="ORG/NAME[@REV]",
@@ -93,8 +98,9 @@ def _repo_provenance(drafter_repo: str | None, target_repo: str | None) -> dict[
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
 @handle_errors
-def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, drafter_repo: str | None,
-                target_repo: str | None, dry_run: bool, json_: bool, verbose: bool) -> None:
+def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokenizer_dir: Path | None,
+                pair_with: str | None, drafter_repo: str | None, target_repo: str | None, dry_run: bool, json_: bool,
+                verbose: bool) -> None:
     """Convert a DFlash drafter into a GGUF that llama.cpp b11434 loads.
 
     \b
@@ -107,8 +113,15 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, drafte
     _setup_logging(verbose)
     progress = _Progress("convert")
     try:
+        provenance = _repo_provenance(drafter_repo, target_repo)
+        if tokenizer_dir is not None:
+            from .tokenizer_fixups import overlay_provenance
+
+            provenance.update(overlay_provenance(tokenizer_dir))
+        if pair_with:
+            provenance["target.file"] = Path(pair_with).name
         result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress,
-                                 provenance=_repo_provenance(drafter_repo, target_repo))
+                                 tokenizer_dir=tokenizer_dir, provenance=provenance)
     finally:
         progress.close()
     if json_:

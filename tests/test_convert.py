@@ -248,3 +248,21 @@ def test_sentencepiece_target_matches_reference(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert diff(ours, ref) == []
     REFERENCE_COMPARISONS.append("qwen3-sentencepiece/default/auto")
+
+
+def test_cli_reads_tokenizer_overlay_and_records_origin(tmp_path: Path, targets: dict[str, Path]) -> None:
+    from dflash_gguf.tokenizer_fixups import fix_tokenizer
+
+    drafter = _drafter(tmp_path, "gemma4", "default")
+    overlay = fix_tokenizer(targets["gemma4"], out=tmp_path / "overlay").overlay
+    assert overlay is not None and (overlay / "tokenizer.model").is_file()
+    direct, repaired = tmp_path / "direct.gguf", tmp_path / "repaired.gguf"
+    convert_drafter(drafter, targets["gemma4"], direct)
+    result = CliRunner().invoke(main, ["convert", "--drafter", str(drafter), "--target", str(targets["gemma4"]),
+                                       "--tokenizer-dir", str(overlay), "--pair-with", "t.gguf",
+                                       "--outfile", str(repaired)])
+    assert result.exit_code == 0, result.output
+    kv = read_kv(repaired)
+    assert kv["dflash_gguf.tokenizer.origin"][1] == "synthesized"
+    assert kv["dflash_gguf.target.file"][1] == "t.gguf"
+    assert diff(repaired, direct) == []  # same vocabulary and tensors either way

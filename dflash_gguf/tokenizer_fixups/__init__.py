@@ -5,9 +5,10 @@ to the chat ids (failure mode C2). See ``repair.fix_tokenizer`` for the stage.
 """
 
 from .compare import PieceDiff, diff_pieces, load_model_pieces
-from .repair import FixResult, fix_tokenizer, resolve_donor, write_overlay
+from .repair import FixResult, fix_tokenizer, overlay_provenance, resolve_donor, write_overlay
 from .synthesize import TokenizerJsonVocab, read_tokenizer_json, synthesize_tokenizer_model, tokenizer_json_pieces
 
 __all__ = ["FixResult", "PieceDiff", "TokenizerJsonVocab", "diff_pieces", "fix_tokenizer", "load_model_pieces",
-           "read_tokenizer_json", "resolve_donor", "synthesize_tokenizer_model", "tokenizer_json_pieces",
+           "overlay_provenance", "read_tokenizer_json", "resolve_donor", "synthesize_tokenizer_model",
+           "tokenizer_json_pieces",
            "write_overlay"]

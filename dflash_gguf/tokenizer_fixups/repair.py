@@ -133,6 +133,15 @@ def resolve_donor(spec: str) -> tuple[bytes, str]:
     return read_model_file(local), f"{repo}@{commit}"
 
 
+def overlay_provenance(overlay: Path) -> dict[str, str]:
+    """The provenance keys an overlay written by :func:`fix_tokenizer` records ({} for any other dir)."""
+    marker = Path(overlay) / OVERLAY_MARKER
+    if not marker.is_file():
+        return {}
+    record = json.loads(marker.read_text(encoding="utf-8"))
+    return {k: str(v) for k, v in record.items() if k.startswith("tokenizer.") and v is not None}
+
+
 def _guard_overlay(target: Path, out: Path) -> None:
     real_out, real_target = out.resolve(), target.resolve()
     if real_out == real_target or real_target in real_out.parents or real_out in real_target.parents:
