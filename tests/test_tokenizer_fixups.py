@@ -19,7 +19,7 @@ from gguf_compare import diff, read_kv
 from dflash_gguf.cli import main
 from dflash_gguf.convert.constants import PROVENANCE_PREFIX
 from dflash_gguf.convert.drafter import convert_drafter
-from dflash_gguf.errors import InputError, OutputError, ResolveError, TokenizerError
+from dflash_gguf.errors import InputError, OutputError, TokenizerError
 from dflash_gguf.tokenizer_fixups import fix_tokenizer, read_tokenizer_json, synthesize_tokenizer_model
 from dflash_gguf.tokenizer_fixups.repair import OVERLAY_MARKER
 
@@ -343,33 +343,6 @@ def test_embedding_rows_past_the_tokenizer_are_fine(gemma4: Path) -> None:
     assert result.config_vocab_size == 640 and any("padding rows" in n for n in result.notes)
 
 
-def test_donor_that_cannot_be_fetched(fx: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import huggingface_hub
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    def offline(*args: object, **kwargs: object) -> str:
-        raise LocalEntryNotFoundError("Cannot find the requested files in the disk cache and outgoing traffic "
-                                      "has been disabled.")
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(ResolveError, match=r"Cannot fetch tokenizer\.model from google/gemma-3-12b-it@main "
-                                           r"\(LocalEntryNotFoundError: Cannot find"):
-        fix_tokenizer(fx["gemma4"], donor="google/gemma-3-12b-it@main", out=tmp_path / "overlay")
-    assert not (tmp_path / "overlay").exists()
-
-
-def test_hub_donor_label_names_the_commit(fx: dict[str, Path], tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import huggingface_hub
-
-    snap = tmp_path / "hub" / "models--me--donor" / "snapshots" / ("c0" * 20)
-    snap.mkdir(parents=True)
-    shutil.copyfile(fx["good_donor"], snap / "tokenizer.model")
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, revision=None: str(snap / name))
-    result = fix_tokenizer(fx["gemma4"], donor="me/donor")
-    assert result.origin == f"donor me/donor@{'c0' * 20}"
-
-
 def test_donor_path_that_does_not_exist(fx: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(InputError, match="neither an existing file nor a Hub repo id"):
         fix_tokenizer(fx["gemma4"], donor=str(tmp_path / "nope" / "tokenizer.model"))
@@ -471,3 +444,38 @@ def test_llama_cpp_sentencepiece_path_accepts_the_synthesized_file(fx: dict[str,
     assert ref["scores"] == [-1000.0 if i in special else sp.get_score(i) for i in range(len(tokens))]
     assert set(ours["tokenizer.ggml.scores"][1]) == {-1000.0}
     REFERENCE_COMPARISONS.append("synthesized tokenizer.model via _set_vocab_sentencepiece")
+
+
+def _hub_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+
+
+def test_donor_from_the_hub_through_the_real_client(fx: dict[str, Path], tmp_path: Path) -> None:
+    """The real huggingface_hub client fetches the donor from a loopback Hub; the wrong donor is refused
+    with the id diff and the right one is recorded as REPO@COMMIT; the HF cache is only ever read."""
+    import subprocess
+    import sys
+
+    from hub_server import FakeRepo, fake_hub
+
+    cli = Path(sys.executable).parent / "dflash-gguf"
+    wrong = FakeRepo({"tokenizer.model": (fx["gemma3"] / "tokenizer.model").read_bytes(), "config.json": b"{}"})
+    right = FakeRepo({"tokenizer.model": fx["good_donor"].read_bytes(), "config.json": b"{}"})
+    with fake_hub({"google/gemma-3-12b-it": wrong, "me/gemma-4-tokenizer": right}) as url:
+        env = _hub_env(tmp_path, url)
+        run = lambda *args: subprocess.run([str(cli), "fix-tokenizer", str(fx["gemma4"]), *args],  # noqa: E731
+                                           env=env, capture_output=True, text=True, timeout=120)
+        refused = run("--donor", "google/gemma-3-12b-it", "--out", str(tmp_path / "ov1"))
+        assert refused.returncode == 7, refused.stdout + refused.stderr
+        assert "105: '<start_of_turn>' (donor) vs '<|turn>' (target)" in refused.stdout + refused.stderr
+        assert not (tmp_path / "ov1").exists()
+        accepted = run("--donor", "me/gemma-4-tokenizer", "--out", str(tmp_path / "ov2"), "--json")
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+        assert json.loads(accepted.stdout)["origin"] == f"donor me/gemma-4-tokenizer@{right.sha}"
+        missing = run("--donor", "nobody/nothing", "--out", str(tmp_path / "ov3"))
+        assert missing.returncode == 9 and "Cannot fetch tokenizer.model from nobody/nothing" in missing.stderr
+        assert not (tmp_path / "ov3").exists()
