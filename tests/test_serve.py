@@ -1,0 +1,79 @@
+"""End to end with real llama.cpp b11434: llama-server serves our drafter beside a target GGUF, and
+dflash-verify's verdict matches what llama.cpp does (or silently fails to notice)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import make_fixtures
+import numpy as np
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS
+
+from dflash_gguf.convert.drafter import convert_drafter
+
+VERIFY = str(Path(sys.executable).parent / "dflash-verify")
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(targets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(target dir, target GGUF by b11434's converter, our drafter GGUF converted against that target)."""
+    reference.require_or_skip(reference.reference_available())
+    reference.require_or_skip(reference.llama_cpp_available())
+    if "qwen3" not in targets:
+        reference.require_or_skip("the Qwen fixture needs the llama.cpp b11434 sdist")
+    work = tmp_path_factory.mktemp("serve")
+    target_gguf = work / "qwen3-tiny-BF16.gguf"
+    proc = reference.run_reference_convert(targets["qwen3"], None, target_gguf)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drafter = make_fixtures.make_drafter(work, target="qwen3")
+    drafter_gguf = work / "qwen3-tiny-DFlash-BF16.gguf"
+    convert_drafter(drafter, targets["qwen3"], drafter_gguf)
+    return targets["qwen3"], target_gguf, drafter_gguf
+
+
+def _serve_and_complete(target: Path, drafter: Path) -> tuple[dict, str]:
+    with reference.start_llama_server(target, drafter, n_max=15) as server:
+        assert server.ready, server.output[-3000:]
+        status, body = reference.http_json(server.url + "/completion",
+                                           {"prompt": "hello world", "n_predict": 16, "temperature": 0})
+        assert status == 200, body
+    assert isinstance(body, dict)
+    return body["timings"], server.output
+
+
+def test_llama_server_drafts_with_our_drafter(qwen_pair: tuple[Path, Path, Path]) -> None:
+    _, target_gguf, drafter_gguf = qwen_pair
+    timings, log = _serve_and_complete(target_gguf, drafter_gguf)
+    assert timings["draft_n"] > 0  # the drafter ran (random weights: nothing is accepted)
+    assert "block_size=16, mask_token_id=151669, n_extract=2" in log
+    verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf)], capture_output=True, text=True)
+    assert verdict.returncode == 0, verdict.stdout
+    assert "lineage.fingerprint" in verdict.stdout and "mean row cosine 1.0000" in verdict.stdout
+    REFERENCE_COMPARISONS.append("llama-server/qwen3-pair")
+
+
+def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: tuple[Path, Path, Path],
+                                                                     tmp_path: Path) -> None:
+    """Same config and tokenizer, other weights (a re-trained target): llama.cpp serves the pair without a
+    word; verify refuses it from the embedding fingerprint recorded at conversion."""
+    target_dir, _, drafter_gguf = qwen_pair
+    retrained = Path(shutil.copytree(target_dir, tmp_path / "qwen3-tiny"))
+    rng = np.random.default_rng(7)
+    entries = make_fixtures.read_safetensors_raw(retrained / "model.safetensors")
+    tensors = {}
+    for name, dtype, shape, raw in entries:
+        widened = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        tensors[name] = rng.normal(0, 0.02, shape).astype(np.float32) if "embed_tokens" in name else widened
+    make_fixtures.write_safetensors(retrained / "model.safetensors", tensors)
+    target_gguf = tmp_path / "retrained-BF16.gguf"
+    assert reference.run_reference_convert(retrained, None, target_gguf).returncode == 0
+    timings, _ = _serve_and_complete(target_gguf, drafter_gguf)
+    assert timings["draft_n"] > 0  # served and drafting: llama.cpp has no check that notices
+    verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf), "--json"], capture_output=True, text=True)
+    assert verdict.returncode == 1, verdict.stdout
+    assert '"id": "lineage.fingerprint"' in verdict.stdout and "a different model" in verdict.stdout
