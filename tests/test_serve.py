@@ -66,7 +66,7 @@ def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: 
     rng = np.random.default_rng(7)
     entries = make_fixtures.read_safetensors_raw(retrained / "model.safetensors")
     tensors = {}
-    for name, dtype, shape, raw in entries:
+    for name, _dtype, shape, raw in entries:
         widened = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
         tensors[name] = rng.normal(0, 0.02, shape).astype(np.float32) if "embed_tokens" in name else widened
     make_fixtures.write_safetensors(retrained / "model.safetensors", tensors)
