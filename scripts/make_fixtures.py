@@ -553,6 +553,7 @@ def _gemma4_text_config() -> dict[str, Any]:
         "num_hidden_layers": n,
         "num_key_value_heads": NKV,
         "num_kv_shared_layers": 0,
+        "moe_intermediate_size": None,  # dense model; b11434's Gemma-4 converter reads the key unconditionally
         "rms_norm_eps": 1e-6,
         "rope_parameters": {
             "full_attention": {

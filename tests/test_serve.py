@@ -77,3 +77,46 @@ def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: 
     verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf), "--json"], capture_output=True, text=True)
     assert verdict.returncode == 1, verdict.stdout
     assert '"id": "lineage.fingerprint"' in verdict.stdout and "a different model" in verdict.stdout
+
+
+@pytest.fixture(scope="module")
+def gemma_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Gemma-4 vanilla and QAT target GGUFs by b11434's converter, and our drafter for the vanilla one."""
+    reference.require_or_skip(reference.reference_available())
+    reference.require_or_skip(reference.llama_cpp_available())
+    work = tmp_path_factory.mktemp("gemma-serve")
+    out: dict[str, Path] = {}
+    for key, qat in (("vanilla", False), ("qat", True)):
+        target_dir = make_fixtures.make_gemma4_target(work / key, qat=qat)
+        gguf_path = work / f"{target_dir.name}-BF16.gguf"
+        proc = reference.run_reference_convert(target_dir, None, gguf_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[key], out[f"{key}_dir"] = gguf_path, target_dir
+    drafter = make_fixtures.make_drafter(work, target="gemma4")
+    out["drafter"] = work / "gemma4-tiny-it-DFlash-BF16.gguf"
+    convert_drafter(drafter, out["vanilla_dir"], out["drafter"])
+    return out
+
+
+def test_gemma4_pair_serves_and_verifies(gemma_targets: dict[str, Path]) -> None:
+    timings, log = _serve_and_complete(gemma_targets["vanilla"], gemma_targets["drafter"])
+    assert timings["draft_n"] > 0
+    assert "block_size=16, mask_token_id=4, n_extract=2" in log
+    verdict = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["vanilla"])],
+                             capture_output=True, text=True)
+    assert verdict.returncode == 0, verdict.stdout
+    REFERENCE_COMPARISONS.append("llama-server/gemma4-pair")
+
+
+def test_qat_target_served_silently_but_refused_by_verify(gemma_targets: dict[str, Path]) -> None:
+    """The field report: a vanilla-trained drafter with the QAT target loads and drafts without a word
+    from llama.cpp; dflash-verify names the problem (exit 1) unless --allow-derived-target."""
+    timings, _ = _serve_and_complete(gemma_targets["qat"], gemma_targets["drafter"])
+    assert timings["draft_n"] > 0
+    verdict = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["qat"]), "--json"],
+                             capture_output=True, text=True)
+    assert verdict.returncode == 1, verdict.stdout
+    assert '"id": "lineage.derived_target"' in verdict.stdout
+    allowed = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["qat"]),
+                              "--allow-derived-target"], capture_output=True, text=True)
+    assert "allowed by --allow-derived-target" in allowed.stdout

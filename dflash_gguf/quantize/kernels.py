@@ -26,7 +26,7 @@ Q = GGMLQuantizationType
 QK = 32
 GROUP_BLOCKS = 2048  # blocks per inner step: a 256 KB float32 scratch, resident in L2
 _F1, _F8_5, _FM8, _F127 = np.float32(1), np.float32(8.5), np.float32(-8), np.float32(127)
-_U4, _U16 = np.uint8(4), np.uint32(16)
+_U4, _U16, _U64_4 = np.uint8(4), np.uint32(16), np.uint64(4)
 _OUT_BYTES = {Q.Q4_0: 18, Q.Q8_0: 34}
 QUANT_TYPES = tuple(_OUT_BYTES)
 # Source types read directly (BF16 as its raw 16-bit words); anything else is widened first.
@@ -34,24 +34,52 @@ SOURCE_DTYPES = {Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16), Q.BF1
 
 
 class _Scratch(threading.local):
-    """Per-thread buffers, reused across groups so no step allocates (or page-faults) fresh memory."""
+    """Per-thread flat buffers, reused across groups so no step allocates (or page-faults) fresh memory."""
 
     def __init__(self) -> None:
-        self.xt = np.empty((QK, GROUP_BLOCKS), np.float32)
-        self.tt = np.empty((QK, GROUP_BLOCKS), np.float32)
-        self.q = np.empty((QK, GROUP_BLOCKS), np.uint8)
-        self.q2 = np.empty((QK, GROUP_BLOCKS), np.uint8)
+        n = QK * GROUP_BLOCKS
+        self.w = np.empty(n // 2, np.uint32)
+        self.xt = np.empty(n, np.float32)
+        self.tt = np.empty(n, np.float32)
+        self.q = np.empty(n, np.uint8)
+        self.q2 = np.empty(n, np.uint8)
 
 
 _scratch = _Scratch()
 
+# Layout of a group of nb blocks: "pair-transposed", (16, 2*nb) float32 where row r holds the element
+# pair (2r, 2r+1) of every block side by side. Moving whole 4-byte pairs (8 for F32) makes the
+# transpose cheap, every later step is a contiguous loop, and the packed output is transposed back
+# in 2-byte units straight into the (aligned) uint16 view of the 18/34-byte blocks.
+_HALF = QK // 2
 
-def _load_t(src: np.ndarray, qtype: GGMLQuantizationType, xt: np.ndarray) -> None:
-    """Write ``src`` (n_blocks x 32 values of ``qtype``) widened to float32, transposed, into ``xt``."""
+
+def _load_t(src: np.ndarray, qtype: GGMLQuantizationType, nb: int) -> np.ndarray:
+    """``src`` (nb x 32 values of ``qtype``) widened to float32 in the pair-transposed layout (scratch)."""
+    s = _scratch
+    xt = s.xt[:QK * nb].reshape(_HALF, 2 * nb)
+    if qtype == Q.F32:  # exact
+        np.copyto(xt.view(np.uint64), src.view(np.uint64).T)
+        return xt
+    w = s.w[:_HALF * nb].reshape(_HALF, nb)
+    np.copyto(w, src.view(np.uint32).T)
     if qtype == Q.BF16:  # exact: a bf16 is the top half of its float32
-        np.left_shift(src.T, _U16, out=xt.view(np.uint32))
-    else:  # F32, F16 (exact widening)
-        np.copyto(xt, src.T, casting="same_kind")
+        np.left_shift(w.view(np.uint16), _U16, out=xt.view(np.uint32))
+    else:  # F16 (exact widening)
+        np.copyto(xt, w.view(np.float16), casting="same_kind")
+    return xt
+
+
+def _natural_t(xt: np.ndarray, cols: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """Blocks ``cols`` of a pair-transposed group as a plain transposed (32 x n) float32 copy."""
+    p = xt.reshape(_HALF, -1, 2)[:, cols, :]
+    return p.transpose(0, 2, 1).reshape(QK, -1)
+
+
+def _pair_max_min(xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    m2 = xt.max(axis=0)
+    n2 = xt.min(axis=0)
+    return np.maximum(m2[0::2], m2[1::2]), np.minimum(n2[0::2], n2[1::2])
 
 
 def _inv(d: np.ndarray) -> np.ndarray:
@@ -68,24 +96,24 @@ def _c_to_uint8(y: np.ndarray) -> np.ndarray:
     return (np.where(ok, y, np.float32(0)).astype(np.int64) & 0xFF).astype(np.uint8)
 
 
-def _store_d(dst: np.ndarray, d: np.ndarray) -> None:
+def _store_d(dst16: np.ndarray, d: np.ndarray) -> None:
     """The fp16 scale (round to nearest even, as GGML_FP32_TO_FP16; too large -> inf, as in ggml)."""
     with np.errstate(over="ignore"):
-        np.copyto(dst[:, :2].view(np.float16)[:, 0], d, casting="same_kind")
+        d16 = d.astype(np.float16)
+    np.copyto(dst16[:, 0], d16.view(np.uint16))
 
 
-def _q4_0_group(xt: np.ndarray, dst: np.ndarray) -> None:
-    """Quantize ``xt`` (32 x nb float32, destroyed) into ``dst`` (nb x 18 bytes)."""
+def _q4_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
+    """Quantize ``xt`` (pair-transposed nb blocks, destroyed) into ``dst16`` (nb x 9 uint16 words)."""
     s = _scratch
-    nb = xt.shape[1]
-    mx = xt.max(axis=0)
-    mn = xt.min(axis=0)
+    nb = dst16.shape[0]
+    mx, mn = _pair_max_min(xt)
     neg = np.negative(mn)
     maxv = np.where(neg > mx, mn, mx)
     maxv += np.float32(0)  # an all-zero block keeps C's initial max = +0.0 (never -0.0)
     tie = np.flatnonzero((neg == mx) & (mx != 0))
     if tie.size:  # +a and -a both present: the earlier one wins
-        sub = xt[:, tie]
+        sub = _natural_t(xt, tie)
         first_pos = np.argmax(sub == mx[tie], axis=0)
         first_neg = np.argmax(sub == mn[tie], axis=0)
         maxv[tie] = np.where(first_pos < first_neg, mx[tie], mn[tie])
@@ -94,21 +122,27 @@ def _q4_0_group(xt: np.ndarray, dst: np.ndarray) -> None:
         idv = _inv(d)
         finite = bool(np.isfinite(mx - mn + idv).all())
     if not finite:
-        _q4_0_group_slow(xt, dst)
+        _q4_0_group_slow(_natural_t(xt), dst16)
         return
-    np.multiply(xt, idv, out=xt)
+    np.multiply(xt, np.repeat(idv, 2), out=xt)
     np.add(xt, _F8_5, out=xt)  # in [0.5, 16.5] here: the truncating cast is C's (int8_t)
-    q, q2 = s.q[:, :nb], s.q2[:16, :nb]
+    q, q2 = s.q[:QK * nb].reshape(_HALF, 2 * nb), s.q2[:QK * nb].reshape(_HALF, 2 * nb)
     np.copyto(q, xt, casting="unsafe")
-    np.right_shift(q, _U4, out=s.q2[:, :nb])
-    np.subtract(q, s.q2[:, :nb], out=q)  # MIN(15, v) for v in 0..16
-    np.left_shift(q[16:], _U4, out=q2)
-    np.bitwise_or(q2, q[:16], out=q2)
-    np.copyto(dst[:, 2:], q2.T)
-    _store_d(dst, d)
+    np.right_shift(q, _U4, out=q2)
+    np.subtract(q, q2, out=q)  # MIN(15, v) for v in 0..16
+    # Pack rows 8..15 (elements 16..31) into the high nibbles of rows 0..7, eight bytes at a time:
+    # every byte is <= 15, so a wide shift by 4 never carries into a neighbouring byte.
+    half = _HALF * nb  # bytes in rows 0..7: a multiple of 16, so the uint64 views are aligned
+    lo, hi, out = (a.view(np.uint64) for a in (s.q[:half], s.q[half:2 * half], s.q2[:half]))
+    np.left_shift(hi, _U64_4, out=out)
+    np.bitwise_or(out, lo, out=out)
+    np.copyto(dst16[:, 1:], s.q2[:half].view(np.uint16).reshape(_HALF // 2, nb).T)
+    _store_d(dst16, d)
 
 
-def _q4_0_group_slow(xt: np.ndarray, dst: np.ndarray) -> None:
+def _q4_0_group_slow(xt: np.ndarray, dst16: np.ndarray) -> None:
+    """``xt``: plain transposed (32 x nb) float32."""
+    dst = dst16.view(np.uint8)
     nb = xt.shape[1]
     cols = np.arange(nb)
     with np.errstate(all="ignore"):
@@ -121,15 +155,14 @@ def _q4_0_group_slow(xt: np.ndarray, dst: np.ndarray) -> None:
         y = xt * idv + _F8_5
     q = np.minimum(_c_to_uint8(y).view(np.int8), np.int8(15)).view(np.uint8)
     dst[:, 2:] = (q[:16] | (q[16:] << _U4)).T
-    _store_d(dst, d)
+    _store_d(dst16, d)
 
 
-def _q8_0_group(xt: np.ndarray, dst: np.ndarray) -> None:
-    """Quantize ``xt`` (32 x nb float32, destroyed) into ``dst`` (nb x 34 bytes)."""
+def _q8_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
+    """Quantize ``xt`` (pair-transposed nb blocks, destroyed) into ``dst16`` (nb x 17 uint16 words)."""
     s = _scratch
-    nb = xt.shape[1]
-    mx = xt.max(axis=0)
-    mn = xt.min(axis=0)
+    nb = dst16.shape[0]
+    mx, mn = _pair_max_min(xt)
     amax = np.maximum(mx, np.negative(mn))
     amax += np.float32(0)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -137,10 +170,12 @@ def _q8_0_group(xt: np.ndarray, dst: np.ndarray) -> None:
         idv = _inv(d)
         finite = bool(np.isfinite(mx - mn + idv).all())
     if not finite:
-        _q8_0_group_slow(xt, dst)
+        _q8_0_group_slow(_natural_t(xt), dst16)
         return
-    tt, q, q2 = s.tt[:, :nb], s.q[:, :nb].view(np.int8), s.q2[:, :nb].view(np.int8)
-    np.multiply(xt, idv, out=xt)  # |v| <= 127
+    n = QK * nb
+    tt = s.tt[:n].reshape(_HALF, 2 * nb)
+    q, q2 = s.q[:n].view(np.int8).reshape(_HALF, 2 * nb), s.q2[:n].view(np.int8).reshape(_HALF, 2 * nb)
+    np.multiply(xt, np.repeat(idv, 2), out=xt)  # |v| <= 127
     # roundf(v) = trunc(v) + trunc(2 * (v - trunc(v))), all steps exact in float32
     np.trunc(xt, out=tt)
     np.subtract(xt, tt, out=xt)
@@ -148,11 +183,13 @@ def _q8_0_group(xt: np.ndarray, dst: np.ndarray) -> None:
     np.copyto(q, tt, casting="unsafe")
     np.copyto(q2, xt, casting="unsafe")
     np.add(q, q2, out=q)
-    np.copyto(dst[:, 2:], q.view(np.uint8).T)
-    _store_d(dst, d)
+    np.copyto(dst16[:, 1:], q.view(np.uint16).T)
+    _store_d(dst16, d)
 
 
-def _q8_0_group_slow(xt: np.ndarray, dst: np.ndarray) -> None:
+def _q8_0_group_slow(xt: np.ndarray, dst16: np.ndarray) -> None:
+    """``xt``: plain transposed (32 x nb) float32."""
+    dst = dst16.view(np.uint8)
     with np.errstate(all="ignore"):
         a = np.abs(xt)
         nan = np.isnan(a)
@@ -169,7 +206,7 @@ def _q8_0_group_slow(xt: np.ndarray, dst: np.ndarray) -> None:
         r = t + np.trunc((v - t) * np.float32(2))
         r = np.where(np.isfinite(v), r, v)
     dst[:, 2:] = _c_to_uint8(r).T
-    _store_d(dst, d)
+    _store_d(dst16, d)
 
 
 _GROUP = {Q.Q4_0: _q4_0_group, Q.Q8_0: _q8_0_group}
@@ -187,12 +224,9 @@ def quantize_rows(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: 
         raise ValueError(f"cannot quantize {values.dtype} values ({values.size}) given as {src_type.name}")
     blocks = np.ascontiguousarray(values).reshape(-1, QK)
     nbt = blocks.shape[0]
-    out = np.empty((nbt, _OUT_BYTES[dst_type]), np.uint8)
+    out = np.empty((nbt, _OUT_BYTES[dst_type] // 2), np.uint16)  # 2-byte words: every block is aligned
     group = _GROUP[dst_type]
-    xt_all = _scratch.xt
     for b0 in range(0, nbt, GROUP_BLOCKS):
         b1 = min(nbt, b0 + GROUP_BLOCKS)
-        xt = xt_all[:, :b1 - b0]
-        _load_t(blocks[b0:b1], src_type, xt)
-        group(xt, out[b0:b1])
-    return out.reshape(-1)
+        group(_load_t(blocks[b0:b1], src_type, b1 - b0), out[b0:b1])
+    return out.reshape(-1).view(np.uint8)
