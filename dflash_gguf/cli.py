@@ -6,64 +6,15 @@ command. Set ``DFLASH_GGUF_TRACEBACK=1`` to see the traceback behind an error.
 
 from __future__ import annotations
 
-import functools
-import json
-import logging
-import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
 from . import __version__
-from .errors import DflashGgufError
-
-log = logging.getLogger("dflash_gguf")
-
-
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
-
-
-def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn our exceptions into one-paragraph messages and the exit code their class names."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DflashGgufError as e:
-            if os.environ.get("DFLASH_GGUF_TRACEBACK"):
-                raise
-            click.echo(f"Error: {e}", err=True)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            click.echo("Interrupted; no output was left behind.", err=True)
-            sys.exit(130)
-    return wrapper
-
-
-def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
-
-
-class _Progress:
-    """A byte progress bar on stderr (hidden when stderr is not a terminal)."""
-
-    def __init__(self, desc: str) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(desc=desc, total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False)
-
-    def __call__(self, done: int, total: int) -> None:
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
+from .cli_common import Progress, echo_json, handle_errors, setup_logging
+from .cli_quantize import quantize_cmd
+from .cli_tokenizer import fix_tokenizer_cmd
+from .cli_verify import verify_cmd
 
 
 def _repo_provenance(drafter_repo: str | None, target_repo: str | None) -> dict[str, str]:
@@ -110,8 +61,8 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
     """
     from .convert.drafter import convert_drafter, summary
 
-    _setup_logging(verbose)
-    progress = _Progress("convert")
+    setup_logging(verbose)
+    progress = Progress("convert")
     try:
         provenance = _repo_provenance(drafter_repo, target_repo)
         if tokenizer_dir is not None:
@@ -141,7 +92,8 @@ def main() -> None:
     """dflash-gguf: DFlash drafter + target from Hugging Face to a llama.cpp GGUF pair."""
 
 
-main.add_command(convert_cmd)
+for command in (convert_cmd, verify_cmd, quantize_cmd, fix_tokenizer_cmd):
+    main.add_command(command)
 
 
 def convert_main() -> None:
@@ -151,24 +103,4 @@ def convert_main() -> None:
 
 def verify_main() -> None:
     """Entry point of ``dflash-verify``."""
-    from .cli_verify import verify_cmd
-
     verify_cmd(prog_name="dflash-verify")
-
-
-def _register_optional() -> None:
-    """Commands that live in their own cli_*.py modules (one per concern)."""
-    import importlib
-
-    for module, attr in (("cli_verify", "verify_cmd"), ("cli_quantize", "quantize_cmd"),
-                         ("cli_tokenizer", "fix_tokenizer_cmd")):
-        try:
-            mod = importlib.import_module(f".{module}", __package__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{module}":
-                raise
-            continue
-        main.add_command(getattr(mod, attr))
-
-
-_register_optional()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _Progress, _setup_logging, echo_json, handle_errors
+from .cli_common import Progress, echo_json, handle_errors, setup_logging
 
 
 @click.command("quantize")
@@ -34,8 +34,8 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     """
     from .quantize import quantize_gguf, summary
 
-    _setup_logging(verbose)
-    progress = _Progress("quantize")
+    setup_logging(verbose)
+    progress = Progress("quantize")
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
                                allow_requantize=allow_requantize, llama_quantize=llama_quantize, dry_run=dry_run,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli import _setup_logging, echo_json, handle_errors
+from .cli_common import echo_json, handle_errors, setup_logging
 
 
 @click.command("fix-tokenizer")
@@ -38,7 +38,7 @@ def fix_tokenizer_cmd(target: Path, donor: str | None, force_donor: bool, repair
 
     if force_donor and donor is None:
         raise click.UsageError("--force-donor needs --donor.")
-    _setup_logging(verbose)
+    setup_logging(verbose)
     result = fix_tokenizer(target, donor=donor, force_donor=force_donor, repair=repair, out=out)
     if json_:
         echo_json(result.as_dict())

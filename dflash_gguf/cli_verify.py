@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import shutil
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
+from .cli_common import echo_json, handle_errors
 from .verify import Report, verify_files
 
 _MARK = {("pass", "error"): "ok", ("pass", "warning"): "ok", ("pass", "info"): "info", ("skip", "error"): "skip",
@@ -36,16 +34,6 @@ def render(report: Report, width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def _handled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``cli.handle_errors``, looked up at call time: cli.py imports this module while it is being imported."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .cli import handle_errors
-
-        return handle_errors(fn)(*args, **kwargs)
-    return wrapper
-
-
 @click.command("verify")
 @click.argument("drafter", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("target", required=False, type=click.Path(path_type=Path, dir_okay=False))
@@ -53,7 +41,7 @@ def _handled(fn: Callable[..., Any]) -> Callable[..., Any]:
               help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
 @click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
 @click.pass_context
-@_handled
+@handle_errors
 def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_derived_target: bool,
                json_: bool) -> None:
     """Check that a DFlash drafter GGUF and its target GGUF belong together.
@@ -64,8 +52,6 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
     Example:
       dflash-verify gemma4-12B-it-DFlash-BF16.gguf gemma-4-12B-it-Q4_0.gguf
     """
-    from .cli import echo_json
-
     report = verify_files(drafter, target, allow_derived_target=allow_derived_target)
     if json_:
         echo_json(report.to_dict())

@@ -1,0 +1,63 @@
+"""What every Click command shares: error -> exit code mapping, JSON output, logging, progress bars.
+
+Kept apart from ``cli.py`` so each ``cli_*.py`` command module can import it without import cycles.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .errors import DflashGgufError
+
+log = logging.getLogger("dflash_gguf")
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn our exceptions into one-paragraph messages and the exit code their class names."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DflashGgufError as e:
+            if os.environ.get("DFLASH_GGUF_TRACEBACK"):
+                raise
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; no output was left behind.", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+class Progress:
+    """A byte progress bar on stderr (hidden when stderr is not a terminal)."""
+
+    def __init__(self, desc: str) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(desc=desc, total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
