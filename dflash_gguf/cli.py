@@ -14,7 +14,7 @@ from . import __version__
 from .cli_common import Progress, echo_json, handle_errors, setup_logging
 from .cli_quantize import quantize_cmd
 from .cli_tokenizer import fix_tokenizer_cmd
-from .cli_verify import verify_cmd
+from .cli_verify import precheck_cmd, verify_cmd
 
 
 def _repo_provenance(drafter_repo: str | None, target_repo: str | None) -> dict[str, str]:
@@ -92,7 +92,7 @@ def main() -> None:
     """dflash-gguf: DFlash drafter + target from Hugging Face to a llama.cpp GGUF pair."""
 
 
-for command in (convert_cmd, verify_cmd, quantize_cmd, fix_tokenizer_cmd):
+for command in (convert_cmd, verify_cmd, precheck_cmd, quantize_cmd, fix_tokenizer_cmd):
     main.add_command(command)
 
 

@@ -58,3 +58,39 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
     else:
         click.echo(render(report, shutil.get_terminal_size((100, 20)).columns))
     ctx.exit(report.exit_code)
+
+
+@click.command("precheck")
+@click.argument("drafter")
+@click.argument("target")
+@click.option("--allow-derived-target", is_flag=True,
+              help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
+@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+@click.pass_context
+@handle_errors
+def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_target: bool, json_: bool) -> None:
+    """Judge a drafter/target pair from config.json and model cards only, before any weights are fetched.
+
+    DRAFTER and TARGET are folders or Hub repo ids (org/name[@revision]); for repo ids only config.json
+    and README.md are downloaded. Same check ids and exit codes as dflash-verify.
+
+    \b
+    Example:
+      dflash-gguf precheck z-lab/gemma4-12B-it-DFlash google/gemma-4-12B-it-qat-q4_0-unquantized
+    """
+    from .hub import resolve
+    from .verify import precheck
+
+    d, t = resolve(drafter), resolve(target)
+    card = lambda r: (r.path / "README.md").read_text(encoding="utf-8") if (r.path / "README.md").is_file() \
+        else None  # noqa: E731
+    report = precheck(d.path / "config.json", t.path / "config.json", drafter_repo=d.repo or d.path.name,
+                      target_repo=t.repo or t.path.name, drafter_card=card(d), target_card=card(t),
+                      allow_derived_target=allow_derived_target)
+    if json_:
+        echo_json({**report.to_dict(), "sources": {"drafter": d.label, "target": t.label}})
+    else:
+        click.echo(f"drafter: {d.label}\ntarget:  {t.label}")
+        click.echo(render(report, shutil.get_terminal_size((100, 20)).columns))
+    ctx.exit(report.exit_code)
+
