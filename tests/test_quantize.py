@@ -394,7 +394,7 @@ def _c_reference(x: np.ndarray, qtype: Q) -> bytes:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
-@pytest.mark.parametrize("n_blocks", [1, 2047, 2048, 5000])
+@pytest.mark.parametrize("n_blocks", [1, 2047, 2048, 5000, 8192 * 2 + 3])
 def test_kernels_match_gguf_py(qtype: Q, n_blocks: int) -> None:
     """Random BF16-like data plus edge cases, from F32, F16 and BF16 storage, spanning group boundaries."""
     from gguf import quants

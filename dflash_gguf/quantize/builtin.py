@@ -46,6 +46,7 @@ ALIGNMENT = 32
 _MOVED_KEYS = ("general.quantization_version", "general.file_type", "split.no", "split.count",
                "split.tensors.count")
 CHUNK_ELEMENTS = 1 << 20  # ~4 MB of f32 per work item: big enough for numpy, small for memory
+DEPTH_PER_THREAD = 3  # chunks in flight per worker thread
 
 
 @dataclass(frozen=True)
@@ -166,33 +167,49 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                     on_progress: Callable[[int, int], None] | None = None) -> int:
     """Write the output to ``tmp`` tensor by tensor; return its size in bytes."""
     total = sum(j.src.nbytes for j in jobs)
-    done = 0
+    done = written = 0
+    # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
+    # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
+    pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
     fd = os.open(gguf.path, os.O_RDONLY)
     try:
         with open(tmp, "wb") as f, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             f.write(_header(gguf, jobs, type_name))
-            for job in jobs:
-                rows_total = job.src.nbytes // max(1, _row_bytes(Q(job.src.qtype), job.src.ne[0]))
-                step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
-                pending: deque[Future[bytes | np.ndarray]] = deque()
-                written = 0
-                try:
-                    for row0 in range(0, rows_total, step):
-                        pending.append(pool.submit(_convert_chunk, fd, job, row0, min(step, rows_total - row0)))
-                        if len(pending) >= 2 * threads:  # bounded: at most 2*threads chunks in memory
-                            written += f.write(pending.popleft().result())
-                    while pending:
-                        written += f.write(pending.popleft().result())
-                finally:
-                    for fut in pending:
-                        fut.cancel()
+
+            def write_next() -> None:
+                nonlocal done, written
+                job, fut, last = pending.popleft()
+                if fut is not None:
+                    written += f.write(fut.result())
+                if not last:
+                    return
                 if written != job.dst_nbytes:
                     raise QuantizeError(f"Internal error: tensor {job.src.name} produced {written} bytes, "
                                         f"expected {job.dst_nbytes}.")
                 f.write(bytes(_pad(written) - written))
+                written = 0
                 done += job.src.nbytes
                 if on_progress is not None:
                     on_progress(done, total)
+
+            try:
+                for job in jobs:
+                    rows_total = job.src.nbytes // max(1, _row_bytes(Q(job.src.qtype), job.src.ne[0]))
+                    step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
+                    if rows_total == 0:
+                        pending.append((job, None, True))
+                    for row0 in range(0, rows_total, step):
+                        n_rows = min(step, rows_total - row0)
+                        pending.append((job, pool.submit(_convert_chunk, fd, job, row0, n_rows),
+                                        row0 + n_rows == rows_total))
+                        if len(pending) >= DEPTH_PER_THREAD * max(1, threads):  # bounded memory
+                            write_next()
+                while pending:
+                    write_next()
+            finally:
+                for _, fut, _ in pending:
+                    if fut is not None:
+                        fut.cancel()
             return f.tell()
     finally:
         os.close(fd)

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType
 
 Q = GGMLQuantizationType
 QK = 32
-GROUP_BLOCKS = 2048  # blocks per inner step: a 256 KB float32 scratch, resident in L2
+GROUP_BLOCKS = 8192  # blocks per inner step: a 1 MB float32 scratch, about one core's L2
 _F1, _F8_5, _FM8, _F127 = np.float32(1), np.float32(8.5), np.float32(-8), np.float32(127)
 _U4, _U16, _U64_4 = np.uint8(4), np.uint32(16), np.uint64(4)
 _OUT_BYTES = {Q.Q4_0: 18, Q.Q8_0: 34}
@@ -38,7 +38,7 @@ class _Scratch(threading.local):
 
     def __init__(self) -> None:
         n = QK * GROUP_BLOCKS
-        self.w = np.empty(n // 2, np.uint32)
+        self.w = np.empty(n // 4, np.uint64)
         self.xt = np.empty(n, np.float32)
         self.tt = np.empty(n, np.float32)
         self.q = np.empty(n, np.uint8)
@@ -47,39 +47,45 @@ class _Scratch(threading.local):
 
 _scratch = _Scratch()
 
-# Layout of a group of nb blocks: "pair-transposed", (16, 2*nb) float32 where row r holds the element
-# pair (2r, 2r+1) of every block side by side. Moving whole 4-byte pairs (8 for F32) makes the
-# transpose cheap, every later step is a contiguous loop, and the packed output is transposed back
-# in 2-byte units straight into the (aligned) uint16 view of the 18/34-byte blocks.
-_HALF = QK // 2
+# Layout of a group of nb blocks: "quad-transposed", (8, 4*nb) float32 where row r holds elements
+# 4r..4r+3 of every block side by side. Moving whole 4-element units (8 bytes of BF16/F16) makes
+# the transpose cheap, every later step a long contiguous loop, and the output goes back in 4-byte
+# units (4 packed Q4_0 bytes or 4 Q8_0 values) per block.
+_L = 4
+_ROWS = QK // _L
 
 
 def _load_t(src: np.ndarray, qtype: GGMLQuantizationType, nb: int) -> np.ndarray:
-    """``src`` (nb x 32 values of ``qtype``) widened to float32 in the pair-transposed layout (scratch)."""
+    """``src`` (nb x 32 values of ``qtype``) widened to float32 in the quad-transposed layout (scratch)."""
     s = _scratch
-    xt = s.xt[:QK * nb].reshape(_HALF, 2 * nb)
+    xt = s.xt[:QK * nb].reshape(_ROWS, _L * nb)
     if qtype == Q.F32:  # exact
-        np.copyto(xt.view(np.uint64), src.view(np.uint64).T)
+        pairs = src.view(np.uint64).reshape(nb, _ROWS, 2).transpose(1, 0, 2)
+        np.copyto(xt.view(np.uint64).reshape(_ROWS, nb, 2), pairs)
         return xt
-    w = s.w[:_HALF * nb].reshape(_HALF, nb)
-    np.copyto(w, src.view(np.uint32).T)
+    w = s.w[:_ROWS * nb].reshape(_ROWS, nb)
+    np.copyto(w, src.view(np.uint64).T)
     if qtype == Q.BF16:  # exact: a bf16 is the top half of its float32
-        np.left_shift(w.view(np.uint16), _U16, out=xt.view(np.uint32))
+        x32 = xt.view(np.uint32)
+        np.copyto(x32, w.view(np.uint16))
+        np.left_shift(x32, _U16, out=x32)
     else:  # F16 (exact widening)
         np.copyto(xt, w.view(np.float16), casting="same_kind")
     return xt
 
 
 def _natural_t(xt: np.ndarray, cols: np.ndarray | slice = slice(None)) -> np.ndarray:
-    """Blocks ``cols`` of a pair-transposed group as a plain transposed (32 x n) float32 copy."""
-    p = xt.reshape(_HALF, -1, 2)[:, cols, :]
+    """Blocks ``cols`` of a quad-transposed group as a plain transposed (32 x n) float32 copy."""
+    p = xt.reshape(_ROWS, -1, _L)[:, cols, :]
     return p.transpose(0, 2, 1).reshape(QK, -1)
 
 
-def _pair_max_min(xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    m2 = xt.max(axis=0)
-    n2 = xt.min(axis=0)
-    return np.maximum(m2[0::2], m2[1::2]), np.minimum(n2[0::2], n2[1::2])
+def _quad_max_min(xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block max and min (NaN propagates, like the per-row reductions)."""
+    m, n = xt.max(axis=0), xt.min(axis=0)
+    mx = np.maximum(np.maximum(m[0::4], m[1::4]), np.maximum(m[2::4], m[3::4]))
+    mn = np.minimum(np.minimum(n[0::4], n[1::4]), np.minimum(n[2::4], n[3::4]))
+    return mx, mn
 
 
 def _inv(d: np.ndarray) -> np.ndarray:
@@ -104,10 +110,10 @@ def _store_d(dst16: np.ndarray, d: np.ndarray) -> None:
 
 
 def _q4_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
-    """Quantize ``xt`` (pair-transposed nb blocks, destroyed) into ``dst16`` (nb x 9 uint16 words)."""
+    """Quantize ``xt`` (quad-transposed nb blocks, destroyed) into ``dst16`` (nb x 9 uint16 words)."""
     s = _scratch
     nb = dst16.shape[0]
-    mx, mn = _pair_max_min(xt)
+    mx, mn = _quad_max_min(xt)
     neg = np.negative(mn)
     maxv = np.where(neg > mx, mn, mx)
     maxv += np.float32(0)  # an all-zero block keeps C's initial max = +0.0 (never -0.0)
@@ -124,19 +130,19 @@ def _q4_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
     if not finite:
         _q4_0_group_slow(_natural_t(xt), dst16)
         return
-    np.multiply(xt, np.repeat(idv, 2), out=xt)
+    np.multiply(xt, np.repeat(idv, _L), out=xt)
     np.add(xt, _F8_5, out=xt)  # in [0.5, 16.5] here: the truncating cast is C's (int8_t)
-    q, q2 = s.q[:QK * nb].reshape(_HALF, 2 * nb), s.q2[:QK * nb].reshape(_HALF, 2 * nb)
+    q, q2 = s.q[:QK * nb].reshape(_ROWS, _L * nb), s.q2[:QK * nb].reshape(_ROWS, _L * nb)
     np.copyto(q, xt, casting="unsafe")
     np.right_shift(q, _U4, out=q2)
     np.subtract(q, q2, out=q)  # MIN(15, v) for v in 0..16
-    # Pack rows 8..15 (elements 16..31) into the high nibbles of rows 0..7, eight bytes at a time:
+    # Pack rows 4..7 (elements 16..31) into the high nibbles of rows 0..3, eight bytes at a time:
     # every byte is <= 15, so a wide shift by 4 never carries into a neighbouring byte.
-    half = _HALF * nb  # bytes in rows 0..7: a multiple of 16, so the uint64 views are aligned
+    half = 16 * nb  # bytes in rows 0..3: a multiple of 16, so the uint64 views are aligned
     lo, hi, out = (a.view(np.uint64) for a in (s.q[:half], s.q[half:2 * half], s.q2[:half]))
     np.left_shift(hi, _U64_4, out=out)
     np.bitwise_or(out, lo, out=out)
-    np.copyto(dst16[:, 1:], s.q2[:half].view(np.uint16).reshape(_HALF // 2, nb).T)
+    np.copyto(dst16[:, 1:].view(np.uint32), s.q2[:half].view(np.uint32).reshape(_ROWS // 2, nb).T)
     _store_d(dst16, d)
 
 
@@ -159,10 +165,10 @@ def _q4_0_group_slow(xt: np.ndarray, dst16: np.ndarray) -> None:
 
 
 def _q8_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
-    """Quantize ``xt`` (pair-transposed nb blocks, destroyed) into ``dst16`` (nb x 17 uint16 words)."""
+    """Quantize ``xt`` (quad-transposed nb blocks, destroyed) into ``dst16`` (nb x 17 uint16 words)."""
     s = _scratch
     nb = dst16.shape[0]
-    mx, mn = _pair_max_min(xt)
+    mx, mn = _quad_max_min(xt)
     amax = np.maximum(mx, np.negative(mn))
     amax += np.float32(0)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -173,9 +179,9 @@ def _q8_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
         _q8_0_group_slow(_natural_t(xt), dst16)
         return
     n = QK * nb
-    tt = s.tt[:n].reshape(_HALF, 2 * nb)
-    q, q2 = s.q[:n].view(np.int8).reshape(_HALF, 2 * nb), s.q2[:n].view(np.int8).reshape(_HALF, 2 * nb)
-    np.multiply(xt, np.repeat(idv, 2), out=xt)  # |v| <= 127
+    tt = s.tt[:n].reshape(_ROWS, _L * nb)
+    q, q2 = s.q[:n].view(np.int8).reshape(_ROWS, _L * nb), s.q2[:n].view(np.int8).reshape(_ROWS, _L * nb)
+    np.multiply(xt, np.repeat(idv, _L), out=xt)  # |v| <= 127
     # roundf(v) = trunc(v) + trunc(2 * (v - trunc(v))), all steps exact in float32
     np.trunc(xt, out=tt)
     np.subtract(xt, tt, out=xt)
@@ -183,7 +189,7 @@ def _q8_0_group(xt: np.ndarray, dst16: np.ndarray) -> None:
     np.copyto(q, tt, casting="unsafe")
     np.copyto(q2, xt, casting="unsafe")
     np.add(q, q2, out=q)
-    np.copyto(dst16[:, 1:], q.view(np.uint16).T)
+    np.copyto(dst16[:, 1:].view(np.uint32), q.view(np.uint32).T)
     _store_d(dst16, d)
 
 
