@@ -3,8 +3,10 @@
 Why not gguf-py's quantizers: they reduce along the 32 elements of each block (numpy loops once
 per block there), allocate a temporary per step, need a separate BF16 widening pass, and differ
 from ggml on an all-zero block that starts with -0.0 (ggml's scale is then -0.0, gguf-py's +0.0).
-Here a group of blocks is widened straight into a *transposed* float32 scratch (32 x n_blocks), so
-every step, the per-block max/min included, is a long contiguous numpy loop over cache-sized data.
+Here a group of blocks is widened straight into a (quad-)transposed float32 scratch (8 x 4*n_blocks:
+row r holds elements 4r..4r+3 of every block), so every step, the per-block max/min included, is a
+long contiguous numpy loop over cache-sized data; the transposes in and out move 8-byte (BF16/F16 in)
+and 4-byte (packed out) units rather than single values, and groups are large (few GIL round trips).
 
 Exactness (same float32 operations, in the same order, as the C reference):
 
