@@ -178,6 +178,12 @@ def quantize_both(src: Path, label: str, work: Path, ours_cli: Path, llama_quant
         same = read_tensors(ours_out) == read_tensors(ref_out)
         lines.append(f"|   {qtype}: tensor names, types and bytes identical: {same} | | | | | | | | |")
         ours_out.unlink()
+        warm(src)
+        wrapped = timed([str(ours_cli), "quantize", str(src), str(ours_out), qtype.lower(), "--quantizer",
+                         "llama-quantize", "--llama-quantize", str(llama_quantize), "--threads", "2"])
+        lines.append(f"|   {qtype}: dflash-gguf wrapping llama-quantize {wrapped[0]:.2f} s vs llama-quantize alone "
+                     f"{ref[0]:.2f} s: overhead {100 * (wrapped[0] / ref[0] - 1):+.0f}% | | | | | | | | |")
+        ours_out.unlink()
         ref_out.unlink()
     return lines
 
