@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import fingerprint as efp
 from .format_checks import A, taps, u32
 from .gguf_meta import GGUFMeta, read_rows
-from .lineage import TargetIdentity, judge, known_target_for
+from .lineage import LineageFinding, TargetIdentity, judge, known_target_for
 from .report import PREFIX, Report
 
 # Target graphs that publish layer inputs in b11434 (format reference, section 9).
@@ -192,6 +192,26 @@ def target_identity(t: GGUFMeta) -> TargetIdentity:
     return TargetIdentity(names=names, base_models=bases)
 
 
+def report_lineage(r: Report, findings: list[LineageFinding], intended: str, allow_derived: bool) -> None:
+    """Turn lineage findings into checks; shared by the GGUF checks and the config-level precheck."""
+    for f in findings:
+        if f.kind == "derived":
+            if allow_derived:
+                r.fail("lineage.derived_target", "warning", f"{f.message}; allowed by --allow-derived-target. "
+                       "Expect lower acceptance than published.", "")
+            else:
+                r.fail("lineage.derived_target", "error", f"{f.message}. The drafter was trained on {intended!r}; "
+                       "on a QAT/quantized/abliterated/merged derivative acceptance collapses (0.25% observed), "
+                       "slower than no drafter.", f"Serve the drafter with {intended!r} itself, use a drafter trained "
+                       "on this target, or pass --allow-derived-target to accept it knowingly.")
+        elif f.kind == "size":
+            r.fail("lineage.size", "error", f.message + ".", PICK)
+        elif f.kind == "family":
+            r.fail("lineage.family", "warning", f.message + ".", PICK)
+        elif f.kind == "match":
+            r.ok("lineage.derived_target", f.message)
+
+
 def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Report:
     """lineage.*: intended target vs the target at hand; recorded vocab hash and embedding fingerprint."""
     r = Report()
@@ -218,22 +238,7 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
         ident = TargetIdentity(names=[converted], base_models=[])
     else:
         ident = target_identity(t)
-    for f in judge(intended, ident) if intended else []:
-        if f.kind == "derived":
-            if allow_derived:
-                r.fail("lineage.derived_target", "warning", f"{f.message}; allowed by --allow-derived-target. "
-                       "Expect lower acceptance than published.", "")
-            else:
-                r.fail("lineage.derived_target", "error", f"{f.message}. The drafter was trained on {intended!r}; "
-                       "on a QAT/quantized/abliterated/merged derivative acceptance collapses (0.25% observed), "
-                       "slower than no drafter.", f"Serve the drafter with {intended!r} itself, use a drafter trained "
-                       "on this target, or pass --allow-derived-target to accept it knowingly.")
-        elif f.kind == "size":
-            r.fail("lineage.size", "error", f.message + ".", PICK)
-        elif f.kind == "family":
-            r.fail("lineage.family", "warning", f.message + ".", PICK)
-        elif f.kind == "match":
-            r.ok("lineage.derived_target", f.message)
+    report_lineage(r, judge(intended, ident) if intended else [], intended or "", allow_derived)
     if not any(x.id.startswith("lineage.derived") for x in r.results) and intended:
         r.skip("lineage.derived_target", "the target carries no names to compare")
     if t is not None:

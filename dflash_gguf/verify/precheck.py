@@ -12,9 +12,9 @@ from typing import Any
 
 from ..errors import VerifyError
 from .lineage import TargetIdentity, card_base_model, card_paired_target, judge, known_target_for
+from .pair_checks import PICK, report_lineage
 from .report import Report
 
-PICK = "Pick the drafter made for this target (or the target the drafter was made for)."
 UNTAPPABLE_PREFIXES = ("Gemma3", "Gemma2", "GemmaFor", "Gemma3n")
 
 
@@ -117,15 +117,5 @@ def precheck(
                "known published drafter; its card names none).", "Check the drafter's model card by hand.")
     bases, relation = card_base_model(target_card)
     ident = TargetIdentity(names=[n for n in (target_repo,) if n], base_models=bases, relation=relation)
-    for f in judge(intended, ident) if intended else []:
-        if f.kind == "derived":
-            sev = "warning" if allow_derived_target else "error"
-            r.fail("lineage.derived_target", sev, f"{f.message}; the drafter was trained on {intended!r}.",
-                   "" if allow_derived_target else f"Use {intended!r} as the target, or pass --allow-derived-target.")
-        elif f.kind == "size":
-            r.fail("lineage.size", "error", f.message + ".", PICK)
-        elif f.kind == "family":
-            r.fail("lineage.family", "warning", f.message + ".", PICK)
-        elif f.kind == "match":
-            r.ok("lineage.derived_target", f.message)
+    report_lineage(r, judge(intended, ident) if intended else [], intended or "", allow_derived_target)
     return r
