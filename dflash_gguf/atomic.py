@@ -7,6 +7,7 @@ An interrupted or failed run never leaves a file under the final name, and never
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -19,13 +20,23 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
+# Write failures that are about the destination, not the input: reported as OutputError.
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+def _require_folder(out: Path) -> None:
+    if not out.parent.is_dir():
+        raise OutputError(f"Output folder {out.parent} does not exist. Create it or choose another output path.")
+
+
 def check_free_space(out: Path, needed_bytes: int) -> None:
     """Refuse before writing anything when the output's filesystem cannot hold ``needed_bytes``.
 
     Raises:
-        OutputError: not enough free space.
+        OutputError: the output folder is missing or has not enough free space.
     """
-    free = shutil.disk_usage(out.parent).free
+    _require_folder(Path(out))
+    free = shutil.disk_usage(Path(out).parent).free
     if needed_bytes > free:
         raise OutputError(
             f"Not enough disk space for {out}: about {needed_bytes / 1e6:.1f} MB is needed and "
@@ -41,13 +52,19 @@ def atomic_output(out: Path, *, overwrite: bool = True) -> Iterator[Path]:
         OutputError: ``out`` exists and ``overwrite`` is false, or its folder is missing.
     """
     out = Path(out)
-    if not out.parent.is_dir():
-        raise OutputError(f"Output folder {out.parent} does not exist. Create it or choose another --outfile.")
+    _require_folder(out)
     if out.exists() and not overwrite:
         raise OutputError(f"{out} already exists. Delete it or choose another output name.")
     tmp = partial_path(out)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as e:
+            if e.errno not in _OUTPUT_ERRNOS:
+                raise
+            raise OutputError(f"Writing {tmp} failed: {e.strerror} (errno {e.errno}). Nothing was left under "
+                              f"{out.name}. Free space or fix permissions on {out.parent}, or choose another "
+                              "output path.") from e
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -19,6 +19,7 @@ from dflash_gguf.errors import (
     ConfigError,
     IncompatiblePairError,
     InputError,
+    OutputError,
     TensorError,
     TokenizerError,
     UnsupportedModelError,
@@ -194,9 +195,13 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, targets: dict[str, Pat
 
     monkeypatch.setattr(drafter_mod, "tensor_writer", broken_writer)
     out = tmp_path / "d.gguf"
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="No space left on device"):
         convert_drafter(_drafter(tmp_path, "gemma4", "default"), targets["gemma4"], out)
     assert list(tmp_path.glob("d.gguf*")) == []
+    drafter = tmp_path / "drafters" / "gemma4-tiny-it-DFlash"
+    result = CliRunner().invoke(main, ["convert", "--drafter", str(drafter), "--target", str(targets["gemma4"]),
+                                       "--outfile", str(tmp_path / "no" / "x.gguf")])
+    assert result.exit_code == 10 and "does not exist" in result.output
 
 
 def test_never_runs_remote_code(tmp_path: Path, targets: dict[str, Path]) -> None:

@@ -16,6 +16,7 @@ from typing import BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
+from ..errors import InputError
 from .safetensors import TensorRef
 
 CHUNK_BYTES = 16 * 1024 * 1024
@@ -52,6 +53,15 @@ def encode(x: np.ndarray, qtype: GGMLQuantizationType, row: int) -> np.ndarray:
     return quants.quantize(x.reshape(-1, row), qtype)
 
 
+def _pread_exact(fd: int, n: int, offset: int, src: TensorRef) -> bytes:
+    """``n`` bytes at ``offset``; the file shrinking under us (checked once already) is an input error."""
+    data = os.pread(fd, n, offset)
+    if len(data) != n:
+        raise InputError(f"{src.path} changed while it was being read (tensor {src.name!r} is cut short). "
+                         "Make sure nothing is rewriting the checkpoint, then retry.")
+    return data
+
+
 def _copy_range(src: TensorRef, out: BinaryIO) -> None:
     out.flush()
     dst_fd = out.fileno()
@@ -63,7 +73,7 @@ def _copy_range(src: TensorRef, out: BinaryIO) -> None:
             except OSError:  # e.g. across filesystems on old kernels: fall back to pread/write
                 n = 0
             if n == 0:
-                n = os.write(dst_fd, os.pread(src_fd, min(left, CHUNK_BYTES), offset))
+                n = os.write(dst_fd, _pread_exact(src_fd, min(left, CHUNK_BYTES), offset, src))
             offset += n
             left -= n
 
@@ -82,7 +92,7 @@ def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[Bina
         with open(src.path, "rb", buffering=0) as f:
             fd = f.fileno()
             for start in range(0, src.nbytes, step):
-                raw = os.pread(fd, min(step, src.nbytes - start), src.offset + start)
+                raw = _pread_exact(fd, min(step, src.nbytes - start), src.offset + start, src)
                 out.write(encode(to_f32(raw, src.dtype), qtype, row).tobytes())
 
     return write
