@@ -8,7 +8,6 @@ tensor into ``<out>.partial`` and rename it. Nothing is written before every che
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -376,4 +375,4 @@ def summary(result: ConvertResult) -> dict[str, object]:
             "dry_run": result.dry_run, "provenance": result.provenance}
 
 
-__all__ = ["convert_drafter", "ConvertResult", "OUTTYPES", "summary", "json"]
+__all__ = ["OUTTYPES", "ConvertResult", "convert_drafter", "summary", "target_embedding_fingerprint"]
