@@ -54,10 +54,8 @@ class QuantizeError(DflashGgufError):
     exit_code = 8
 
 
-class VerifyError(DflashGgufError):
-    """A GGUF under verification cannot be read."""
-
-    exit_code = 2
+# A file under verification that cannot be read is an input error like any other (exit 2).
+VerifyError = InputError
 
 
 class ResolveError(DflashGgufError):

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from dflash_gguf import fingerprint as efp
 from dflash_gguf.cli_verify import verify_cmd
 from dflash_gguf.errors import VerifyError
+from dflash_gguf.gguf_reader import GGUFMeta, tensor_nbytes
 from dflash_gguf.gguf_writer import GGUFPlan, TensorOut
 from dflash_gguf.verify import precheck, read_gguf, verify_files
-from dflash_gguf.verify.gguf_meta import GGUFMeta, tensor_nbytes
 from dflash_gguf.verify.lineage import known_target_for, parse_name
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,15 +7,15 @@ changed value type, string normalisation or float round-trip).
 
 from __future__ import annotations
 
-import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGUFValueType
 
 from ..errors import InputError
+from ..gguf_reader import read_gguf as read_header
+from ..gguf_reader import tensor_nbytes
 
 
 @dataclass(frozen=True)
@@ -40,55 +40,11 @@ class InputGGUF:
     alignment: int
 
 
-_SCALARS: dict[int, str] = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
-}
-
-
-class _Cursor:
-    """A position in the memory-mapped header; every read is bounds-checked by struct."""
-
-    def __init__(self, buf: mmap.mmap) -> None:
-        self.buf, self.pos = buf, 0
-
-    def unpack(self, fmt: str) -> Any:
-        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> bytes:
-        n = self.unpack("<Q")
-        if self.pos + n > len(self.buf):
-            raise ValueError(f"string of {n} bytes runs past the end of the file")
-        self.pos += n
-        return self.buf[self.pos - n:self.pos]
-
-    def value(self, vtype: int) -> Any:
-        """Read (or, for arrays, skip) one value; arrays of numbers are skipped without a Python loop."""
-        if vtype == GGUFValueType.STRING:
-            return self.string().decode("utf-8", errors="replace")
-        if vtype == GGUFValueType.ARRAY:
-            sub, n = self.unpack("<I"), self.unpack("<Q")
-            if sub in _SCALARS:
-                self.pos += n * struct.calcsize(_SCALARS[sub])
-                if self.pos > len(self.buf):
-                    raise ValueError("array runs past the end of the file")
-            else:
-                for _ in range(n):
-                    self.value(sub)
-            return None
-        if vtype not in _SCALARS:
-            raise ValueError(f"unknown value type {vtype}")
-        return self.unpack(_SCALARS[vtype])
-
-
 def read_gguf(path: Path) -> InputGGUF:
-    """Parse the header of ``path`` (KVs as raw bytes, tensor table); tensor data is not touched.
+    """The header of ``path`` (KVs as raw bytes in file order, tensor table); tensor data is not touched.
 
-    Why not gguf-py's GGUFReader: it builds numpy views per array element and takes seconds on a
-    150k-token vocabulary, which would be most of the wrapper's overhead over llama-quantize.
+    Parsing is the shared bounded reader (:mod:`dflash_gguf.gguf_reader`); this only keeps the exact
+    bytes of every KV and absolute tensor offsets, which re-writing needs.
 
     Raises:
         InputError: missing, unreadable, or not a valid GGUF.
@@ -97,59 +53,18 @@ def read_gguf(path: Path) -> InputGGUF:
     if not path.is_file():
         raise InputError(f"Input GGUF {path} does not exist. Check the path (the BF16/F16 conversion output).")
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(path, buf)
-    except InputError:
-        raise
-    except Exception as e:  # struct.error, ValueError, mmap errors on an empty file, ...
-        raise InputError(
-            f"Cannot read {path} as a GGUF file ({type(e).__name__}: {e}). It may be truncated or not a "
-            "GGUF; re-run the conversion that produced it."
-        ) from e
-
-
-def _parse(path: Path, buf: mmap.mmap) -> InputGGUF:
-    c = _Cursor(buf)
-    if buf[:4] != b"GGUF":
-        raise InputError(f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not b'GGUF').")
-    c.pos = 4
-    version, n_tensors, n_kv = c.unpack("<I"), c.unpack("<Q"), c.unpack("<Q")
-    if version not in (2, 3):
-        raise InputError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported.")
-    kv_raw: dict[str, bytes] = {}
-    values: dict[str, object] = {}
-    for _ in range(n_kv):
-        start = c.pos
-        key = c.string().decode("utf-8", errors="replace")
-        values[key] = c.value(c.unpack("<I"))
-        if key in kv_raw:
-            raise InputError(f"{path} has the key {key} twice; it is not a valid GGUF.")
-        kv_raw[key] = bytes(buf[start:c.pos])
-    infos = []
-    for _ in range(n_tensors):
-        name = c.string().decode("utf-8", errors="replace")
-        n_dims = c.unpack("<I")
-        ne = tuple(c.unpack("<Q") for _ in range(n_dims))
-        infos.append((name, ne, c.unpack("<I"), c.unpack("<Q")))
-    alignment = values.get("general.alignment") or 32
-    if not isinstance(alignment, int) or alignment <= 0:
-        raise InputError(f"{path} has an invalid general.alignment {alignment!r}.")
-    data_start = (c.pos + alignment - 1) // alignment * alignment
-    tensors = []
-    for name, ne, qtype, offset in infos:
-        try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-        except (ValueError, KeyError):
-            raise InputError(f"{path}: tensor {name} has unknown type {qtype}.") from None
-        n = 1
-        for d in ne:
-            n *= d
-        t = InputTensor(name, ne, qtype, data_start + offset, n // block * type_size)
-        if t.offset + t.nbytes > len(buf):
-            raise InputError(f"{path} is truncated: tensor {name} ends at byte {t.offset + t.nbytes}, the file has "
-                             f"{len(buf)}. Re-run the conversion that produced it.")
-        tensors.append(t)
-    return InputGGUF(path, kv_raw, values, tuple(tensors), int(alignment))
+        meta = read_header(path)
+    except InputError as e:
+        raise InputError(f"Cannot read {path} as a GGUF file: {e} Re-run the conversion that produced it.") from e
+    with open(path, "rb") as f:
+        kv_raw = {}
+        for key, kv in meta.kv.items():
+            f.seek(kv.span[0])
+            kv_raw[key] = f.read(kv.span[1] - kv.span[0])
+    tensors = tuple(InputTensor(t.name, t.ne, t.qtype, meta.data_offset + t.offset, tensor_nbytes(t, path))
+                    for t in meta.tensors.values())
+    alignment = meta.get("general.alignment", 32)
+    return InputGGUF(path, kv_raw, {k: kv.value for k, kv in meta.kv.items()}, tensors, int(alignment))
 
 
 def pack_string(s: str) -> bytes:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..gguf_reader import read_gguf
 from .format_checks import check_format
-from .gguf_meta import read_gguf
 from .pair_checks import check_lineage, check_pair
 from .precheck import precheck
 from .report import PREFIX, CheckResult, Report

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gguf import GGUFValueType as VT
 
-from .gguf_meta import GGUFMeta, type_name
+from ..gguf_reader import GGUFMeta, type_name
 from .report import Report
 
 A = "dflash"

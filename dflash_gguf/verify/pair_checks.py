@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 from .. import fingerprint as efp
+from ..gguf_reader import GGUFMeta, read_rows
 from .format_checks import A, taps, u32
-from .gguf_meta import GGUFMeta, read_rows
 from .lineage import LineageFinding, TargetIdentity, judge, known_target_for
 from .report import PREFIX, Report
 

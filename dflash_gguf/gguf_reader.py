@@ -1,10 +1,11 @@
-"""A defensive GGUF header reader: metadata and tensor infos, never the tensor data.
+"""A defensive GGUF header reader: metadata and tensor infos, never the tensor data (verify and quantize).
 
 Why our own and not ``gguf.GGUFReader``: that reader maps the whole file, builds a numpy view per array
 element (seconds on a 150k-token vocabulary) and trusts the lengths it reads. A file under verification
 may be truncated or hostile, so here every count and length is checked against the bytes that remain
-before anything is allocated, absurd counts are refused, and every failure is a :class:`VerifyError`
-(exit 2) naming the file and the offset. Layout as in llama.cpp b11434 ``ggml/src/gguf.cpp``.
+before anything is allocated, absurd counts are refused, and every failure is an :class:`InputError`
+(exit 2) naming the file and the offset. Each KV keeps its byte span, so the quantizer can copy it
+unchanged as llama-quantize does. Layout as in llama.cpp b11434 ``ggml/src/gguf.cpp``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
-from ..errors import VerifyError
+from .errors import InputError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -70,6 +71,7 @@ class KV:
     vtype: int
     value: Any
     subtype: int | None = None
+    span: tuple[int, int] = (0, 0)  # file offsets of the whole pair (key included)
 
     @property
     def type_name(self) -> str:
@@ -118,8 +120,8 @@ class _Cursor:
     def __init__(self, buf: Any, size: int, path: Path) -> None:
         self.buf, self.size, self.path, self.pos = buf, size, path, 0
 
-    def fail(self, what: str) -> VerifyError:
-        return VerifyError(f"{self.path}: {what} (at byte {self.pos} of {self.size}). The file is truncated, damaged "
+    def fail(self, what: str) -> InputError:
+        return InputError(f"{self.path}: {what} (at byte {self.pos} of {self.size}). The file is truncated, damaged "
                            "or not a GGUF; re-download or re-convert it.")
 
     def need(self, n: int, what: str) -> None:
@@ -194,20 +196,20 @@ def read_gguf(path: Path) -> GGUFMeta:
     """Read the header (metadata + tensor infos) of ``path``.
 
     Raises:
-        VerifyError: missing, empty, truncated, non-GGUF or hostile file; the message names file and offset.
+        InputError: missing, empty, truncated, non-GGUF or hostile file; the message names file and offset.
     """
     path = Path(path)
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
             if size == 0:
-                raise VerifyError(f"{path}: the file is empty. Re-download or re-convert it.")
+                raise InputError(f"{path}: the file is empty. Re-download or re-convert it.")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 return _parse(mm, size, path)
-    except VerifyError:
+    except InputError:
         raise
     except (OSError, ValueError) as e:
-        raise VerifyError(f"{path}: cannot read it ({e}). Check the path and permissions.") from e
+        raise InputError(f"{path}: cannot read it ({e}). Check the path and permissions.") from e
 
 
 def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
@@ -215,7 +217,7 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
     c.need(4, "magic")
     magic = bytes(buf[0:4])
     if magic != GGUF_MAGIC:
-        raise VerifyError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF'). "
+        raise InputError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF'). "
                           "Pass the .gguf files produced by dflash-convert or llama.cpp.")
     c.pos = 4
     version = c.u32("version")
@@ -230,9 +232,11 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
         raise c.fail(f"metadata count {n_kv} is absurd for a {size}-byte file")
     meta = GGUFMeta(path=path, version=version, file_size=size)
     for i in range(n_kv):
+        start = c.pos
         key = c.string(f"key #{i}")
         vtype = c.u32(f"type of {key!r}")
-        meta.kv[key] = c.value(vtype, f"value of {key!r}")  # duplicates: keep the last, as gguf-py does
+        kv = c.value(vtype, f"value of {key!r}")
+        meta.kv[key] = KV(kv.vtype, kv.value, kv.subtype, (start, c.pos))  # duplicates: keep the last, as gguf-py
     for i in range(n_tensors):
         name = c.string(f"tensor name #{i}")
         n_dims = c.u32(f"dims of tensor {name!r}")
@@ -251,7 +255,7 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
     for t in meta.tensors.values():
         end = meta.data_offset + t.offset + tensor_nbytes(t, path)
         if end > size:
-            raise VerifyError(f"{path}: tensor {t.name!r} ends at byte {end} but the file has {size} bytes. "
+            raise InputError(f"{path}: tensor {t.name!r} ends at byte {end} but the file has {size} bytes. "
                               "The file is truncated; re-download or re-convert it.")
     return meta
 
@@ -261,13 +265,13 @@ def tensor_nbytes(t: TensorInfo, path: Path) -> int:
     try:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.qtype)]
     except (ValueError, KeyError):
-        raise VerifyError(f"{path}: tensor {t.name!r} has unknown ggml type {t.qtype}; the file is damaged "
+        raise InputError(f"{path}: tensor {t.name!r} has unknown ggml type {t.qtype}; the file is damaged "
                           "or from a newer llama.cpp than b11434.") from None
     n = 1
     for d in t.ne:
         n *= d
     if t.ne[0] % block:
-        raise VerifyError(f"{path}: tensor {t.name!r} row length {t.ne[0]} is not a multiple of the "
+        raise InputError(f"{path}: tensor {t.name!r} row length {t.ne[0]} is not a multiple of the "
                           f"{t.type_name} block size {block}; the file is damaged.")
     return n // block * type_size
 
@@ -276,11 +280,11 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
     """Dequantized rows of a 2-D tensor as float32 [len(rows), ne0]; reads only those rows.
 
     Raises:
-        VerifyError: the tensor is missing, not 2-D, of a type we cannot dequantize, or a row is out of range.
+        InputError: the tensor is missing, not 2-D, of a type we cannot dequantize, or a row is out of range.
     """
     t = meta.tensors.get(name)
     if t is None or len(t.ne) != 2:
-        raise VerifyError(f"{meta.path}: no 2-D tensor {name!r} to sample.")
+        raise InputError(f"{meta.path}: no 2-D tensor {name!r} to sample.")
     qtype = GGMLQuantizationType(t.qtype)
     block, type_size = GGML_QUANT_SIZES[qtype]
     row_bytes = t.ne[0] // block * type_size
@@ -288,11 +292,11 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
     with open(meta.path, "rb") as f:
         for i, r in enumerate(rows):
             if not 0 <= r < t.ne[1]:
-                raise VerifyError(f"{meta.path}: row {r} outside tensor {name!r} with {t.ne[1]} rows.")
+                raise InputError(f"{meta.path}: row {r} outside tensor {name!r} with {t.ne[1]} rows.")
             f.seek(meta.data_offset + t.offset + r * row_bytes)
             raw = np.frombuffer(f.read(row_bytes), dtype=np.uint8)
             if raw.size != row_bytes:
-                raise VerifyError(f"{meta.path}: tensor {name!r} is truncated.")
+                raise InputError(f"{meta.path}: tensor {name!r} is truncated.")
             try:
                 if qtype == GGMLQuantizationType.F32:
                     out[i] = raw.view("<f4")
@@ -301,5 +305,5 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
                 else:
                     out[i] = gguf_quants.dequantize(raw, qtype).reshape(-1)
             except (NotImplementedError, ValueError, TypeError) as e:
-                raise VerifyError(f"{meta.path}: cannot dequantize {name!r} of type {qtype.name} ({e}).") from e
+                raise InputError(f"{meta.path}: cannot dequantize {name!r} of type {qtype.name} ({e}).") from e
     return out
