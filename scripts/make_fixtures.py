@@ -26,7 +26,6 @@ import functools
 import hashlib
 import io
 import json
-import mmap
 import re
 import shutil
 import struct
@@ -794,68 +793,14 @@ QWEN_CHAT_TEMPLATE = (
 )
 
 
-def _read_gguf_kv(path: Path, keys: set[str]) -> dict[str, Any]:
-    """Minimal GGUF metadata reader (only the KV section).
-
-    Why not ``gguf.GGUFReader``: it builds a numpy view per array element and takes ~7 s on the
-    151936-token Qwen vocab; this loop takes a fraction of a second and reads the same values.
-    """
-    scalar = {
-        0: "<B",
-        1: "<b",
-        2: "<H",
-        3: "<h",
-        4: "<I",
-        5: "<i",
-        6: "<f",
-        7: "<?",
-        10: "<Q",
-        11: "<q",
-        12: "<d",
-    }
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        pos = 4
-
-        def take(fmt: str) -> Any:
-            nonlocal pos
-            (v,) = struct.unpack_from(fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        def string() -> str:
-            nonlocal pos
-            n = take("<Q")
-            s = buf[pos : pos + n].decode("utf-8")
-            pos += n
-            return s
-
-        def value(vtype: int) -> Any:
-            if vtype == 8:
-                return string()
-            if vtype == 9:
-                etype, count = take("<I"), take("<Q")
-                return [value(etype) for _ in range(count)]
-            return take(scalar[vtype])
-
-        take("<I")  # version
-        take("<Q")  # tensor count
-        out: dict[str, Any] = {}
-        for _ in range(take("<Q")):
-            key, vtype = string(), take("<I")
-            v = value(vtype)
-            if key in keys:
-                out[key] = v
-    return out
-
-
 def _qwen_vocab_and_merges(llama_cpp_src: Path) -> tuple[list[str], list[str]]:
     path = Path(llama_cpp_src) / "models" / "ggml-vocab-qwen2.gguf"
-    kv = _read_gguf_kv(path, {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"})
-    tokens: list[str] = kv["tokenizer.ggml.tokens"]
+    from dflash_gguf.gguf_reader import read_gguf  # bounded and fast (GGUFReader takes ~7 s on this vocab)
+
+    meta = read_gguf(path)
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens")
     assert tokens[151643:151646] == list(QWEN_SPECIALS), tokens[151643:151646]
-    return tokens[:151643], kv["tokenizer.ggml.merges"]
+    return tokens[:151643], meta.get("tokenizer.ggml.merges")
 
 
 def _qwen_tokenizer_json(tokens: list[str], merges: list[str]) -> str:
