@@ -44,19 +44,6 @@ def _pad(n: int, align: int = ALIGNMENT) -> int:
     return (n + align - 1) // align * align
 
 
-def element_type(value: Any) -> GGUFValueType:
-    """The GGUF type gguf-py infers for a Python value (bool before int, ints as INT32)."""
-    if isinstance(value, (str, bytes, bytearray)):
-        return GGUFValueType.STRING
-    if isinstance(value, float):
-        return GGUFValueType.FLOAT32
-    if isinstance(value, bool):
-        return GGUFValueType.BOOL
-    if isinstance(value, int):
-        return GGUFValueType.INT32
-    raise TypeError(f"no GGUF type for {type(value).__name__}")
-
-
 def tensor_nbytes(ne: Sequence[int], qtype: GGMLQuantizationType) -> int:
     block, type_size = GGML_QUANT_SIZES[qtype]
     n = 1
@@ -120,7 +107,7 @@ class GGUFPlan:
         """Add an array; element type inferred like gguf-py unless given. Empty arrays are skipped."""
         if len(values) == 0:
             return
-        sub = subtype or element_type(values[0])
+        sub = subtype or GGUFValueType.get_type(values[0])  # gguf-py's own inference: ints INT32
         self.add(key, GGUFValueType.ARRAY, list(values), sub)
 
     def get(self, key: str) -> Any:
@@ -156,10 +143,14 @@ class GGUFPlan:
         out += bytes(_pad(len(out)) - len(out))
         return bytes(out)
 
-    def write(self, path: Path, on_tensor: Callable[[TensorOut], None] | None = None) -> int:
-        """Write the whole file to ``path`` (callers pass a ``.partial`` path); return its size."""
+    def write(self, path: Path, on_tensor: Callable[[TensorOut], None] | None = None,
+              header: bytes | None = None) -> int:
+        """Write the whole file to ``path`` (callers pass a ``.partial`` path); return its size.
+
+        ``header`` is :meth:`header_bytes`, when the caller already packed it (e.g. to size the output).
+        """
         with open(path, "wb", buffering=0) as f:
-            f.write(self.header_bytes())
+            f.write(header if header is not None else self.header_bytes())
             for t in self.tensors:
                 start = f.tell()
                 t.write(f)

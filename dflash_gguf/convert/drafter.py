@@ -351,7 +351,8 @@ def convert_drafter(
                              time.perf_counter() - start, True, prov)
 
     outfile = Path(outfile)
-    check_free_space(outfile, total + len(plan.header_bytes()))
+    header = plan.header_bytes()
+    check_free_space(outfile, total + len(header))
     done = 0
 
     def tick(t: TensorOut) -> None:
@@ -361,7 +362,7 @@ def convert_drafter(
             on_progress(done, total)
 
     with atomic_output(outfile) as tmp:
-        size = plan.write(tmp, on_tensor=tick)
+        size = plan.write(tmp, on_tensor=tick, header=header)
     log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), size)
     return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, tuple(notes),
                          time.perf_counter() - start, False, prov)
