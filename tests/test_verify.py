@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import make_fixtures as mf  # noqa: E402
 
-pytest.importorskip("tokenizers")
 from dflash_gguf.convert.drafter import convert_drafter  # noqa: E402
 
 EMBED = "model.language_model.embed_tokens.weight"

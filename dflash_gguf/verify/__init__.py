@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gguf_reader import read_gguf
-from .format_checks import check_format
-from .pair_checks import check_lineage, check_pair
+from .format_checks import check_format, is_drafter_like
+from .pair_checks import check_lineage, check_pair, check_target_alone
 from .precheck import precheck
 from .report import PREFIX, CheckResult, Report
 
@@ -19,6 +19,9 @@ TARGET_FILE_KEY = PREFIX + "target.file"  # basename of the target GGUF written 
 
 def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_target: bool = False) -> Report:
     """Run every check on ``drafter`` (and ``target``, or the target file it records beside itself).
+
+    A single file that is not a drafter is judged as a target alone: can it feed a DFlash drafter, and
+    do its names mark it as a QAT, abliterated or merged derivative.
 
     Raises:
         VerifyError: an input cannot be read (exit 2).
@@ -29,6 +32,11 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         beside = Path(drafter).parent / name if isinstance(name, str) and name else None
         target = beside if beside is not None and beside.is_file() else None
     t = read_gguf(Path(target)) if target is not None else None
+    if t is None and not is_drafter_like(d):
+        # one file that is not a drafter: judge it as a target (arch, QAT/derived names)
+        report = Report(inputs={"drafter": "", "target": str(drafter)})
+        report.extend(check_target_alone(d, allow_derived_target))
+        return report
     report = Report(inputs={"drafter": str(drafter), "target": str(target) if target else ""})
     fmt = check_format(d)
     report.extend(fmt)

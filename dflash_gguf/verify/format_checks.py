@@ -59,6 +59,11 @@ def taps(meta: GGUFMeta) -> list[int] | None:
     return [int(x) for x in kv.value]
 
 
+def is_drafter_like(meta: GGUFMeta) -> bool:
+    """A DFlash drafter of any layout (mainline, fork, pre-merge), or a file with no architecture at all."""
+    return meta.arch in (None, A, "dflash-draft") or any(k.startswith(("dflash.", "dflash-draft.")) for k in meta.kv)
+
+
 def check_format(d: GGUFMeta) -> Report:
     """All format.* checks of a drafter; stops after format.arch when the file is no mainline drafter."""
     r = Report()

@@ -1,8 +1,13 @@
 """Which target a drafter was trained for, and whether the target at hand is that model.
 
-Why names matter: a QAT or abliterated target shares config and tokenizer with the vanilla model, so
-no structural check fires, yet acceptance collapses (failure-modes S1). The evidence is in names:
-repo ids, GGUF ``general.*`` keys, model-card ``base_model``/``base_model_relation``.
+Why names matter: a QAT or abliterated target shares config and tokenizer with the vanilla model, so no
+structural check fires, yet draft acceptance collapses (0.25% observed with a vanilla-trained Gemma-4
+drafter on the QAT target). The evidence is in names, and every producer writes them: llama.cpp's
+``convert_hf_to_gguf.py`` copies the model card into ``general.name``, ``general.basename``,
+``general.finetune``, ``general.tags`` and ``general.base_model.N.*`` (gguf-py ``Metadata``), GGUF repos on
+the Hub carry the same keys, llama-quantize copies them, and Hugging Face folders have the card's YAML
+front matter (``base_model``, ``base_model_relation``, ``tags``, ``model_name``). Our own ``dflash_gguf.*``
+keys add evidence but are never required.
 """
 
 from __future__ import annotations
@@ -10,30 +15,43 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePath
+from typing import Any
 
-# Name fragments that mark a model derived from another one (lower-case, matched per name token run).
+import yaml
+
+from ..gguf_reader import GGUFMeta
+from .report import Report
+
+# Name fragments that mark a model derived from another one (lower-case, matched per name token).
 DERIVED_MARKERS: dict[str, str] = {
     "qat": "quantization-aware trained (QAT)",
     "abliterated": "abliterated",
-    "uncensored": "uncensored fine-tune",
+    "uncensored": "an uncensored fine-tune",
     "heretic": "abliterated (heretic)",
     "merge": "merged",
     "merged": "merged",
+    "mergekit": "merged",
     "slerp": "merged",
     "distill": "distilled",
     "distilled": "distilled",
     "pruned": "pruned",
     "reap": "expert-pruned (REAP)",
-    "unquantized": "re-released from a quantized checkpoint",
+    "unquantized": "re-released from a quantization-aware checkpoint",
 }
-# base_model_relation values (Hub model cards) that mean "not the same weights".
-DERIVED_RELATIONS = {"quantized", "merge", "adapter", "finetune"}
-
+# Multi-token spellings of a marker ("Quantization Aware", "quantization-aware-training").
+_MARKER_PHRASES = {("quantization", "aware"): "qat"}
+# Card base_model_relation values that say "other weights than the base": a fine-tune, merge or adapter.
+# "quantized" is not among them: the same weights quantized after training serve a drafter fine.
+CHILD_RELATIONS = {"merge", "adapter", "finetune"}
+# Packaging and encoding tokens that do not change which model a name denotes (gguf, bf16, q4_0, Q4_K_M).
+_ENCODING_SUFFIX = re.compile(r"([-_. ](gguf|bf16|f16|f32|fp16|fp32|i?q\d(_[a-z0-9]+)*))+$")
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([bm])$", re.IGNORECASE)
 _SPLIT_RE = re.compile(r"[-_ ./:]+")
+HF_URL = "huggingface.co/"
+PICK = "Pick the drafter made for this target (or the target the drafter was made for)."
 
 
 @dataclass(frozen=True)
@@ -45,18 +63,23 @@ class ModelName:
     family: str  # tokens before the size, joined: "gemma4"
     size: str | None  # "12b", "30b-a3b"
     markers: tuple[str, ...]  # derivation markers found
+    key: str  # alphanumerics of the name without trailing encoding tokens: "gemma412bit"
 
-    @property
-    def key(self) -> str:
-        return re.sub(r"[^a-z0-9]", "", self.repo)
+    def same_model(self, want: ModelName) -> bool:
+        """Names ``want`` itself, possibly behind an org prefix (``bartowski/google_gemma-4-12b-it-GGUF``)."""
+        return bool(want.key) and not self.markers and self.key.endswith(want.key)
+
+
+def repo_id(text: str) -> str:
+    """``https://huggingface.co/org/name`` -> ``org/name``; anything else unchanged."""
+    value = str(text).strip().rstrip("/")
+    return value.split(HF_URL, 1)[1] if HF_URL in value else value
 
 
 def parse_name(text: str) -> ModelName:
-    """Split ``org/Name-12B-it-qat`` style names; tolerant of URLs, paths and spaces."""
+    """Split ``org/Name-12B-it-qat`` style names; tolerant of URLs, paths, spaces and encoding suffixes."""
     raw = str(text).strip()
-    tail = raw.rstrip("/")
-    if "huggingface.co/" in tail:
-        tail = tail.split("huggingface.co/", 1)[1]
+    tail = repo_id(raw)
     repo = PurePath(tail).name.lower() if tail else ""
     tokens = [t for t in _SPLIT_RE.split(repo) if t]
     size_at = next((i for i, t in enumerate(tokens) if _SIZE_RE.match(t)), None)
@@ -67,8 +90,11 @@ def parse_name(text: str) -> ModelName:
         nxt = tokens[size_at + 1] if size_at + 1 < len(tokens) else ""
         if re.match(r"^a\d+(\.\d+)?b$", nxt):  # MoE active size: 30B-A3B
             size += "-" + nxt
-    markers = tuple(sorted({m for t in tokens for m in DERIVED_MARKERS if t == m or t.startswith(m + "ed")}))
-    return ModelName(raw, repo, family, size, markers)
+    found = {m for t in tokens for m in DERIVED_MARKERS if t == m or t == m + "ed"}
+    found |= {m for (a, b), m in _MARKER_PHRASES.items() if any(tokens[i:i + 2] == [a, b]
+                                                                 for i in range(len(tokens) - 1))}
+    key = re.sub(r"[^a-z0-9]", "", _ENCODING_SUFFIX.sub("", repo))
+    return ModelName(raw, repo, family, size, tuple(sorted(found)), key)
 
 
 @dataclass(frozen=True)
@@ -89,7 +115,7 @@ def known_pairs() -> tuple[KnownPair, ...]:
 
 
 def known_target_for(drafter: str) -> KnownPair | None:
-    """The published target of a drafter repo id or name (case-insensitive, org optional)."""
+    """The published target of a drafter repo id or name (case-insensitive, org and encoding optional)."""
     want = parse_name(drafter).key
     if not want:
         return None
@@ -99,90 +125,85 @@ def known_target_for(drafter: str) -> KnownPair | None:
     return None
 
 
-@dataclass
-class TargetIdentity:
-    """Everything that names the target at hand: its own names and the models it says it comes from."""
-
-    names: list[str] = field(default_factory=list)
-    base_models: list[str] = field(default_factory=list)
-    relation: str | None = None  # model-card base_model_relation, when known
-
-    def parsed(self) -> list[ModelName]:
-        return [parse_name(n) for n in self.names if n]
+# ------------------------------------------------------------------------------------------- evidence
 
 
 @dataclass(frozen=True)
-class LineageFinding:
-    """One lineage verdict, turned into a check result by the caller."""
+class Evidence:
+    """One thing a model says about itself, and where it was read (a GGUF key, a card field, a file name)."""
 
-    kind: str  # "derived", "size", "family", "match", "unknown", "other"
-    message: str
+    where: str
+    value: str
 
-
-def judge(intended: str | None, target: TargetIdentity) -> list[LineageFinding]:
-    """Compare the intended target name with the target at hand; empty list when nothing is known."""
-    found: list[LineageFinding] = []
-    names = target.parsed()
-    if not names and not target.base_models:
-        return [LineageFinding("unknown", "the target carries no name or base_model to compare")]
-    markers = sorted({m for n in names for m in n.markers})
-    want = parse_name(intended) if intended else None
-    bases = [parse_name(b) for b in target.base_models]
-    descends = want is not None and any(b.key == want.key for b in bases) and all(n.key != want.key for n in names)
-    if markers:
-        what = ", ".join(DERIVED_MARKERS[m] for m in markers)
-        found.append(LineageFinding("derived", f"the target {names[0].raw!r} is {what}"))
-    elif descends:
-        rel = f" (base_model_relation: {target.relation})" if target.relation else ""
-        found.append(LineageFinding(
-            "derived", f"the target {names[0].raw if names else '?'!r} is derived from {intended!r}{rel}, "
-            "not that model itself"))
-    elif target.relation in DERIVED_RELATIONS and want is not None and any(b.key == want.key for b in bases):
-        found.append(LineageFinding("derived", f"the target's card says base_model_relation: {target.relation}"))
-    if want is None:
-        return found
-    same_family = [n for n in names if n.family and n.family == want.family]
-    if same_family and want.size:
-        sizes = {n.size for n in same_family if n.size}
-        if sizes and want.size not in sizes:
-            found.append(LineageFinding(
-                "size", f"the drafter was trained for {intended!r} ({want.size.upper()}) but the target is "
-                f"{same_family[0].raw!r} ({sorted(sizes)[0].upper()})"))
-    if names and not same_family and not any(b.family == want.family for b in bases):
-        found.append(LineageFinding(
-            "family", f"the drafter was trained for {intended!r} but the target is named {names[0].raw!r}"))
-    if not found:
-        found.append(LineageFinding("match", f"the target's names agree with {intended!r}"))
-    return found
+    def __str__(self) -> str:
+        return f"{self.where} {self.value!r}"
 
 
-def card_base_model(card_text: str | None) -> tuple[list[str], str | None]:
-    """``base_model`` entries and ``base_model_relation`` from a model card's YAML header (no YAML lib)."""
+@dataclass(frozen=True)
+class ModelIdentity:
+    """A model's own names and tags, and the models it says it comes from."""
+
+    names: tuple[Evidence, ...] = ()
+    tags: tuple[Evidence, ...] = ()
+    base_models: tuple[Evidence, ...] = ()
+    relation: str | None = None  # card base_model_relation (GGUF files carry none)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.names or self.tags or self.base_models)
+
+
+def identity_from_gguf(meta: GGUFMeta) -> ModelIdentity:
+    """``general.*`` naming keys as gguf-py ``Metadata.set_gguf_meta_model`` writes them, and the file name."""
+    names = [Evidence(k, v) for k in ("general.name", "general.basename", "general.finetune")
+             if isinstance(v := meta.get(k), str) and v]
+    parts = [v for k in ("general.basename", "general.size_label", "general.finetune")
+             if isinstance(v := meta.get(k), str) and v]
+    if len(parts) > 1:
+        names.append(Evidence("general.basename/size_label/finetune", "-".join(parts)))
+    names.append(Evidence("file name", meta.path.name))
+    tags = meta.get("general.tags")
+    tag_list = [Evidence("general.tags", str(x)) for x in (tags if isinstance(tags, list) else [])]
+    bases = []
+    count = meta.get("general.base_model.count")
+    for i in range(min(count if isinstance(count, int) else 0, 16)):
+        url = meta.get(f"general.base_model.{i}.repo_url")
+        name, org = meta.get(f"general.base_model.{i}.name"), meta.get(f"general.base_model.{i}.organization")
+        if isinstance(url, str) and url:
+            bases.append(Evidence(f"general.base_model.{i}.repo_url", url))
+        elif isinstance(name, str) and name:
+            value = f"{org}/{name}" if isinstance(org, str) and org else name
+            bases.append(Evidence(f"general.base_model.{i}.organization/name", value))
+    return ModelIdentity(tuple(names), tuple(tag_list), tuple(bases))
+
+
+def card_front_matter(card_text: str | None) -> dict[str, Any]:
+    """The YAML header of a model card (README.md), or {} when there is none or it does not parse."""
     if not card_text or not card_text.startswith("---"):
-        return [], None
+        return {}
     end = card_text.find("\n---", 3)
-    header = card_text[3:end if end > 0 else len(card_text)]
-    bases: list[str] = []
-    relation = None
-    lines = header.splitlines()
-    for i, line in enumerate(lines):
-        m = re.match(r"^base_model:\s*(.*)$", line)
-        if m:
-            value = m.group(1).strip().strip("'\"")
-            if value.startswith("["):
-                bases += [v.strip().strip("'\"") for v in value.strip("[]").split(",") if v.strip()]
-            elif value:
-                bases.append(value)
-            else:
-                for nxt in lines[i + 1:]:
-                    item = re.match(r"^\s*-\s*(.+)$", nxt)
-                    if not item:
-                        break
-                    bases.append(item.group(1).strip().strip("'\""))
-        m = re.match(r"^base_model_relation:\s*(\S+)", line)
-        if m:
-            relation = m.group(1).strip("'\"")
-    return bases, relation
+    try:
+        data = yaml.safe_load(card_text[3:end if end > 0 else len(card_text)])
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _str_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    return [str(v) for v in value if isinstance(v, str | int | float)] if isinstance(value, list) else []
+
+
+def identity_from_card(name: str | None, card_text: str | None, *, where: str = "repo") -> ModelIdentity:
+    """A Hugging Face repo id or folder name plus its card front matter (the fields gguf-py copies)."""
+    fm = card_front_matter(card_text)
+    names = [Evidence(where, name)] if name else []
+    names += [Evidence(f"README.md {k}", v) for k in ("model_name",) for v in _str_list(fm.get(k))]
+    tags = [Evidence("README.md tags", v) for v in _str_list(fm.get("tags"))]
+    bases = [Evidence("README.md base_model", v) for v in _str_list(fm.get("base_model"))]
+    relation = fm.get("base_model_relation")
+    return ModelIdentity(tuple(names), tuple(tags), tuple(bases), relation if isinstance(relation, str) else None)
 
 
 def card_paired_target(card_text: str | None) -> str | None:
@@ -191,3 +212,106 @@ def card_paired_target(card_text: str | None) -> str | None:
         return None
     m = re.search(r"paired with\s+\[?`?([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)`?\]?[\s.,)]", card_text)
     return m.group(1) if m else None
+
+
+def intended_from_identity(drafter: ModelIdentity) -> tuple[str, str] | None:
+    """(target, source) from a drafter's own names (a published pair) or its card's ``base_model``."""
+    for ev in drafter.names:
+        if pair := known_target_for(ev.value):
+            return pair.target, f"known published pair {pair.drafter}, matched by {ev} ({pair.source})"
+    for ev in drafter.base_models:
+        return repo_id(ev.value), f"the drafter's base model, {ev}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- judgement
+
+
+@dataclass(frozen=True)
+class LineageFinding:
+    """One lineage verdict, turned into a check result by :func:`report_lineage`."""
+
+    kind: str  # "derived", "size", "family", "match", "unmarked", "unknown"
+    message: str
+
+
+def _marked(target: ModelIdentity) -> list[tuple[Evidence, tuple[str, ...]]]:
+    return [(ev, m) for ev in (*target.names, *target.tags) if (m := parse_name(ev.value).markers)]
+
+
+def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
+    """Compare the target at hand with the one the drafter was trained for (``None``: not known).
+
+    Derived (an error unless allowed): the target's own names or tags mark it QAT, abliterated, merged...;
+    or, when ``intended`` is known, the target names it as its ``base_model`` and is not that model itself.
+    The ordinary instruct-from-pretrained link (an ``-it`` target whose card names its ``-pt`` base) and a
+    quantized copy of the right target are not evidence of anything.
+    """
+    if target.empty:
+        return [LineageFinding("unknown", "the target carries no name, tag or base_model to compare")]
+    found: list[LineageFinding] = []
+    want = parse_name(intended) if intended else None
+    names = [(ev, parse_name(ev.value)) for ev in target.names]
+    marked = _marked(target)
+    children = [ev for ev in target.base_models if want is not None and parse_name(ev.value).same_model(want)]
+    is_itself = want is not None and any(n.same_model(want) for _, n in names)
+    if marked:
+        shown = [x for x in marked if x[0] in target.names][:2] + [x for x in marked if x[0] in target.tags][:2]
+        said = "; ".join(f"{ev} says {', '.join(DERIVED_MARKERS[m] for m in ms)}" for ev, ms in shown)
+        what = sorted({DERIVED_MARKERS[m] for _, ms in marked for m in ms})
+        found.append(LineageFinding("derived", f"the target is {' and '.join(what)} ({said})"))
+    elif children and (not is_itself or target.relation in CHILD_RELATIONS):
+        rel = f", README.md base_model_relation {target.relation!r}" if target.relation else ""
+        own = f" ({names[0][0]})" if names else ""
+        found.append(LineageFinding(
+            "derived", f"the target{own} names {intended!r} as its base model ({children[0]}{rel}): it is a "
+            "model derived from it, not that model itself"))
+    if want is None:
+        if not found:
+            checked = ", ".join(str(ev) for ev in (*target.names, *target.tags)[:4])
+            found.append(LineageFinding("unmarked", f"no QAT/abliterated/merged marker in the target's names or "
+                                                    f"tags ({checked})"))
+        return found
+    same_family = [(ev, n) for ev, n in names if n.family and n.family == want.family]
+    if same_family and want.size:
+        sizes = {n.size for _, n in same_family if n.size}
+        if sizes and want.size not in sizes:
+            ev = next(ev for ev, n in same_family if n.size)
+            found.append(LineageFinding(
+                "size", f"the drafter was trained for {intended!r} ({want.size.upper()}) but the target is "
+                f"{sorted(sizes)[0].upper()} ({ev})"))
+    bases = [parse_name(ev.value) for ev in target.base_models]
+    if names and not same_family and not any(b.family == want.family for b in bases):
+        found.append(LineageFinding(
+            "family", f"the drafter was trained for {intended!r} but the target is named {names[0][0]}"))
+    if not found:
+        agree = next((ev for ev, n in names if n.same_model(want)), names[0][0] if names else None)
+        found.append(LineageFinding("match", f"the target's names agree with {intended!r}"
+                                             + (f" ({agree})" if agree else "")))
+    return found
+
+
+def report_lineage(r: Report, findings: list[LineageFinding], intended: str | None, allow_derived: bool) -> None:
+    """Turn lineage findings into checks; shared by the GGUF checks and the config-level precheck."""
+    trained_on = f"the model it was trained on: {intended!r}" if intended else \
+        "the model it was trained on (its model card names it)"
+    for f in findings:
+        if f.kind == "derived":
+            if allow_derived:
+                r.fail("lineage.derived_target", "warning", f"{f.message}; allowed by --allow-derived-target. "
+                       "Expect lower acceptance than published.", "")
+            else:
+                who = f"The drafter was trained on {intended!r}; on" if intended else "A DFlash drafter is " \
+                    "trained on one exact target model; on"
+                r.fail("lineage.derived_target", "error", f"{f.message}. {who} a QAT, abliterated, merged or "
+                       "otherwise re-trained derivative draft acceptance collapses (0.25% observed), slower than "
+                       "no drafter.", f"Serve the drafter with {trained_on}; or use a drafter trained on this "
+                       "target; or pass --allow-derived-target to accept it knowingly.")
+        elif f.kind == "size":
+            r.fail("lineage.size", "error", f.message + ".", PICK)
+        elif f.kind == "family":
+            r.fail("lineage.family", "warning", f.message + ".", PICK)
+        elif f.kind in ("match", "unmarked"):
+            r.ok("lineage.derived_target", f.message)
+        elif f.kind == "unknown":
+            r.skip("lineage.derived_target", f.message, "warning")

@@ -15,7 +15,15 @@ from pathlib import Path
 from .. import fingerprint as efp
 from ..gguf_reader import GGUFMeta, read_rows
 from .format_checks import A, taps, u32
-from .lineage import LineageFinding, TargetIdentity, judge, known_target_for
+from .lineage import (
+    PICK,
+    Evidence,
+    ModelIdentity,
+    identity_from_gguf,
+    intended_from_identity,
+    judge,
+    report_lineage,
+)
 from .report import PREFIX, Report
 
 # Target graphs that publish layer inputs in b11434 (format reference, section 9).
@@ -24,7 +32,6 @@ TAPPABLE_ARCHS = {"qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "llam
 UNTAPPABLE_ARCHS = {"gemma", "gemma2", "gemma3", "gemma3n"}
 SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "eot_token_id")
 FP_KEY = PREFIX + "target.embd_fingerprint"
-PICK = "Pick the drafter made for this target (or the target the drafter was made for)."
 
 
 def vocab_sha256(meta: GGUFMeta) -> str:
@@ -156,60 +163,27 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
 def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
     """(target name the drafter was trained for, where that came from).
 
-    A known published pair wins over ``target.repo``: that key names the target the file was
-    *converted against*, which is exactly what may be wrong (a QAT target given by mistake).
+    A published pair found through the drafter's names wins over ``target.repo``: that key names the target
+    the file was *converted against*, which is exactly what may be wrong (a QAT target given by mistake).
+    A drafter from llama.cpp's converter has none of our keys: its ``general.*`` names and the card's
+    ``base_model`` (``general.base_model.N.*``) are used instead.
     """
-    for key in (PREFIX + "drafter.repo", PREFIX + "drafter_repo", "general.name", PREFIX + "drafter.source"):
-        value = d.get(key)
-        if isinstance(value, str) and (pair := known_target_for(value)):
-            return pair.target, f"known published pair {pair.drafter} ({pair.source})"
+    ours = [Evidence(k, v) for k in (PREFIX + "drafter.repo", PREFIX + "drafter.source")
+            if isinstance(v := d.get(k), str) and v]
+    general = identity_from_gguf(d)
+    found = intended_from_identity(ModelIdentity(names=(*ours, *general.names)))
+    if found:
+        return found
     repo = d.get(PREFIX + "target.repo")
     if isinstance(repo, str) and repo:
         return repo, f"{PREFIX}target.repo"
+    if found := intended_from_identity(ModelIdentity(base_models=general.base_models)):
+        return found
     src = d.get(PREFIX + "target.source")
     name = Path(src.rstrip("/")).name if isinstance(src, str) else ""
     if name and not re.fullmatch(r"[0-9a-f]{40}", name):  # an HF cache snapshots/<sha> dir names nothing
         return name, f"{PREFIX}target.source"
     return None, ""
-
-
-def target_identity(t: GGUFMeta) -> TargetIdentity:
-    """Names of the target GGUF: general.* keys and the file name; base models from general.base_model.*."""
-    names = [str(t.get(k)) for k in ("general.name", "general.basename") if isinstance(t.get(k), str)]
-    label = "-".join(str(t.get(k)) for k in ("general.basename", "general.size_label", "general.finetune")
-                     if isinstance(t.get(k), str))
-    names += [label] if label.count("-") >= 1 else []
-    names.append(t.path.stem)
-    bases = []
-    n = u32(t, "general.base_model.count") or 0
-    for i in range(min(n, 16)):
-        for k in ("repo_url", "name"):
-            v = t.get(f"general.base_model.{i}.{k}")
-            if isinstance(v, str) and v:
-                org = t.get(f"general.base_model.{i}.organization")
-                bases.append(f"{org}/{v}" if k == "name" and isinstance(org, str) else v)
-                break
-    return TargetIdentity(names=names, base_models=bases)
-
-
-def report_lineage(r: Report, findings: list[LineageFinding], intended: str, allow_derived: bool) -> None:
-    """Turn lineage findings into checks; shared by the GGUF checks and the config-level precheck."""
-    for f in findings:
-        if f.kind == "derived":
-            if allow_derived:
-                r.fail("lineage.derived_target", "warning", f"{f.message}; allowed by --allow-derived-target. "
-                       "Expect lower acceptance than published.", "")
-            else:
-                r.fail("lineage.derived_target", "error", f"{f.message}. The drafter was trained on {intended!r}; "
-                       "on a QAT/quantized/abliterated/merged derivative acceptance collapses (0.25% observed), "
-                       "slower than no drafter.", f"Serve the drafter with {intended!r} itself, use a drafter trained "
-                       "on this target, or pass --allow-derived-target to accept it knowingly.")
-        elif f.kind == "size":
-            r.fail("lineage.size", "error", f.message + ".", PICK)
-        elif f.kind == "family":
-            r.fail("lineage.family", "warning", f.message + ".", PICK)
-        elif f.kind == "match":
-            r.ok("lineage.derived_target", f.message)
 
 
 def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Report:
@@ -219,9 +193,10 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
     if intended:
         r.info("lineage.intended_target", f"drafter was trained for {intended!r} (from {source})")
     else:
-        r.fail("lineage.intended_target", "warning", "the drafter records no target (no dflash_gguf.target.* keys and "
-               "not a known published drafter), so lineage cannot be judged.",
-               "Convert with dflash-convert, which records the target in dflash_gguf.* keys.")
+        r.fail("lineage.intended_target", "warning", "the drafter names no target: no published pair matches its "
+               "general.name or file name, and it records no general.base_model or dflash_gguf.target.* key. "
+               "Only derivation markers in the target's own names and tags can be judged.",
+               "Check the drafter's model card for the target it was trained on.")
     recorded = d.get(PREFIX + "target.vocab_sha256")
     if isinstance(recorded, str):
         side, actual = (t.path.name, vocab_sha256(t)) if t is not None else (d.path.name, vocab_sha256(d))
@@ -233,16 +208,31 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
     if t is None:
         # judged alone: compare the published target with the one the file was converted against
         converted = d.get(PREFIX + "target.repo")
-        if not (intended and isinstance(converted, str) and converted and source.startswith("known")):
+        if not (intended and isinstance(converted, str) and converted and not source.startswith(PREFIX)):
             return r
-        ident = TargetIdentity(names=[converted], base_models=[])
+        ident = ModelIdentity(names=(Evidence(PREFIX + "target.repo", converted),))
     else:
-        ident = target_identity(t)
-    report_lineage(r, judge(intended, ident) if intended else [], intended or "", allow_derived)
-    if not any(x.id.startswith("lineage.derived") for x in r.results) and intended:
-        r.skip("lineage.derived_target", "the target carries no names to compare")
+        ident = identity_from_gguf(t)
+    report_lineage(r, judge(intended, ident), intended, allow_derived)
     if t is not None:
         _check_fingerprint(d, t, r)
+    return r
+
+
+def check_target_alone(t: GGUFMeta, allow_derived: bool) -> Report:
+    """A target GGUF given without a drafter: can it feed a DFlash drafter, and is it a derived model?"""
+    r = Report()
+    tarch = t.arch or "?"
+    if tarch in UNTAPPABLE_ARCHS:
+        r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
+               "(its graph publishes no layer inputs: 'layer input tensor is null').", PICK)
+    elif tarch in TAPPABLE_ARCHS:
+        r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
+    else:
+        r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
+               "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
+    r.skip("pair.drafter", "no drafter GGUF given: judged as a target alone (pair checks not run)")
+    report_lineage(r, judge(None, identity_from_gguf(t)), None, allow_derived)
     return r
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VerifyError
-from .lineage import TargetIdentity, card_base_model, card_paired_target, judge, known_target_for
-from .pair_checks import PICK, report_lineage
+from .lineage import PICK, card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
 
 UNTAPPABLE_PREFIXES = ("Gemma3", "Gemma2", "GemmaFor", "Gemma3n")
@@ -106,16 +105,16 @@ def precheck(
     bs = _int(dcfg.get("block_size", d.get("block_size"))) or 16
     r.info("pair.block_size", f"block_size {bs}: serve with --spec-draft-n-max {bs - 1}")
 
-    intended = known_target_for(drafter_repo).target if drafter_repo and known_target_for(drafter_repo) else None
-    source = "known published pair" if intended else ""
+    drafter_ident = identity_from_card(drafter_repo, drafter_card)
+    intended, source = intended_from_identity(drafter_ident) or (None, "")
     if intended is None and (named := card_paired_target(drafter_card)):
-        intended, source = named, "drafter model card"
+        intended, source = named, "the drafter's model card text"
     if intended:
         r.info("lineage.intended_target", f"drafter was trained for {intended!r} (from {source})")
     else:
         r.fail("lineage.intended_target", "warning", "cannot tell which target the drafter was trained for (not a "
-               "known published drafter; its card names none).", "Check the drafter's model card by hand.")
-    bases, relation = card_base_model(target_card)
-    ident = TargetIdentity(names=[n for n in (target_repo,) if n], base_models=bases, relation=relation)
-    report_lineage(r, judge(intended, ident) if intended else [], intended or "", allow_derived_target)
+               "known published drafter; its card names no base_model or paired target). Only derivation markers "
+               "in the target's own names and tags can be judged.", "Check the drafter's model card by hand.")
+    target_ident = identity_from_card(target_repo, target_card)
+    report_lineage(r, judge(intended, target_ident), intended, allow_derived_target)
     return r

@@ -1,0 +1,158 @@
+"""Lineage on files nobody here wrote: targets and drafters converted by llama.cpp b11434's own converter.
+
+Their only evidence is what gguf-py's ``Metadata`` copies from the model card into ``general.*``; none of
+these files has a ``dflash_gguf.*`` key. Each target is verified with a drafter whose card names its
+target, with one that names nothing, and alone; the same folders go through the config-level precheck.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import make_fixtures as mf
+import pytest
+import reference
+from click.testing import CliRunner
+from conftest import REFERENCE_COMPARISONS
+
+from dflash_gguf.cli_verify import verify_cmd
+from dflash_gguf.verify import precheck, read_gguf
+
+INTENDED = "google/gemma-4-tiny-it"
+
+
+def _card(base_model: str, *, relation: str | None = None, tags: tuple[str, ...] = ()) -> str:
+    lines = ["---", "license: apache-2.0", f"base_model: {base_model}"]
+    lines += [f"base_model_relation: {relation}"] if relation else []
+    lines += ["tags:", *(f"- {t}" for t in tags)] if tags else []
+    return "\n".join([*lines, "---", "", "# fixture", ""])
+
+
+# name -> (folder name, card, derived when the drafter's target is known, derived when it is not)
+TARGETS: dict[str, tuple[str, str, bool, bool]] = {
+    # the official instruct model, whose card names its pretrained base: not evidence of anything
+    "plain": ("gemma-4-tiny-it", _card("google/gemma-4-tiny-pt", relation="finetune"), False, False),
+    "qat": ("gemma-4-tiny-it-qat-q4_0-unquantized",
+            _card(INTENDED, relation="quantized", tags=("gemma4", "qat", "q4_0")), True, True),
+    "abliterated": ("gemma-4-tiny-it-abliterated", _card(INTENDED, tags=("abliterated", "uncensored")), True, True),
+    "merged": ("gemmerald-4-tiny", _card(f"[{INTENDED}, someone/gemma-4-tiny-roleplay]", tags=("mergekit", "merge")),
+               True, True),
+    # re-trained with no marker in any name: only a known intended target can tell
+    "retrained": ("gemma-4-tiny-it-sft-v2", _card(INTENDED), True, False),
+}
+
+
+@pytest.fixture(scope="module")
+def ref_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Target and drafter folders, and their GGUFs made by b11434's convert_hf_to_gguf.py."""
+    reference.require_or_skip(reference.reference_available())
+    root = tmp_path_factory.mktemp("lineage")
+    out: dict[str, Path] = {}
+    for key, (name, card, _, _) in TARGETS.items():
+        made = mf.make_gemma4_target(root / key)
+        folder = made if made.name == name else Path(shutil.move(made, made.parent / name))
+        (folder / "README.md").write_text(card, encoding="utf-8")
+        gguf = root / f"{name}-BF16.gguf"
+        proc = reference.run_reference_convert(folder, None, gguf)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[f"{key}_dir"], out[key] = folder, gguf
+    for key, readme in (("drafter_known", _card(INTENDED, tags=("dflash",))), ("drafter_anon", None)):
+        folder = mf.make_drafter(root / key, target="gemma4")
+        if readme:
+            (folder / "README.md").write_text(readme, encoding="utf-8")
+        gguf = root / key / "gemma4-tiny-it-DFlash-BF16.gguf"
+        proc = reference.run_reference_convert(folder, out["plain_dir"], gguf)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[f"{key}_dir"], out[key] = folder, gguf
+    return out
+
+
+def _verify(*args: Path | str) -> tuple[int, dict[str, dict]]:
+    result = CliRunner().invoke(verify_cmd, [*map(str, args), "--json"])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, {c["id"]: c for c in json.loads(result.output)["checks"]}
+
+
+def test_reference_files_carry_no_keys_of_ours(ref_files: dict[str, Path]) -> None:
+    for key in (*TARGETS, "drafter_known", "drafter_anon"):
+        meta = read_gguf(ref_files[key])
+        assert not [k for k in meta.kv if k.startswith("dflash_gguf.")]
+    assert read_gguf(ref_files["qat"]).get("general.name") == "Gemma 4 Tiny It Qat Q4_0 Unquantized"
+    REFERENCE_COMPARISONS.append("lineage/b11434-general-keys")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_pair_with_drafter_whose_card_names_its_target(ref_files: dict[str, Path], target: str) -> None:
+    code, checks = _verify(ref_files["drafter_known"], ref_files[target])
+    derived = TARGETS[target][2]
+    assert code == int(derived), checks
+    assert f"'{INTENDED}'" in checks["lineage.intended_target"]["message"]
+    assert "general.base_model.0.repo_url" in checks["lineage.intended_target"]["message"]
+    check = checks["lineage.derived_target"]
+    assert check["status"] == ("fail" if derived else "pass")
+    if derived:
+        assert check["fix"].startswith(f"Serve the drafter with the model it was trained on: '{INTENDED}'")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_pair_with_drafter_that_names_nothing(ref_files: dict[str, Path], target: str) -> None:
+    code, checks = _verify(ref_files["drafter_anon"], ref_files[target])
+    derived = TARGETS[target][3]
+    assert code == int(derived), checks
+    assert checks["lineage.intended_target"]["status"] == "fail"  # a warning: nothing names the target
+    assert checks["lineage.derived_target"]["status"] == ("fail" if derived else "pass")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_target_alone(ref_files: dict[str, Path], target: str) -> None:
+    code, checks = _verify(ref_files[target])
+    assert code == int(TARGETS[target][3]), checks
+    assert checks["pair.target_arch"]["status"] == "pass"
+    assert checks["pair.drafter"]["status"] == "skip"
+
+
+@pytest.mark.parametrize("drafter", ["drafter_known", "drafter_anon"])
+def test_drafter_alone(ref_files: dict[str, Path], drafter: str) -> None:
+    code, checks = _verify(ref_files[drafter])
+    assert code == 0, checks
+    assert checks["format.arch"]["status"] == "pass"
+
+
+def test_qat_message_names_the_evidence_and_the_override(ref_files: dict[str, Path]) -> None:
+    _, checks = _verify(ref_files["drafter_anon"], ref_files["qat"])
+    message = checks["lineage.derived_target"]["message"]
+    assert "general.name 'Gemma 4 Tiny It Qat Q4_0 Unquantized' says quantization-aware trained (QAT)" in message
+    assert "general.tags 'qat'" in message
+    code, allowed = _verify(ref_files["drafter_anon"], ref_files["qat"], "--allow-derived-target")
+    assert code == 0, allowed
+    assert allowed["lineage.derived_target"]["severity"] == "warning"
+    assert "allowed by --allow-derived-target" in allowed["lineage.derived_target"]["message"]
+
+
+def test_right_target_quantized_by_llama_quantize_passes(ref_files: dict[str, Path], tmp_path: Path) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    for ftype in ("Q8_0", "Q4_0"):
+        quantized = tmp_path / f"gemma-4-tiny-it-{ftype}.gguf"
+        proc = reference.run_llama_quantize(ref_files["plain"], quantized, ftype)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        code, checks = _verify(ref_files["drafter_known"], quantized)
+        assert code == 0, checks
+        assert checks["lineage.derived_target"]["status"] == "pass"
+        qat = tmp_path / f"qat-{ftype}.gguf"
+        assert reference.run_llama_quantize(ref_files["qat"], qat, ftype).returncode == 0
+        assert _verify(ref_files["drafter_known"], qat)[0] == 1  # llama-quantize keeps general.*
+    REFERENCE_COMPARISONS.append("lineage/llama-quantize-keeps-general")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("drafter", ["drafter_known", "drafter_anon"])
+def test_precheck_on_the_same_folders(ref_files: dict[str, Path], target: str, drafter: str) -> None:
+    d, t = ref_files[f"{drafter}_dir"], ref_files[f"{target}_dir"]
+    card = lambda p: (p / "README.md").read_text(encoding="utf-8") if (p / "README.md").is_file() else None  # noqa: E731
+    report = precheck(d / "config.json", t / "config.json", drafter_repo=d.name, target_repo=t.name,
+                      drafter_card=card(d), target_card=card(t))
+    derived = TARGETS[target][2 if drafter == "drafter_known" else 3]
+    assert report.exit_code == int(derived), [r for r in report.results if r.status == "fail"]
+    assert report.result("lineage.derived_target").status == ("fail" if derived else "pass")
