@@ -9,12 +9,16 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import make_fixtures
 import pytest
+import sentencepiece as spm
+import tokenizers
 from click.testing import CliRunner
 from conftest import REFERENCE_COMPARISONS
 from gguf_compare import diff, read_kv
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from dflash_gguf.cli import main
 from dflash_gguf.convert.constants import PROVENANCE_PREFIX
@@ -23,10 +27,12 @@ from dflash_gguf.errors import InputError, OutputError, TokenizerError
 from dflash_gguf.tokenizer_fixups import fix_tokenizer, read_tokenizer_json, synthesize_tokenizer_model
 from dflash_gguf.tokenizer_fixups.repair import OVERLAY_MARKER
 
-spm = pytest.importorskip("sentencepiece", reason="sentencepiece is not installed")
-tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
-pytest.importorskip("google.protobuf", reason="protobuf is not installed (sentencepiece_model_pb2 needs it)")
+SP = pb.ModelProto.SentencePiece
+# Reserved ids of the Gemma fixture: SentencePiece's own pad/eos/bos/unk (CONTROL/UNKNOWN in its files).
+RESERVED = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
 
+# Plain text, unicode, added tokens inline (chat, tool, thinking markup), whitespace runs, emoji. No
+# literal <bos>/<eos>/<pad>/<unk>: those are the one deliberate divergence (RESERVED_LITERALS).
 CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog. 12345 3.14159",
     "🚀 rocket ✅ done 🦙🦙 😶\u200d🌫️ 👍🏽",
@@ -39,11 +45,48 @@ CORPUS = [
     " \n \n\n \t \t\t \t\n  \n   \n    \n     \n",
     "<|turn>user\nwhat is 2+2?<turn|>\n<|turn>model\n4<turn|>",
     '<|tool_call>call:check{value:<|"|>42<|"|>}<tool_call|>',
-    "<bos><eos><pad><unk><mask>[multimodal]<unused3>",
+    "<mask>[multimodal]<unused3> <|think|>\n<|channel>thought\nhmm 🤔\n<channel|>done",
+    "<|tool>declaration:f{}<tool|><|tool_response>response:f{value:1}<tool_response|>",
+    "a<|turn>b<turn|>c  <|\"|>  <|\"|><|\"|>\t<mask><mask>",
+    "<|turn <turn| |turn> <|tool_call <tool_call|>> <<|turn>>",  # near misses around real markers
     "Ÿ€𝔘 ΑΒΓ нещо на Български 🦙",
     "",
     " ",
 ]
+RESERVED_LITERALS = ["<bos>", "<bos>hi", "say <eos> now", "<pad><unk>", "\n<bos><|turn>user\nhi<turn|><eos>"]
+
+# Conversations rendered with the fixture's chat template: turns, a system prompt, tool declarations,
+# tool calls with quoted arguments, tool responses, a thought channel, thinking on and off.
+_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city."}}]
+_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+CHATS: dict[str, dict[str, Any]] = {
+    "turns": {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "Hello! 🦙"},
+                           {"role": "user", "content": "what is 2+2?\n\n  spaces   inside"}],
+              "add_generation_prompt": True},
+    "system": {"messages": [{"role": "system", "content": "You are terse. 我想"},
+                            {"role": "user", "content": "check value"}], "add_generation_prompt": False},
+    "tools": {"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I need the tool.", "tool_calls": [_CALL]},
+        {"role": "tool", "name": "get_weather", "content": "sunny, 21 C"},
+        {"role": "assistant", "content": "Sunny, 21 C. ✅"},
+        {"role": "user", "content": "and tomorrow?"}],
+        "tools": _TOOLS, "add_generation_prompt": True},
+    "thinking": {"messages": [{"role": "user", "content": "think about it"}], "enable_thinking": True,
+                 "add_generation_prompt": True},
+}
+
+
+def _render_chat(target: Path, chat: dict[str, Any]) -> str:
+    """The prompt text transformers' apply_chat_template renders (same jinja2 settings), before encoding."""
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        pytest.fail("jinja2 is needed to render the chat template: pip install -e '.[test]'", pytrace=False)
+    cfg = json.loads((target / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = (target / "chat_template.jinja").read_text(encoding="utf-8")
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(bos_token=cfg["bos_token"], eos_token=cfg["eos_token"], **chat)
 
 
 def _hash_tree(root: Path) -> dict[str, str]:
@@ -84,27 +127,59 @@ def synthesized(fx: dict[str, Path]) -> bytes:
     return synthesize_tokenizer_model(fx["gemma4"] / "tokenizer.json")[0]
 
 
+@pytest.fixture(scope="module")
+def sp(synthesized: bytes) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_proto=synthesized)
+
+
+@pytest.fixture(scope="module")
+def tok(fx: dict[str, Path]) -> tokenizers.Tokenizer:
+    """tokenizer.json with the library's default settings (added tokens matched in text, special or not)."""
+    return tokenizers.Tokenizer.from_file(str(fx["gemma4"] / "tokenizer.json"))
+
+
+def _types(model: bytes) -> list[int]:
+    m = pb.ModelProto()
+    m.ParseFromString(model)
+    return [p.type for p in m.pieces]
+
+
+def _assert_same_encoding(sp: spm.SentencePieceProcessor, tok: tokenizers.Tokenizer, text: str) -> None:
+    """Same ids and pieces from both libraries, and both decode them back to ``text``."""
+    enc = tok.encode(text, add_special_tokens=False)
+    assert sp.encode(text) == enc.ids
+    assert sp.encode(text, out_type=str) == enc.tokens
+    assert sp.decode(enc.ids) == text
+    assert tok.decode(enc.ids, skip_special_tokens=False) == text
+
+
 # ------------------------------------------------------------------------------------------ synthesis
 
 
-def test_every_id_has_the_tokenizer_json_piece_and_type(fx: dict[str, Path], synthesized: bytes) -> None:
-    sp = spm.SentencePieceProcessor(model_proto=synthesized)
-    tok = tokenizers.Tokenizer.from_file(str(fx["gemma4"] / "tokenizer.json"))
+def test_every_id_has_the_tokenizer_json_piece_and_type(fx: dict[str, Path], synthesized: bytes,
+                                                        sp: spm.SentencePieceProcessor,
+                                                        tok: tokenizers.Tokenizer) -> None:
     assert sp.get_piece_size() == tok.get_vocab_size(with_added_tokens=True) == 512
     for i in range(sp.get_piece_size()):
         assert sp.id_to_piece(i) == tok.id_to_token(i), i
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (3, 2, 1, 0)
-    assert sp.is_unknown(3) and sp.is_control(105) and sp.is_control(106)
+    types = _types(synthesized)
+    # SentencePiece's reserved pieces keep Gemma's types; every other added token is matched in text.
+    assert [types[i] for i in range(4)] == [SP.CONTROL, SP.CONTROL, SP.CONTROL, SP.UNKNOWN]
+    added = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    assert set(added) >= {"<|turn>", "<turn|>", "<|tool_call>", '<|"|>', "<|think|>", "<|channel>", "<mask>"}
+    for piece, i in added.items():
+        if piece not in RESERVED:
+            assert types[i] == SP.USER_DEFINED, piece
     assert all(sp.is_byte(sp.piece_to_id(f"<0x{b:02X}>")) for b in range(256))
-    assert not sp.is_control(107) and sp.id_to_piece(107) == "\n"
+    assert types[107] == SP.NORMAL and sp.id_to_piece(107) == "\n"
+    assert sum(t == SP.CONTROL for t in types) == 3 and sum(t == SP.USER_DEFINED for t in types) == len(added) - 4
     # Same ids as the SentencePiece model the fixture's tokenizer.json was generated from.
     original = spm.SentencePieceProcessor(model_proto=make_fixtures.gemma4_sentencepiece_proto_bytes())
     assert [original.id_to_piece(i) for i in range(512)] == [sp.id_to_piece(i) for i in range(512)]
 
 
 def test_settings_make_sentencepiece_tokenize_like_tokenizer_json(synthesized: bytes) -> None:
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
     m = pb.ModelProto()
     m.ParseFromString(synthesized)
     assert m.trainer_spec.model_type == pb.TrainerSpec.BPE and m.trainer_spec.byte_fallback
@@ -114,32 +189,97 @@ def test_settings_make_sentencepiece_tokenize_like_tokenizer_json(synthesized: b
     assert ns.precompiled_charsmap == b""
 
 
-def _spm_with_specials(sp: spm.SentencePieceProcessor, specials: list[str], text: str) -> list[int]:
-    """SentencePiece never matches CONTROL pieces in text; tokenizers does. Split them out like callers do."""
-    if not specials:
-        return sp.encode(text)
-    pattern = "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")"
-    ids: list[int] = []
-    for part in re.split(pattern, text):
-        if part in specials:
-            ids.append(sp.piece_to_id(part))
-        elif part:
-            ids.extend(sp.encode(part))
-    return ids
-
-
 @pytest.mark.parametrize("text", CORPUS, ids=range(len(CORPUS)))
-def test_sentencepiece_ids_equal_tokenizers_ids(fx: dict[str, Path], synthesized: bytes, text: str) -> None:
-    sp = spm.SentencePieceProcessor(model_proto=synthesized)
-    tok = tokenizers.Tokenizer.from_file(str(fx["gemma4"] / "tokenizer.json"))
-    # Special-token strings as plain text (tokenizers' encode_special_tokens = SentencePiece CONTROL rules).
-    tok.encode_special_tokens = True
-    assert sp.encode(text) == tok.encode(text, add_special_tokens=False).ids
-    # Special-token strings matched as tokens (tokenizers' default).
+def test_sentencepiece_encodes_like_tokenizers(sp: spm.SentencePieceProcessor, tok: tokenizers.Tokenizer,
+                                               text: str) -> None:
+    _assert_same_encoding(sp, tok, text)
+
+
+def test_chat_markup_is_single_tokens_not_bytes(sp: spm.SentencePieceProcessor) -> None:
+    assert sp.encode("<|turn>user\nhi<turn|>", out_type=str)[:3] == ["<|turn>", "user", "\n"]
+    assert sp.encode("<|turn>user\nhi<turn|>")[0] == 105 and sp.encode("x<turn|>")[-1] == 106
+    assert not any(p.startswith("<0x") for p in sp.encode('<|tool_call>call:f{a:<|"|>b<|"|>}<tool_call|>',
+                                                          out_type=str))
+
+
+@pytest.mark.parametrize("name", list(CHATS))
+def test_chat_template_prompts_encode_like_tokenizers(fx: dict[str, Path], sp: spm.SentencePieceProcessor,
+                                                      tok: tokenizers.Tokenizer, name: str) -> None:
+    prompt = _render_chat(fx["gemma4"], CHATS[name])
+    assert prompt.startswith("<bos><|turn>")
+    if name == "tools":
+        for marker in ("<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>",
+                       "<tool_response|>", "<|channel>", "<channel|>"):
+            assert marker in prompt, marker
+    if name == "thinking":
+        assert "<|think|>" in prompt
+    # What transformers' apply_chat_template(tokenize=True) encodes: the rendered text, no extra specials.
+    enc = tok.encode(prompt, add_special_tokens=False)
+    assert enc.ids[0] == 2 and 105 in enc.ids and not any(t.startswith("<0x3C>") for t in enc.tokens)
+    body = prompt.removeprefix("<bos>")  # the template's leading bos_token: SentencePiece adds it itself
+    _assert_same_encoding(sp, tok, body)
+    assert sp.encode(body, add_bos=True) == enc.ids
+    assert sp.encode(body, add_bos=True, out_type=str) == enc.tokens
+    assert sp.decode(enc.ids) == body  # decoding drops the CONTROL <bos>, like skip_special_tokens
+    assert tok.decode(enc.ids, skip_special_tokens=False) == prompt
+
+
+@pytest.mark.parametrize("text", RESERVED_LITERALS, ids=range(len(RESERVED_LITERALS)))
+def test_literal_reserved_tokens_are_text_to_sentencepiece(sp: spm.SentencePieceProcessor,
+                                                           tok: tokenizers.Tokenizer, text: str) -> None:
+    """The documented divergence: tokenizers matches a literal "<bos>" in text, SentencePiece (whose bos/
+    eos/pad/unk must be CONTROL/UNKNOWN) spells it out; everything else still encodes the same."""
+    ids = sp.encode(text)
+    assert not set(ids) & set(RESERVED.values())
+    assert sp.decode(ids) == text
+    assert set(tok.encode(text, add_special_tokens=False).ids) & set(RESERVED.values())
+    # SentencePiece = tokenizers with the reserved strings as plain text and every other added token matched.
+    parts = re.split("(" + "|".join(map(re.escape, RESERVED)) + ")", text)
+    literal = tokenizers.Tokenizer.from_str(tok.to_str())
+    literal.encode_special_tokens = True
+    expected = [i for part in parts if part
+                for i in (literal if part in RESERVED else tok).encode(part, add_special_tokens=False).ids]
+    assert ids == expected
+
+
+def test_added_tokens_not_flagged_special_are_matched_too(fx: dict[str, Path], tmp_path: Path) -> None:
+    """tokenizers matches added tokens in text whether flagged ``special`` or not: the type ignores the flag."""
+    data = json.loads((fx["gemma4"] / "tokenizer.json").read_text(encoding="utf-8"))
+    for t in data["added_tokens"]:
+        if t["content"] in ('<|"|>', "<|channel>", "<turn|>", "<eos>"):
+            t["special"] = False
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    shutil.copyfile(fx["gemma4"] / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    model, vocab = synthesize_tokenizer_model(tmp_path / "tokenizer.json")
+    assert vocab.types[1] == "CONTROL" and vocab.types[52] == vocab.types[100] == vocab.types[106] == "USER_DEFINED"
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok.encode_special_tokens = True  # no longer matches the special-flagged ones, still the unflagged ones
+    assert tok.encode('<|"|>x<turn|>', add_special_tokens=False).ids[::2] == [52, 106]
     tok.encode_special_tokens = False
-    specials = [t.content for t in tok.get_added_tokens_decoder().values()]
-    assert _spm_with_specials(sp, specials, text) == tok.encode(text, add_special_tokens=False).ids
-    assert sp.decode(sp.encode(text)) == text
+    for text in CORPUS:
+        _assert_same_encoding(sp, tok, text)
+
+
+def test_without_tokenizer_config_every_added_token_is_matched(fx: dict[str, Path], tmp_path: Path) -> None:
+    """No tokenizer_config.json names bos/eos/pad: nothing is CONTROL, no bos id, and even "<bos>" encodes alike."""
+    shutil.copyfile(fx["gemma4"] / "tokenizer.json", tmp_path / "tokenizer.json")
+    model, vocab = synthesize_tokenizer_model(tmp_path / "tokenizer.json")
+    assert "CONTROL" not in vocab.types and vocab.types[2] == "USER_DEFINED" and vocab.special_ids == {"unk": 3}
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    assert (sp.bos_id(), sp.eos_id(), sp.pad_id()) == (-1, -1, -1)
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    for text in [*CORPUS, *[t for t in RESERVED_LITERALS if "<unk>" not in t]]:
+        _assert_same_encoding(sp, tok, text)
+
+
+def test_notes_for_added_tokens_sentencepiece_cannot_match_alike(fx: dict[str, Path], tmp_path: Path) -> None:
+    assert not any("added token" in n for n in read_tokenizer_json(fx["gemma4"] / "tokenizer.json").notes)
+    data = json.loads((fx["gemma4"] / "tokenizer.json").read_text(encoding="utf-8"))
+    next(t for t in data["added_tokens"] if t["content"] == "<|turn>")["lstrip"] = True
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    notes = read_tokenizer_json(tmp_path / "tokenizer.json").notes
+    assert any("lstrip/rstrip/single_word" in n and "'<|turn>'" in n for n in notes), notes
 
 
 def _mutated_tokenizer_json(src: Path, dst_dir: Path, edit: dict[str, object]) -> Path:
@@ -178,12 +318,16 @@ def test_llama_style_prepend_normalizer_sets_dummy_prefix(fx: dict[str, Path], t
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
     path = _mutated_tokenizer_json(fx["gemma4"], tmp_path, {"normalizer": {
         "type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, replace]}})
-    assert read_tokenizer_json(path).add_dummy_prefix is True
+    vocab = read_tokenizer_json(path)
+    assert vocab.add_dummy_prefix is True
+    # tokenizers prepends ▁ after every added token it matches too; SentencePiece only at the start.
+    assert any("Prepend" in n and "inline" in n for n in vocab.notes), vocab.notes
     sp = spm.SentencePieceProcessor(model_proto=synthesize_tokenizer_model(path)[0])
     tok = tokenizers.Tokenizer.from_file(str(path))
-    tok.encode_special_tokens = True
-    for text in CORPUS[:8]:
-        assert sp.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
+    for text in CORPUS[:9]:
+        enc = tok.encode(text, add_special_tokens=False)
+        assert (sp.encode(text), sp.encode(text, out_type=str)) == (enc.ids, enc.tokens), text
+        assert sp.decode(enc.ids) == text  # (this tokenizer.json has no Strip decoder for the prefix)
 
 
 # ----------------------------------------------------------------------------------- donors, overlays
@@ -387,61 +531,83 @@ def test_cli_errors(fx: dict[str, Path], args: list[str], exit_code: int, messag
 
 # ------------------------------------------------------------------------- llama.cpp b11434 reference
 
-# Runs b11434's own TextModel._create_vocab_sentencepiece (the body of _set_vocab_sentencepiece) on a dir.
+# Runs b11434's own TextModel._create_vocab_sentencepiece (the body of _set_vocab_sentencepiece) on each dir.
 _REF_SCRIPT = """
 import json, sys, types
 from pathlib import Path
-src, model_dir = Path(sys.argv[1]), Path(sys.argv[2])
+src = Path(sys.argv[1])
 sys.path[:0] = [str(src), str(src / "gguf-py")]
 from conversion import base
-cfg = json.loads((model_dir / "config.json").read_text())
-size = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
-stub = types.SimpleNamespace(dir_model=model_dir)
-stub.find_hparam = lambda keys, optional=False: size
-stub.does_token_look_special = lambda t: base.TextModel.does_token_look_special(stub, t)
-tokens, scores, types_ = base.TextModel._create_vocab_sentencepiece(stub)
-print(json.dumps({"tokens": [t.decode() for t in tokens], "scores": scores, "types": [int(t) for t in types_]}))
+for model_dir in map(Path, sys.argv[2:]):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    size = cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
+    stub = types.SimpleNamespace(dir_model=model_dir)
+    stub.find_hparam = lambda keys, optional=False: size
+    stub.does_token_look_special = lambda t: base.TextModel.does_token_look_special(stub, t)
+    tokens, scores, types_ = base.TextModel._create_vocab_sentencepiece(stub)
+    print(json.dumps({"tokens": [t.decode() for t in tokens], "scores": scores, "types": [int(t) for t in types_]}))
 """
+# gguf TokenType values
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
 
-def test_llama_cpp_sentencepiece_path_accepts_the_synthesized_file(fx: dict[str, Path], tmp_path: Path,
-                                                                   synthesized: bytes) -> None:
+@pytest.mark.reference
+def test_llama_cpp_sentencepiece_path_types_the_synthesized_file_as_a_gemma_one(
+        fx: dict[str, Path], tmp_path: Path, synthesized: bytes) -> None:
     import subprocess
 
     import reference
 
     from dflash_gguf.convert.vocab import GEMMA4_VISIBLE
 
-    reason = reference.reference_available()
-    if reason is not None:
-        print(f"skipping: llama.cpp b11434 reference venv not available ({reason})")
-        pytest.skip(reason)
-    fix_tokenizer(fx["gemma4"], out=tmp_path / "overlay")
+    reference.require_or_skip(reference.reference_available())
+    overlay, gemma_file, bare = tmp_path / "overlay", tmp_path / "gemma-file", tmp_path / "bare"
+    fix_tokenizer(fx["gemma4"], out=overlay)
+    # The same dir holding the fixture's Gemma SentencePiece model (Gemma-typed pieces) instead of ours.
+    shutil.copytree(overlay, gemma_file)
+    shutil.copyfile(fx["good_donor"], gemma_file / "tokenizer.model")
+    # Our file without tokenizer_config.json's added_tokens_decoder: the types b11434 takes from the file alone.
+    shutil.copytree(overlay, bare)
+    cfg = json.loads((bare / "tokenizer_config.json").read_text(encoding="utf-8"))
+    del cfg["added_tokens_decoder"]
+    (bare / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
     proc = subprocess.run(
         [str(reference.env.venv_python(reference.env.ref_venv_dir())), "-c", _REF_SCRIPT,
-         str(reference.env.llama_cpp_src()), str(tmp_path / "overlay")],
+         str(reference.env.llama_cpp_src()), str(overlay), str(gemma_file), str(bare)],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": ""},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref, ref_gemma, ref_bare = (json.loads(line) for line in proc.stdout.strip().splitlines()[-3:])
 
     drafter = make_fixtures.make_drafter(tmp_path / "drafters", target="gemma4")
     ours = read_kv(convert_drafter(drafter, fx["gemma4"], tmp_path / "d.gguf").outfile)
     tokens = ours["tokenizer.ggml.tokens"][1]
     types = ours["tokenizer.ggml.token_type"][1]
-    assert ref["tokens"] == tokens
-    # b11434's Gemma-4 path forces seven chat/tool markers to USER_DEFINED; its SentencePiece path
-    # keeps tokenizer_config's "special" flag (CONTROL). Every other id has the same type.
+    assert ref["tokens"] == ref_gemma["tokens"] == ref_bare["tokens"] == tokens
+    # tokenizer_config.json's added_tokens_decoder decides every added token's type (its "special" flag,
+    # here set on all of them): the same GGUF types as from a Gemma-typed SentencePiece file.
+    assert ref["types"] == ref_gemma["types"]
+    added = {tokens.index(c) for c in (*RESERVED, "<mask>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|think|>",
+                                       *GEMMA4_VISIBLE)}
+    assert {ref["types"][i] for i in added} == {CONTROL}
+    # b11434's Gemma-4 path (ours mirrors it) reads tokenizer.json and forces seven chat/tool markers to
+    # USER_DEFINED; no tokenizer.model can make its SentencePiece path do that. Every other id agrees.
     forced = {i for i, t in enumerate(tokens) if t in GEMMA4_VISIBLE}
-    assert len(forced) == 7
+    assert len(forced) == 7 and {types[i] for i in forced} == {USER_DEFINED}
     assert [t for i, t in enumerate(ref["types"]) if i not in forced] == \
         [t for i, t in enumerate(types) if i not in forced]
+    # From the file alone: CONTROL/UNKNOWN/BYTE kept, USER_DEFINED read as NORMAL (no branch for it).
+    file_types = _types(synthesized)
+    expected = {SP.CONTROL: CONTROL, SP.UNKNOWN: UNKNOWN, SP.BYTE: BYTE, SP.NORMAL: NORMAL, SP.USER_DEFINED: NORMAL}
+    assert ref_bare["types"] == [expected[t] for t in file_types]
+    assert ref_bare["types"][:4] == [CONTROL, CONTROL, CONTROL, UNKNOWN]
     # Scores: the Gemma-4 path writes -1000 everywhere; the SentencePiece path reads the file's own
     # scores (-1000 for tokenizer_config's added tokens), which are the merge ranks we synthesized.
     sp = spm.SentencePieceProcessor(model_proto=synthesized)
     special = {int(k) for k in json.loads((fx["gemma4"] / "tokenizer_config.json").read_text())["added_tokens_decoder"]}
     assert ref["scores"] == [-1000.0 if i in special else sp.get_score(i) for i in range(len(tokens))]
+    assert ref_bare["scores"] == [sp.get_score(i) for i in range(len(tokens))]
     assert set(ours["tokenizer.ggml.scores"][1]) == {-1000.0}
     REFERENCE_COMPARISONS.append("synthesized tokenizer.model via _set_vocab_sentencepiece")
 

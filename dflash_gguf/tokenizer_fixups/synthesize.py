@@ -8,9 +8,34 @@ exactly: BPE with byte fallback, spaces turned into U+2581 by the normalizer, no
 How each field is chosen (the inverse of transformers' ``SpmConverter``, which wrote these files):
 
 * piece: the string at that id (base vocab, then ``added_tokens``).
-* type: the model's ``unk_token`` is UNKNOWN; ``<0xNN>`` pieces are BYTE; an added token flagged
-  ``special`` is CONTROL (SentencePiece never matches it in text, like ``encode_special_tokens``),
-  an unflagged one USER_DEFINED (matched in text, as tokenizers does); everything else NORMAL.
+* type: SentencePiece must encode text as tokenizers does. With default settings (the HF chat path:
+  ``apply_chat_template`` renders text, then encodes it with ``add_special_tokens=False``) tokenizers
+  matches every added token in text, flagged ``special`` or not; SentencePiece matches USER_DEFINED
+  pieces (leftmost-longest, never merged with neighbours) and never CONTROL ones. So every added
+  token is USER_DEFINED: ``<|turn>``, ``<|tool_call>``, ``<|"|>``, ``<|channel>``, ``<mask>``... encode to
+  the same ids, as in Gemma's own tokenizer.model files. Exceptions: the model's ``unk_token`` is
+  UNKNOWN, and the added tokens tokenizer_config.json names ``bos_token``/``eos_token``/``pad_token``
+  are CONTROL, also as in Gemma's files (SentencePiece refuses a bos/eos/pad id that is not CONTROL;
+  ``add_bos``/``add_eos`` emit them and decoding drops them). Without tokenizer_config.json no token is
+  known as bos/eos/pad: all added tokens are USER_DEFINED and the file has no bos id. ``<0xNN>`` pieces
+  are BYTE; the rest NORMAL. Added tokens SentencePiece cannot match alike (lstrip/rstrip/single_word,
+  spaces, or the Llama ``Prepend`` normalizer, which tokenizers reapplies after each one) get a note.
+* type, literal ``<bos>`` (or ``<eos>``, ``<pad>``, ``<unk>``) in text: the one deliberate divergence.
+  tokenizers turns the string into the token, SentencePiece spells it out as text (``<``, ``bos``,
+  ``>``), like ``encode_special_tokens``. Matching it would need a non-CONTROL bos piece, which
+  SentencePiece refuses, and would let a literal "<bos>" in user content act as a sequence start.
+  Chat templates render ``{{ bos_token }}`` first: a SentencePiece caller drops that prefix and encodes
+  the rest with ``add_bos=True``, which gives exactly the ids tokenizers gives for the rendered prompt.
+* type, as llama.cpp b11434 reads it (``TextModel._create_vocab_sentencepiece``): UNKNOWN, CONTROL and
+  BYTE pieces keep their type in the GGUF; USER_DEFINED pieces become NORMAL (it has no USER_DEFINED
+  branch). Then each token listed in tokenizer_config.json's ``added_tokens_decoder`` is re-typed:
+  CONTROL if flagged ``special`` or shaped like a special (``<|...|>``, ``<mask>``, ``<unused...>``), else
+  USER_DEFINED. The overlay copies the target's tokenizer_config.json, so added tokens get the types
+  it gives them whatever this file says, exactly as with Gemma's own tokenizer.model (whose chat pieces
+  are USER_DEFINED too); for a table flagging every added token ``special`` (the Gemma-4 fixture's),
+  CONTROL for bos/eos/pad/unk and for every chat/tool marker. b11434's Gemma-4 architecture never reads
+  this file: it reads tokenizer.json and forces seven chat/tool markers (``<|tool_call>``, ``<|"|>``,
+  ``<|channel>``...) to USER_DEFINED, which no tokenizer.model can reproduce through this path.
 * score: SentencePiece BPE merges the adjacent pair whose *result* has the highest score, tokenizers
   the pair with the lowest merge rank; so a piece scores ``-rank`` of the first merge producing it.
   Pieces no merge produces score below all merges (``-(n_merges + id)``); only merge results matter.
@@ -141,21 +166,21 @@ def _named_special(tok_dir: Path, pieces: dict[str, int]) -> dict[str, int]:
     return found
 
 
-def _pieces_by_id(path: Path, data: dict[str, Any]) -> tuple[list[str], dict[int, bool], int]:
-    """(piece per id, {added id: special flag}, base vocab size), refusing gaps and duplicates."""
+def _pieces_by_id(path: Path, data: dict[str, Any]) -> tuple[list[str], dict[int, dict[str, Any]], int]:
+    """(piece per id, {added id: its ``added_tokens`` entry}, base vocab size), refusing gaps and duplicates."""
     by_id: dict[int, str] = {}
     try:
         for piece, i in data["model"]["vocab"].items():
             by_id[int(i)] = piece
         n_base = len(by_id)
-        added: dict[int, bool] = {}
+        added: dict[int, dict[str, Any]] = {}
         for tok in data.get("added_tokens") or []:
             i, content = int(tok["id"]), tok["content"]
             if by_id.get(i, content) != content:
                 raise TokenizerError(f"{path}: added token {content!r} reuses id {i} of {by_id[i]!r}. "
                                      "Re-download it.")
             by_id[i] = content
-            added[i] = bool(tok.get("special"))
+            added[i] = tok
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise TokenizerError(f"{path}: vocabulary is malformed ({e!r}). Re-download tokenizer.json.") from None
     n = max(by_id) + 1 if by_id else 0
@@ -171,6 +196,22 @@ def _pieces_by_id(path: Path, data: dict[str, Any]) -> tuple[list[str], dict[int
                                  "SentencePiece needs unique pieces. Re-download tokenizer.json.")
         seen[p] = i
     return pieces, added, n_base
+
+
+def _matching_notes(added: dict[int, dict[str, Any]], user_defined: list[int], add_dummy_prefix: bool) -> list[str]:
+    """Where SentencePiece's USER_DEFINED matching (exact piece, leftmost-longest, in the normalized text)
+    cannot follow tokenizers' added-token matching; text near such tokens may tokenize differently."""
+    notes = []
+    odd = [added[i]["content"] for i in user_defined
+           if any(added[i].get(k) for k in ("lstrip", "rstrip", "single_word"))
+           or " " in added[i]["content"] or (WS in added[i]["content"] and not added[i].get("normalized"))]
+    if odd:
+        notes.append(f"{len(odd)} added tokens (first {odd[0]!r}) use lstrip/rstrip/single_word or spaces, which "
+                     "SentencePiece cannot match as tokenizers does: text around them may tokenize differently")
+    if add_dummy_prefix and user_defined:
+        notes.append(f"the Prepend('{WS}') normalizer: tokenizers also prepends {WS} after each added token it "
+                     "matches in text, SentencePiece only at the start: text with added tokens inline differs")
+    return notes
 
 
 def tokenizer_json_pieces(path: Path) -> list[str]:
@@ -219,14 +260,18 @@ def read_tokenizer_json(path: Path) -> TokenizerJsonVocab:
     first_rank: dict[str, int] = {}
     for rank, (left, right) in enumerate(merges):
         first_rank.setdefault(left + right, rank)
+    named = _named_special(path.parent, index)  # bos/eos/pad, as tokenizer_config.json names them
+    reserved = {i for i in named.values() if i in added and i != index[unk]}
     types: list[str] = []
     scores: list[float] = []
     unreachable = 0
     for i, p in enumerate(pieces):
         if i == index[unk]:
             types.append("UNKNOWN")
+        elif i in reserved:
+            types.append("CONTROL")
         elif i in added:
-            types.append("CONTROL" if added[i] else "USER_DEFINED")
+            types.append("USER_DEFINED")  # special or not: tokenizers matches it in text, so must SentencePiece
         elif i < n_base and _BYTE_PIECE.fullmatch(p):
             types.append("BYTE")
         else:
@@ -244,7 +289,8 @@ def read_tokenizer_json(path: Path) -> TokenizerJsonVocab:
                              "Re-download tokenizer.json.")
     notes = [f"{unreachable} multi-character NORMAL pieces are produced by no merge (scored below every merge)"] \
         if unreachable else []
-    special = {"unk": index[unk], **_named_special(path.parent, index)}
+    notes += _matching_notes(added, [i for i, t in enumerate(types) if t == "USER_DEFINED"], add_dummy_prefix)
+    special = {"unk": index[unk], **named}
     return TokenizerJsonVocab(path, tuple(pieces), tuple(types), tuple(scores), add_dummy_prefix, special,
                               tuple(notes))
 
