@@ -77,5 +77,7 @@ def atomic_output(out: Path, *, overwrite: bool = True) -> Iterator[Path]:
         finally:
             os.close(dir_fd)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        # only what we made: on a read-only mount unlink() of an absent file fails with EROFS, not ENOENT
+        if os.path.lexists(tmp):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()

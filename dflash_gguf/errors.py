@@ -1,6 +1,7 @@
 """Every exception a user can see, each with a message that says what, where and what to do.
 
-Stages raise these; only ``cli.py`` turns them into exit codes (table ``EXIT_CODES`` there).
+Stages raise these; each class carries its ``exit_code``, and only the CLI layer
+(``cli/_common.handle_errors``) turns an error into a message and that exit code.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 CARD_AND_CONFIG = ("config.json", "README.md")
 
 
+def is_repo_id(spec: str) -> bool:
+    """``org/name[@revision]`` and not a path (``./x/y``, ``/x/y``, ``~/x``)."""
+    return bool(REPO_ID.match(spec)) and not spec.startswith((".", "/", "~"))
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A folder to read, and where it came from (repo and commit are None for a local folder)."""
@@ -40,7 +45,7 @@ def resolve(spec: str, patterns: tuple[str, ...] = CARD_AND_CONFIG) -> Resolved:
     path = Path(spec).expanduser()
     if path.is_dir():
         return Resolved(path)
-    if not REPO_ID.match(spec) or spec.startswith((".", "/", "~")):
+    if not is_repo_id(spec):
         raise InputError(f"{spec!r} is neither an existing folder nor a Hub repo id (org/name[@revision]).")
     repo, _, revision = spec.partition("@")
     from huggingface_hub import snapshot_download

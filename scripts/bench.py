@@ -26,8 +26,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_fixtures  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the fixture generator lives in tests/fixtures
+import fixtures  # noqa: E402
 import reference_env  # noqa: E402
 
 H, LAYERS, TAPS, FF, HEADS, KV_HEADS, HEAD_DIM = 3840, 5, 6, 7680, 32, 8, 128
@@ -41,11 +41,11 @@ def _bf16_noise(rng: np.random.Generator, n: int) -> bytes:
 
 def make_big_drafter(root: Path) -> tuple[Path, Path]:
     """Write the synthetic drafter (streamed, one tensor at a time) and a matching Gemma-4 target dir."""
-    target = make_fixtures.make_gemma4_target(root / "targets")
+    target = fixtures.make_gemma4_target(root / "targets")
     cfg = json.loads((target / "config.json").read_text())
     cfg["text_config"].update(hidden_size=H, num_hidden_layers=48)
     (target / "config.json").write_text(json.dumps(cfg, indent=2))
-    drafter = make_fixtures.make_drafter(root / "drafters", target="gemma4")  # tiny weights, replaced below
+    drafter = fixtures.make_drafter(root / "drafters", target="gemma4")  # tiny weights, replaced below
     dcfg = json.loads((drafter / "config.json").read_text())
     dcfg.update(hidden_size=H, num_hidden_layers=LAYERS, intermediate_size=FF, num_attention_heads=HEADS,
                 num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, num_target_layers=48,
@@ -80,7 +80,7 @@ def make_big_drafter(root: Path) -> tuple[Path, Path]:
 
 def _bf16_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator, sparse: bool = False):
     """A GGUF tensor of random BF16 (or a hole in a sparse file: verify only reads headers)."""
-    from dflash_gguf.gguf_writer import TensorOut
+    from dflash_gguf.ggufio.writer import TensorOut
 
     ne = tuple(reversed(shape))
     n = int(np.prod(shape))
@@ -100,7 +100,7 @@ def _bf16_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator, sp
 def make_target_gguf(path: Path, drafter_gguf: Path | None, *, hidden: int, layers: int, ff: int, vocab: int,
                      sparse: bool = False) -> Path:
     """A llama-arch target GGUF (untied token_embd + output), BF16 matrices, F32 norms."""
-    from dflash_gguf.gguf_writer import GGUFPlan
+    from dflash_gguf.ggufio.writer import GGUFPlan
     from dflash_gguf.verify import read_gguf
 
     plan = GGUFPlan("llama")
@@ -162,7 +162,6 @@ def row(label: str, mb: float, ours: tuple[float, float], ref: tuple[float, floa
 
 def quantize_both(src: Path, label: str, work: Path, ours_cli: Path, llama_quantize: Path) -> list[str]:
     """Q8_0 and Q4_0 with the built-in quantizer and llama-quantize; table rows, outputs compared."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from gguf_compare import read_tensors
 
     mb = src.stat().st_size / 1e6
@@ -212,8 +211,7 @@ def main() -> None:
         ref = timed([ref_py, str(reference_env.convert_script()), str(drafter), "--target-model-dir", str(target),
                      "--outfile", str(ref_out)], cwd=work)
         lines.append(row(f"convert drafter ({mb:.0f} MB BF16)", mb, ours, ref))
-        sys.path.insert(0, str(ROOT / "tests"))
-        from gguf_compare import diff  # noqa: E402
+        from gguf_compare import diff
 
         problems = diff(ours_out, ref_out)
         ref_out.unlink()

@@ -1,43 +1,128 @@
-"""Shared fixtures: tiny HF repos generated offline per session, and a count of reference comparisons."""
+"""Shared fixtures (tiny HF repos generated offline per session) and the reference-comparison count.
+
+The count: a test that compares our output with llama.cpp b11434 is marked ``@pytest.mark.reference``
+and appends a label to ``REFERENCE_COMPARISONS`` once it has compared. The marks are the one place
+where the expected comparisons are declared. At the end of the session every selected marked test
+must have appended at least once:
+- a marked test that passed without appending is a broken test, and fails the run everywhere;
+- a marked test that was skipped (the reference is absent) fails the run on CI (``CI=true``) only,
+  so local runs without the reference still pass.
+Appends from tests without the mark are counted and listed in the summary; with
+``UNMARKED_APPENDS_FAIL`` they fail the run too, so a mark cannot be dropped from a comparing test.
+"""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import fixtures as mf
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import make_fixtures  # noqa: E402
-import reference  # noqa: E402
+import reference
 
 REFERENCE_COMPARISONS: list[str] = []
+REFERENCE_MARK = "reference"
+# False while some test files still append without the mark; set True once all comparing tests are marked.
+UNMARKED_APPENDS_FAIL = False
+
+_appended: dict[str, list[str]] = {}  # nodeid -> labels appended while that test ran
+_outcome: dict[str, str] = {}  # nodeid -> "passed" | "failed" | "skipped"
+_problems: list[str] = []  # filled by pytest_sessionfinish, printed by pytest_terminal_summary
+_marked_ids: list[str] = []  # selected marked tests, in collection order
 
 
 def llama_cpp_src() -> Path | None:
-    src = reference.env.llama_cpp_src()
-    return src if (src / "models" / "ggml-vocab-qwen2.gguf").is_file() else None
+    """The b11434 source tree when it is set up, else None (the Qwen fixtures then need the guard)."""
+    return None if reference.llama_cpp_src_available() else reference.env.llama_cpp_src()
+
+
+class Targets(dict):
+    """Target fixture folders by family. A missing family goes through the guard, never a silent skip."""
+
+    def __missing__(self, family: str) -> Path:
+        if family == "qwen3":
+            reference.require_or_skip(reference.llama_cpp_src_available())
+        raise KeyError(family)
 
 
 @pytest.fixture(scope="session")
 def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The standard targets and drafters (Qwen ones only when the b11434 sdist is present)."""
-    return make_fixtures.make_all(tmp_path_factory.mktemp("fx"), llama_cpp_src=llama_cpp_src())
+    return mf.make_all(tmp_path_factory.mktemp("fx"), llama_cpp_src=llama_cpp_src())
 
 
 @pytest.fixture(scope="session")
 def targets(fixtures: dict[str, Path]) -> dict[str, Path]:
-    return {"gemma4": fixtures["gemma-4-tiny-it"], **({"qwen3": fixtures["qwen3-tiny"]} if "qwen3-tiny" in fixtures
-                                                     else {})}
+    """``targets["qwen3"]`` skips locally / fails on CI when the sdist is missing; ``"qwen3" in targets`` is safe."""
+    out = Targets(gemma4=fixtures["gemma-4-tiny-it"])
+    if "qwen3-tiny" in fixtures:
+        out["qwen3"] = fixtures["qwen3-tiny"]
+    return out
+
+
+# ------------------------------------------------------------------------------ comparison count
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{REFERENCE_MARK}: compares with llama.cpp b11434 and must append to conftest.REFERENCE_COMPARISONS",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    before = len(REFERENCE_COMPARISONS)
+    try:
+        return (yield)
+    finally:
+        if len(REFERENCE_COMPARISONS) > before:
+            _appended.setdefault(item.nodeid, []).extend(REFERENCE_COMPARISONS[before:])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        _outcome[report.nodeid] = "failed"
+    elif report.skipped and _outcome.get(report.nodeid) != "failed":
+        _outcome[report.nodeid] = "skipped"
+    elif report.when == "call" and report.passed:
+        _outcome.setdefault(report.nodeid, "passed")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _marked_ids[:] = [item.nodeid for item in session.items if item.get_closest_marker(REFERENCE_MARK) is not None]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a marked test did not compare (always if it passed, on CI if it skipped)."""
+    if session.config.option.collectonly:
+        return
+    for nodeid in _marked_ids:
+        if _appended.get(nodeid):
+            continue
+        outcome = _outcome.get(nodeid)
+        if outcome == "passed":
+            _problems.append(f"{nodeid} passed without comparing (no REFERENCE_COMPARISONS.append)")
+        elif outcome == "skipped" and reference.on_ci():
+            _problems.append(f"{nodeid} was skipped on CI")
+        elif outcome is None and exitstatus == pytest.ExitCode.OK:
+            _problems.append(f"{nodeid} did not run")
+    if UNMARKED_APPENDS_FAIL:
+        _problems.extend(f"{nodeid} compared without @pytest.mark.{REFERENCE_MARK}"
+                         for nodeid in sorted(set(_appended) - set(_marked_ids)))
+    if _problems and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if REFERENCE_COMPARISONS:
-        terminalreporter.write_line(
-            f"reference comparisons against llama.cpp b11434: {len(REFERENCE_COMPARISONS)} ran "
-            f"({', '.join(REFERENCE_COMPARISONS)})")
-    else:
-        terminalreporter.write_line("reference comparisons against llama.cpp b11434: 0 ran")
+    compared = [nodeid for nodeid in _marked_ids if _appended.get(nodeid)]
+    write = terminalreporter.write_line
+    write(f"reference comparisons against llama.cpp b11434: {len(REFERENCE_COMPARISONS)} ran, "
+          f"from {len(compared)} of {len(_marked_ids)} selected tests marked @pytest.mark.{REFERENCE_MARK}"
+          + (f" ({', '.join(REFERENCE_COMPARISONS)})" if REFERENCE_COMPARISONS else ""))
+    unmarked = sorted(set(_appended) - set(_marked_ids))
+    if unmarked:
+        write(f"reference comparisons from tests without @pytest.mark.{REFERENCE_MARK} (mark them): "
+              + ", ".join(unmarked), yellow=True)
+    for problem in _problems:
+        write(f"REFERENCE COUNT FAILURE: {problem}", red=True, bold=True)

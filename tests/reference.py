@@ -1,9 +1,13 @@
 """Test helpers that run the llama.cpp b11434 reference: converter, llama-quantize, libllama, llama-server.
 
 Byte-for-byte parity can only be shown against the real b11434, so tests call it through these helpers.
-Everything here imports with nothing installed; a test first asks ``reference_available()`` or
-``llama_cpp_available()`` and hands the answer to ``require_or_skip``, which skips locally but fails on CI
-(``CI=true``), where a missing reference means a broken pipeline, not an optional extra.
+Everything here imports with nothing installed; a test first asks ``reference_available()``,
+``llama_cpp_available()`` or ``llama_cpp_src_available()`` and hands the answer to ``require_or_skip``.
+That function is the ONE guard of the suite: every test that cannot run without something the machine
+may lack goes through it. It skips locally but fails on CI (``CI=true``), where a missing reference
+means a broken pipeline, not an optional extra. Tests that compare with the reference are also marked
+``@pytest.mark.reference`` and append to ``conftest.REFERENCE_COMPARISONS``; conftest fails the run
+when a marked test did not compare (see its docstring).
 
 Locations come from ``scripts/reference_env.py`` (set it up with ``python scripts/reference_env.py setup``;
 with ``DFLASH_GGUF_SETUP=1`` the availability checks run the setup themselves). Every subprocess has a
@@ -56,14 +60,23 @@ env = _load_reference_env()
 # ------------------------------------------------------------------------------------ availability
 
 
+def on_ci() -> bool:
+    """True when ``CI`` is ``true`` (or ``1``): missing prerequisites are failures, not skips."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
 def require_or_skip(reason: str | None) -> None:
-    """Skip a test whose reference is missing, except on CI (``CI=true``), where that is a failure."""
+    """The suite's one guard: None passes; a reason skips the test locally and fails it on CI (``CI=true``).
+
+    Every test that needs the llama.cpp reference (or another prerequisite a developer's machine may
+    lack) calls this instead of ``pytest.skip``/``skipif``, so nothing can be skipped silently on CI.
+    """
     import pytest
 
     if reason is None:
         return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"llama.cpp reference required on CI: {reason}", pytrace=False)
+    if on_ci():
+        pytest.fail(f"required on CI (CI=true): {reason}", pytrace=False)
     pytest.skip(reason)
 
 
@@ -71,10 +84,28 @@ def _auto_setup(step: str) -> str | None:
     if os.environ.get(SETUP_ENV) != "1":
         return None
     try:
-        {"ref": env.ensure_reference_venv, "llama": env.ensure_llama_cpp}[step]()
+        {"sdist": env.ensure_sdist, "ref": env.ensure_reference_venv, "llama": env.ensure_llama_cpp}[step]()
     except env.SetupError as exc:
         return f"automatic reference setup failed: {exc}"
     return None
+
+
+QWEN2_VOCAB = "ggml-vocab-qwen2.gguf"  # b11434's models/ file the Qwen fixtures take their vocabulary from
+
+
+def llama_cpp_src_available() -> str | None:
+    """None when the b11434 source tree (sdist) is set up, with the vocab files the fixtures read."""
+    failure = _auto_setup("sdist") or env.step_status("sdist")
+    if failure:
+        return failure
+    vocab = env.llama_cpp_src() / "models" / QWEN2_VOCAB
+    return None if vocab.is_file() else f"{vocab} is missing from the llama.cpp {env.LLAMA_CPP_TAG} sdist"
+
+
+def require_llama_cpp_src() -> Path:
+    """The b11434 source tree, through the guard (skips locally, fails on CI when it is missing)."""
+    require_or_skip(llama_cpp_src_available())
+    return env.llama_cpp_src()
 
 
 def reference_available() -> str | None:

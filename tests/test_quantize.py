@@ -9,8 +9,8 @@ import os
 import stat
 from pathlib import Path
 
+import fixtures as mf
 import gguf_compare
-import make_fixtures
 import numpy as np
 import pytest
 import reference
@@ -21,10 +21,10 @@ from gguf import GGMLQuantizationType, GGUFReader
 from dflash_gguf.cli import main
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.errors import QuantizeError
-from dflash_gguf.gguf_writer import GGUFPlan, TensorOut
+from dflash_gguf.ggufio.writer import GGUFPlan, TensorOut
 from dflash_gguf.quantize import quantize_gguf
 from dflash_gguf.quantize.builtin import KEY_QUANTIZER, KEY_QUANTIZER_VERSION
-from dflash_gguf.quantize.gguf_input import read_gguf
+from dflash_gguf.quantize.builtin import read_input as read_gguf
 from dflash_gguf.quantize.rules import choose_type, layer_sort_key
 
 Q = GGMLQuantizationType
@@ -41,13 +41,16 @@ def _no_llama_quantize_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def drafter_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The converted fixture drafter (BF16), as the pipeline's convert stage writes it."""
     root = tmp_path_factory.mktemp("qdrafter")
-    target = make_fixtures.make_gemma4_target(root / "targets")
-    drafter = make_fixtures.make_drafter(root / "drafters", target="gemma4")
+    target = mf.make_gemma4_target(root / "targets")
+    drafter = mf.make_drafter(root / "drafters", target="gemma4")
     return convert_drafter(drafter, target, root / "drafter-BF16.gguf").outfile
 
 
-def _write_synthetic_target(path: Path, *, tied: bool, n_embd: int = 256, n_vocab: int = 96) -> Path:
-    """A qwen3-shaped GGUF (no vocab) with BF16 matrices, F32 norms and one 40-wide tensor for the F16 fallback."""
+def _write_synthetic_target(path: Path, *, tied: bool, n_embd: int = 256, n_vocab: int = 96,
+                            huge: bool = False) -> Path:
+    """A qwen3-shaped GGUF (no vocab) with BF16 matrices, F32 norms and one 40-wide tensor for the F16 fallback.
+
+    ``huge`` puts one 1e9 into the token embedding (a Q6_K block scale that overflows fp16)."""
     rng = np.random.default_rng(7)
     plan = GGUFPlan("qwen3")
     plan.add_uint32("qwen3.block_count", 2)
@@ -55,6 +58,8 @@ def _write_synthetic_target(path: Path, *, tied: bool, n_embd: int = 256, n_voca
 
     def add(name: str, shape: tuple[int, ...], qtype: Q) -> None:
         x = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if huge and name == "token_embd.weight":
+            x[0, 0] = 1e9
         data = (x.view(np.uint32) >> 16).astype(np.uint16).tobytes() if qtype == Q.BF16 else x.tobytes()
         plan.add_tensor(TensorOut(name, tuple(reversed(shape)), qtype, lambda f, d=data: f.write(d)))
 
@@ -131,13 +136,20 @@ def test_builtin_writes_types_metadata_and_provenance(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_builtin_refuses_q6k_output_rule(tmp_path: Path, tied: bool) -> None:
+def test_builtin_keeps_the_q6k_output_rule(tmp_path: Path, tied: bool) -> None:
     src = _write_synthetic_target(tmp_path / "t.gguf", tied=tied)
     out = tmp_path / "t-Q4_0.gguf"
-    with pytest.raises(QuantizeError) as exc:
+    quantize_gguf(src, out, "q4_0", quantizer="builtin")
+    assert _types(out)["token_embd.weight" if tied else "output.weight"] == "Q6_K"
+    assert not (tmp_path / "t-Q4_0.gguf.partial").exists()
+
+
+def test_builtin_refuses_a_q6k_scale_overflow(tmp_path: Path) -> None:
+    """|x| above ~2.7e8 overflows the fp16 block scale; llama-quantize refuses such a file, and so do we."""
+    src = _write_synthetic_target(tmp_path / "t.gguf", tied=True, huge=True)
+    out = tmp_path / "t-Q4_0.gguf"
+    with pytest.raises(QuantizeError, match="too large for Q6_K"):
         quantize_gguf(src, out, "q4_0", quantizer="builtin")
-    tensor = "token_embd.weight" if tied else "output.weight"
-    assert f"stores {tensor} as Q6_K" in str(exc.value) and "llama-quantize" in str(exc.value)
     assert not out.exists() and not (tmp_path / "t-Q4_0.gguf.partial").exists()
 
 
@@ -241,8 +253,8 @@ def test_builtin_matches_llama_quantize_on_drafter(tmp_path: Path, drafter_bf16:
 def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_embd: int) -> None:
     """A loadable tiny llama target (b11434's test vocab, F16 matrices), tied or with output.weight.
 
-    With n_embd 64 llama-quantize's Q6_K output rule falls back to Q8_0, which the built-in matches;
-    with 256 it keeps Q6_K, which the built-in refuses and llama-quantize (through our wrapper) makes.
+    With n_embd 64 llama-quantize's Q6_K output rule falls back to Q8_0; with 256 it keeps Q6_K. The
+    built-in matches both, and our wrapper around llama-quantize gives llama-quantize's own bytes.
     """
     reference.require_or_skip(reference.llama_cpp_available())
     src = tmp_path / "target-F16.gguf"
@@ -265,13 +277,18 @@ def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_
         REFERENCE_COMPARISONS.append(f"quantize target {type_name} tied={tied} n_embd={n_embd}")
     if n_embd == 64:
         return
-    with pytest.raises(QuantizeError, match="Q6_K"):
-        quantize_gguf(src, tmp_path / "q4.gguf", "q4_0", quantizer="builtin")
+    # q4_0 at 256: llama-quantize keeps the output / tied embedding in Q6_K, and so does the built-in
+    quantize_gguf(src, tmp_path / "q4-ours.gguf", "q4_0", quantizer="builtin")
     binary = reference.llama_bin("llama-quantize")
     res = quantize_gguf(src, tmp_path / "q4.gguf", "q4_0", quantizer="llama-quantize", llama_quantize=binary)
     _ref_quantize(src, tmp_path / "q4-ref.gguf", "q4_0")
     assert (tmp_path / "q4.gguf").read_bytes() == (tmp_path / "q4-ref.gguf").read_bytes()
-    assert _types(tmp_path / "q4.gguf")["token_embd.weight" if tied else "output.weight"] == "Q6_K"
+    assert gguf_compare.diff(tmp_path / "q4-ours.gguf", tmp_path / "q4-ref.gguf") == []
+    assert _types(tmp_path / "q4-ours.gguf") == _types(tmp_path / "q4-ref.gguf")
+    assert _types(tmp_path / "q4-ours.gguf")["token_embd.weight" if tied else "output.weight"] == "Q6_K"
+    loaded, log = reference.load_with_libllama(tmp_path / "q4-ours.gguf")
+    assert loaded, log[-3000:]
+    REFERENCE_COMPARISONS.append(f"quantize target q4_0 tied={tied} n_embd={n_embd} (Q6_K output)")
     assert res.quantizer_version.startswith("version:") and res.binary == str(binary)
 
 

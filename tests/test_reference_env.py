@@ -49,8 +49,105 @@ def test_require_or_skip_skips_locally(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_require_or_skip_fails_on_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="required on CI: not built"):
+    with pytest.raises(pytest.fail.Exception, match=r"required on CI \(CI=true\): not built"):
         ref.require_or_skip("not built")
+
+
+def test_missing_sdist_goes_through_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The llama.cpp source is looked up under $DFLASH_GGUF_CACHE; without it the Qwen target is never
+    dropped silently: asking for it skips locally and fails on CI."""
+    from conftest import Targets, llama_cpp_src
+
+    monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path))
+    monkeypatch.delenv(ref.SETUP_ENV, raising=False)
+    reason = ref.llama_cpp_src_available()
+    assert reason is not None and str(tmp_path) in reason and "setup --only sdist" in reason
+    assert llama_cpp_src() is None
+    targets = Targets(gemma4=tmp_path)
+    assert "qwen3" not in targets and targets["gemma4"] == tmp_path
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not set up"):
+        targets["qwen3"]
+    with pytest.raises(pytest.skip.Exception, match="not set up"):
+        ref.require_llama_cpp_src()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="required on CI"):
+        targets["qwen3"]
+    with pytest.raises(KeyError):
+        targets["llama"]
+
+
+# ------------------------------------------------------------------- the reference-comparison count
+
+_COUNT_TESTS = """
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS
+
+
+@pytest.mark.reference
+def test_compares():
+    REFERENCE_COMPARISONS.append("compared")
+
+
+@pytest.mark.reference
+def test_forgets_to_compare():
+    pass
+
+
+@pytest.mark.reference
+def test_reference_absent():
+    reference.require_or_skip("reference absent")
+
+
+@pytest.mark.reference
+def test_skips_by_hand():
+    pytest.skip("skipped without the guard")
+
+
+def test_unmarked_compares():
+    REFERENCE_COMPARISONS.append("unmarked")
+"""
+
+
+def _run_count_session(tmp_path: Path, ci: bool, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest on a throwaway test file under this suite's conftest (linked, so it is the real one)."""
+    tests = tmp_path / "tests"
+    tests.mkdir(exist_ok=True)
+    if not (tests / "conftest.py").exists():
+        for name in ("conftest.py", "reference.py", "fixtures"):  # what the conftest imports
+            (tests / name).symlink_to(ref.ROOT / "tests" / name)
+        (tests / "test_count.py").write_text(_COUNT_TESTS, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    if ci:
+        env["CI"] = "true"
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           "-c", os.devnull, str(tests), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_count_fails_a_marked_test_that_passed_without_comparing(tmp_path: Path) -> None:
+    res = _run_count_session(tmp_path, False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "3 passed, 2 skipped in" in res.stdout  # no test failed...
+    # ...the count did:
+    assert "REFERENCE COUNT FAILURE: tests/test_count.py::test_forgets_to_compare passed without comparing" \
+        in res.stdout
+    assert "2 ran, from 1 of 4 selected tests marked @pytest.mark.reference" in res.stdout
+    assert "without @pytest.mark.reference (mark them): tests/test_count.py::test_unmarked_compares" in res.stdout
+
+
+def test_count_lets_skips_pass_locally_but_not_on_ci(tmp_path: Path) -> None:
+    selected = ("-k", "compares or skips_by_hand")
+    local = _run_count_session(tmp_path, False, *selected)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert "REFERENCE COUNT FAILURE" not in local.stdout
+    on_ci = _run_count_session(tmp_path, True, *selected)
+    assert on_ci.returncode == 1, on_ci.stdout + on_ci.stderr
+    assert "2 passed, 1 skipped" in on_ci.stdout
+    assert "REFERENCE COUNT FAILURE: tests/test_count.py::test_skips_by_hand was skipped on CI" in on_ci.stdout
+    guard = _run_count_session(tmp_path, True, "-k", "reference_absent")
+    assert guard.returncode == 1 and "required on CI (CI=true): reference absent" in guard.stdout, guard.stdout
 
 
 def test_fresh_cache_reports_every_step_missing(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import make_fixtures
+import fixtures as mf
 import numpy as np
 import pytest
 import reference
@@ -30,7 +30,7 @@ def qwen_pair(targets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     target_gguf = work / "qwen3-tiny-BF16.gguf"
     proc = reference.run_reference_convert(targets["qwen3"], None, target_gguf)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    drafter = make_fixtures.make_drafter(work, target="qwen3")
+    drafter = mf.make_drafter(work, target="qwen3")
     drafter_gguf = work / "qwen3-tiny-DFlash-BF16.gguf"
     convert_drafter(drafter, targets["qwen3"], drafter_gguf)
     return targets["qwen3"], target_gguf, drafter_gguf
@@ -64,12 +64,12 @@ def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: 
     target_dir, _, drafter_gguf = qwen_pair
     retrained = Path(shutil.copytree(target_dir, tmp_path / "qwen3-tiny"))
     rng = np.random.default_rng(7)
-    entries = make_fixtures.read_safetensors_raw(retrained / "model.safetensors")
+    entries = mf.read_safetensors_raw(retrained / "model.safetensors")
     tensors = {}
     for name, _dtype, shape, raw in entries:
         widened = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
         tensors[name] = rng.normal(0, 0.02, shape).astype(np.float32) if "embed_tokens" in name else widened
-    make_fixtures.write_safetensors(retrained / "model.safetensors", tensors)
+    mf.write_safetensors(retrained / "model.safetensors", tensors)
     target_gguf = tmp_path / "retrained-BF16.gguf"
     assert reference.run_reference_convert(retrained, None, target_gguf).returncode == 0
     timings, _ = _serve_and_complete(target_gguf, drafter_gguf)
@@ -87,12 +87,12 @@ def gemma_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("gemma-serve")
     out: dict[str, Path] = {}
     for key, qat in (("vanilla", False), ("qat", True)):
-        target_dir = make_fixtures.make_gemma4_target(work / key, qat=qat)
+        target_dir = mf.make_gemma4_target(work / key, qat=qat)
         gguf_path = work / f"{target_dir.name}-BF16.gguf"
         proc = reference.run_reference_convert(target_dir, None, gguf_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[key], out[f"{key}_dir"] = gguf_path, target_dir
-    drafter = make_fixtures.make_drafter(work, target="gemma4")
+    drafter = mf.make_drafter(work, target="gemma4")
     out["drafter"] = work / "gemma4-tiny-it-DFlash-BF16.gguf"
     convert_drafter(drafter, out["vanilla_dir"], out["drafter"])
     return out

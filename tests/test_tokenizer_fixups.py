@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import make_fixtures
+import fixtures as mf
 import pytest
 import sentencepiece as spm
 import tokenizers
@@ -21,8 +21,8 @@ from gguf_compare import diff, read_kv
 from sentencepiece import sentencepiece_model_pb2 as pb
 
 from dflash_gguf.cli import main
-from dflash_gguf.convert.constants import PROVENANCE_PREFIX
 from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.dflash_format import PROVENANCE_PREFIX
 from dflash_gguf.errors import InputError, OutputError, TokenizerError
 from dflash_gguf.tokenizer_fixups import fix_tokenizer, read_tokenizer_json, synthesize_tokenizer_model
 from dflash_gguf.tokenizer_fixups.repair import OVERLAY_MARKER
@@ -108,10 +108,10 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tokfx")
     donor = root / "donor-gemma4" / "tokenizer.model"
     donor.parent.mkdir()
-    donor.write_bytes(make_fixtures.gemma4_sentencepiece_proto_bytes())
+    donor.write_bytes(mf.gemma4_sentencepiece_proto_bytes())
     return {
-        "gemma4": make_fixtures.make_gemma4_target(root),
-        "gemma3": make_fixtures.make_gemma3_target(root),
+        "gemma4": mf.make_gemma4_target(root),
+        "gemma3": mf.make_gemma3_target(root),
         "good_donor": donor,
     }
 
@@ -175,7 +175,7 @@ def test_every_id_has_the_tokenizer_json_piece_and_type(fx: dict[str, Path], syn
     assert types[107] == SP.NORMAL and sp.id_to_piece(107) == "\n"
     assert sum(t == SP.CONTROL for t in types) == 3 and sum(t == SP.USER_DEFINED for t in types) == len(added) - 4
     # Same ids as the SentencePiece model the fixture's tokenizer.json was generated from.
-    original = spm.SentencePieceProcessor(model_proto=make_fixtures.gemma4_sentencepiece_proto_bytes())
+    original = spm.SentencePieceProcessor(model_proto=mf.gemma4_sentencepiece_proto_bytes())
     assert [original.id_to_piece(i) for i in range(512)] == [sp.id_to_piece(i) for i in range(512)]
 
 
@@ -401,7 +401,7 @@ def test_overlay_leaves_cache_identical_and_converts_the_same_drafter(fx: dict[s
     assert _hash_tree(cache) == before
     assert not (snap / "tokenizer.model").exists()
 
-    drafter = make_fixtures.make_drafter(tmp_path / "drafters", target="gemma4")
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
     direct = convert_drafter(drafter, snap, tmp_path / "direct.gguf")
     via = convert_drafter(drafter, snap, tmp_path / "overlay.gguf", tokenizer_dir=overlay,
                           provenance=result.provenance())
@@ -580,7 +580,7 @@ def test_llama_cpp_sentencepiece_path_types_the_synthesized_file_as_a_gemma_one(
     assert proc.returncode == 0, proc.stderr[-2000:]
     ref, ref_gemma, ref_bare = (json.loads(line) for line in proc.stdout.strip().splitlines()[-3:])
 
-    drafter = make_fixtures.make_drafter(tmp_path / "drafters", target="gemma4")
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
     ours = read_kv(convert_drafter(drafter, fx["gemma4"], tmp_path / "d.gguf").outfile)
     tokens = ours["tokenizer.ggml.tokens"][1]
     types = ours["tokenizer.ggml.token_type"][1]

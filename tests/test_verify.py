@@ -1,6 +1,6 @@
 """dflash-verify: one fixture pair per check that fails it, one pair that passes all, and a header fuzz test.
 
-Drafter GGUFs come from our converter on scripts/make_fixtures.py drafters; target GGUFs are tiny synthetic
+Drafter GGUFs come from our converter on tests/fixtures drafters; target GGUFs are tiny synthetic
 files written with GGUFPlan (the tokenizer copied from the drafter, token_embd from the fixture weights).
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import fixtures as mf
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -23,18 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash_gguf import fingerprint as efp
-from dflash_gguf.cli_verify import verify_cmd
+from dflash_gguf.cli.verify import verify_cmd
+from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.errors import VerifyError
-from dflash_gguf.gguf_reader import GGUFMeta, tensor_nbytes
-from dflash_gguf.gguf_writer import GGUFPlan, TensorOut
+from dflash_gguf.ggufio.reader import GGUFMeta, tensor_nbytes
+from dflash_gguf.ggufio.writer import GGUFPlan, TensorOut
 from dflash_gguf.verify import precheck, read_gguf, verify_files
 from dflash_gguf.verify.lineage import known_target_for, parse_name
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import make_fixtures as mf  # noqa: E402
-
-from dflash_gguf.convert.drafter import convert_drafter  # noqa: E402
 
 EMBED = "model.language_model.embed_tokens.weight"
 
@@ -384,7 +381,6 @@ def test_fuzz_mutated_headers(small_gguf: bytes, tmp_path_factory: pytest.TempPa
 
 # ------------------------------------------------------------------------------------------- llama.cpp agrees
 
-sys.path.insert(0, str(REPO / "tests"))
 import reference as ref  # noqa: E402
 
 
@@ -427,13 +423,13 @@ def test_llama_server_fails_where_verify_predicts(tmp_path: Path, taps: tuple[in
 
 def test_drafter_converted_against_qat_target_is_refused_alone(tmp_path: Path) -> None:
     """Lineage with no target file: the published pair vs the target recorded at conversion."""
-    import make_fixtures
+    import fixtures as mf
 
     from dflash_gguf.convert.drafter import convert_drafter
 
-    drafter = make_fixtures.make_drafter(tmp_path / "d", target="gemma4")
-    qat = make_fixtures.make_gemma4_target(tmp_path / "t", qat=True)
-    vanilla = make_fixtures.make_gemma4_target(tmp_path / "v")
+    drafter = mf.make_drafter(tmp_path / "d", target="gemma4")
+    qat = mf.make_gemma4_target(tmp_path / "t", qat=True)
+    vanilla = mf.make_gemma4_target(tmp_path / "v")
     runner = CliRunner()
     for target, repo, code in ((qat, "google/gemma-4-12B-it-qat-q4_0-unquantized", 1),
                                (vanilla, "google/gemma-4-12B-it", 0)):

@@ -5,8 +5,9 @@ b11434 loads a drafter's config through ``transformers.AutoConfig`` (z-lab draft
 transformers 4.57.6: defaults filled in, ``sliding_window`` dropped when ``use_sliding_window``
 is false, ``layer_types`` synthesised from ``max_window_layers``. We read the raw JSON (never
 importing transformers, never running ``auto_map`` code) and apply the same rules here, in one
-place, so the written keys match. Where b11434 writes a file that cannot load or run correctly
-(failure-modes.md C6, C7, C10, C12, C13) we refuse or fix, and record what we did in ``notes``.
+place, so the written keys match. Where b11434 writes a file that cannot load or run correctly (no
+taps, a mask id only at the top level, a sliding window without ``layer_types``, a non-SiLU activation,
+attention biases) we refuse or fix, and record what we fixed or noticed in ``notes``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..dflash_format import KNOWN_UNSUPPORTED_DRAFTER_ARCHS, SUPPORTED_DRAFTER_ARCHS
 from ..errors import ConfigError, UnsupportedModelError
-from .constants import KNOWN_UNSUPPORTED_DRAFTER_ARCHS, SUPPORTED_DRAFTER_ARCHS
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,9 @@ def read_drafter_config(drafter_dir: Path) -> DrafterConfig:
         mask = dflash["mask_token_id"]
     elif "mask_token_id" in raw:
         mask = raw["mask_token_id"]
-        notes.append("mask_token_id read from the top level of config.json (b11434 reads only "
-                     "dflash_config.mask_token_id and would write none: failure-modes C7)")
+        notes.append("mask_token_id read from the top level of config.json: llama.cpp b11434's converter "
+                     "(DFlashModel.set_vocab) reads only dflash_config.mask_token_id, writes no "
+                     "tokenizer.ggml.mask_token_id, and llama-server then aborts on the first draft")
     else:
         raise ConfigError(
             f"{path}: no 'dflash_config.mask_token_id' (nor top-level 'mask_token_id'). Without it llama.cpp "
@@ -179,7 +181,8 @@ def read_drafter_config(drafter_dir: Path) -> DrafterConfig:
     block_explicit = "block_size" in dflash or "block_size" in raw
     block = int(dflash.get("block_size", raw.get("block_size", 16)))
     if not block_explicit:
-        notes.append("block_size absent from config.json; wrote llama.cpp's default 16 (failure-modes C14)")
+        notes.append("block_size absent from config.json: wrote 16, the default of llama.cpp b11434's converter "
+                     "(DFlashModel.set_gguf_parameters); check it is the block size the drafter was trained with")
         log.warning("%s: no block_size in dflash_config or at top level; writing 16 as llama.cpp would", path)
 
     use_swa = bool(raw.get("use_sliding_window", False)) or bool(dflash.get("use_swa", False))
@@ -200,7 +203,8 @@ def read_drafter_config(drafter_dir: Path) -> DrafterConfig:
         window = None
         if layer_types and "sliding_attention" in layer_types:
             notes.append("layer_types contain sliding_attention but use_sliding_window is false: llama.cpp "
-                         "will use full attention in every layer (failure-modes C12)")
+                         "b11434's converter (DFlashModel.set_gguf_parameters) writes no sliding-window pattern, "
+                         "so every layer will use full attention")
             log.warning("%s: sliding_attention layers but use_sliding_window is false; llama.cpp will run "
                         "full attention", path)
 

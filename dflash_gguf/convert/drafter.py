@@ -20,19 +20,23 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from .. import LLAMA_CPP_BUILD, __version__
 from .. import fingerprint as efp
+from .. import provenance as P
 from ..atomic import atomic_output, check_free_space
-from ..errors import IncompatiblePairError, InputError, TensorError, UnsupportedModelError
-from ..gguf_writer import GGUFPlan, TensorOut
-from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
-from .constants import (
+from ..dflash_format import (
     ARCH,
     EMBEDDING_TENSORS,
     GGML_QUANT_VERSION,
     IGNORED_SUFFIXES,
-    PROVENANCE_PREFIX,
     TENSOR_MAP,
     Keys,
+    expected_shapes,
+    gguf_taps,
+    hf_taps_outside,
+    shape_key,
 )
+from ..errors import IncompatiblePairError, InputError, TensorError, UnsupportedModelError
+from ..ggufio import GGUFPlan, TensorOut
+from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
 from .safetensors import TensorRef, index_checkpoint
 from .tensor_io import tensor_writer, to_f32
 from .vocab import VocabInfo, add_target_vocab
@@ -123,13 +127,10 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DrafterConfig) -> No
             f"[{h}, {k * h}]. llama.cpp would refuse it ('fc.weight has wrong shape'). target_layer_ids in "
             f"{cfg.path.name} do not belong to these weights: use the matching config.json."
         )
-    expect = {"attn_q.weight": (nh * hd, h), "attn_k.weight": (nkv * hd, h), "attn_v.weight": (nkv * hd, h),
-              "attn_output.weight": (h, nh * hd), "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
-              "attn_norm.weight": (h,), "ffn_norm.weight": (h,), "ffn_gate.weight": (f, h),
-              "ffn_up.weight": (f, h), "ffn_down.weight": (h, f), "enc.output_norm.weight": (h,),
-              "output_norm.weight": (h,)}
+    expect = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=f, n_taps=k)
     for name, ref in mapped:
-        want = expect.get(name.split(".", 2)[-1] if name.startswith("blk.") else name)
+        ne = expect.get(shape_key(name)) if name != "fc.weight" else None
+        want = tuple(reversed(ne)) if ne is not None else None
         if ref.dtype not in ("BF16", "F16", "F32"):
             raise TensorError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; DFlash drafters are "
                               "BF16/F16/F32 checkpoints. Quantized or FP8 drafters are not supported.")
@@ -148,7 +149,7 @@ def _check_pair(cfg: DrafterConfig, target: TargetConfig) -> None:
             f"{target.hidden_size}. A DFlash drafter must be trained for its target's hidden size (llama.cpp "
             "aborts with 'ggml_can_repeat'). Pick the drafter made for this target."
         )
-    bad = [t for t in cfg.target_layer_ids if not 0 <= t <= target.n_layer - 2]
+    bad = hf_taps_outside(cfg.target_layer_ids, target.n_layer)
     if bad:
         raise IncompatiblePairError(
             f"Drafter {cfg.path} taps target layers {bad} (target_layer_ids {cfg.target_layer_ids}), but target "
@@ -253,7 +254,7 @@ def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype
         scale = target.hidden_size ** 0.5  # Gemma scales its embeddings by sqrt(H) in the forward pass
     if scale is not None:
         plan.add_float32(Keys.EMBEDDING_SCALE, scale)
-    plan.add_array(Keys.TARGET_LAYERS, [t + 1 for t in cfg.target_layer_ids])
+    plan.add_array(Keys.TARGET_LAYERS, gguf_taps(cfg.target_layer_ids))
     if cfg.sliding_window and cfg.swa_pattern:
         plan.add_uint32(Keys.SLIDING_WINDOW, cfg.sliding_window)
         plan.add_array(Keys.SLIDING_WINDOW_PATTERN, cfg.swa_pattern)
@@ -332,19 +333,19 @@ def convert_drafter(
     prov = {
         "converter": f"dflash-gguf {__version__}",
         "llama_cpp_build": LLAMA_CPP_BUILD,
-        "drafter.source": str(drafter_dir),
-        "target.source": str(target_dir),
-        "target.architecture": target.arch,
+        P.DRAFTER_SOURCE: str(drafter_dir),
+        P.TARGET_SOURCE: str(target_dir),
+        P.TARGET_ARCH: target.arch,
         "target.config_sha256": hashlib.sha256(target.path.read_bytes()).hexdigest(),
-        "target.vocab_sha256": vocab.sha256,
+        P.TARGET_VOCAB_SHA256: vocab.sha256,
         "tokenizer.origin": "original",
-        **({"target.embd_fingerprint": fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
-        **(provenance or {}),
+        **({P.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
+        **(provenance or {}),  # what the caller knows (provenance.Sources.keys()) wins over our defaults
     }
-    for key, value in prov.items():
-        plan.add_string(PROVENANCE_PREFIX + key, value)
+    for name, value in prov.items():
+        plan.add_string(P.key(name), value)
     if notes:
-        plan.add_array(PROVENANCE_PREFIX + "notes", notes)
+        plan.add_array(P.key(P.NOTES), notes)
     total = plan.data_bytes
     if dry_run:
         return ConvertResult(Path(outfile), len(plan.tensors), total, outtype, vocab, tuple(notes),

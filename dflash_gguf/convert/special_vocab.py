@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..gguf_writer import GGUFPlan
+from ..ggufio import GGUFPlan
 
 log = logging.getLogger(__name__)
 

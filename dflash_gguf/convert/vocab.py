@@ -1,7 +1,7 @@
 """The target's vocabulary, embedded in the drafter GGUF as llama.cpp b11434 embeds it.
 
 b11434's DFlash converter runs the *target* architecture's ``set_vocab`` on the target dir with
-the *drafter's* hparams (format reference, section 5). Two families are mirrored here, without
+the *drafter's* hparams (convert_hf_to_gguf.py DFlashModel.set_vocab). Two families are mirrored here, without
 transformers:
 
 * Gemma-4 (``Gemma4Model.set_vocab``): tokenizer.json only (BPE + byte fallback), model
@@ -22,8 +22,9 @@ from typing import Any
 
 from gguf import TokenType
 
+from ..dflash_format import vocab_sha256
 from ..errors import TokenizerError, UnsupportedModelError
-from ..gguf_writer import GGUFPlan
+from ..ggufio import GGUFPlan
 from .configs import TargetConfig
 from .special_vocab import read_special_tokens
 
@@ -58,7 +59,6 @@ class VocabInfo:
 
     model: str
     n_tokens: int
-    source: str  # the file the token list came from
     sha256: str  # of the token list, types and merges, for pairing checks
 
 
@@ -111,10 +111,8 @@ def _declared_specials(tok_dir: Path) -> set[str]:
 
 
 def _fingerprint(plan: GGUFPlan) -> str:
-    h = hashlib.sha256()
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
-        h.update(json.dumps(plan.get(key), ensure_ascii=False).encode())
-    return h.hexdigest()
+    return vocab_sha256(*(plan.get(k) for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                                                "tokenizer.ggml.merges")))
 
 
 def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
@@ -153,7 +151,7 @@ def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
     read_special_tokens(tok_dir).add_to(plan)
     plan.add_bool("tokenizer.ggml.add_space_prefix", False)
     plan.add_bool("tokenizer.ggml.add_bos_token", True)
-    return VocabInfo("gemma4", len(tokens), "tokenizer.json", _fingerprint(plan))
+    return VocabInfo("gemma4", len(tokens), _fingerprint(plan))
 
 
 def _looks_special(token: str) -> bool:
@@ -221,7 +219,7 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     plan.add_array("tokenizer.ggml.tokens", tokens)
     plan.add_array("tokenizer.ggml.token_type", [int(t) for t in types])
     read_special_tokens(tok_dir).add_to(plan)
-    return VocabInfo(f"gpt2/{pre}", len(tokens), "tokenizer.json", _fingerprint(plan))
+    return VocabInfo(f"gpt2/{pre}", len(tokens), _fingerprint(plan))
 
 
 # SentencePieceTokenTypes in b11434 conversion/base.py (same values as gguf.TokenType)
@@ -270,7 +268,7 @@ def add_sentencepiece_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> V
     plan.add_array("tokenizer.ggml.scores", scores)
     plan.add_array("tokenizer.ggml.token_type", types)
     read_special_tokens(tok_dir, n_vocab=len(tokens), load_merges=False).add_to(plan)
-    return VocabInfo("llama/sentencepiece", len(tokens), "tokenizer.model", _fingerprint(plan))
+    return VocabInfo("llama/sentencepiece", len(tokens), _fingerprint(plan))
 
 
 def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafter_vocab_size: int) -> VocabInfo:

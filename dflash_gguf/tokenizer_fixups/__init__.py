@@ -1,7 +1,7 @@
 """tokenizer.model synthesis from tokenizer.json, id-by-id donor checks, and the overlay dir.
 
 Why: Gemma-4 ships no tokenizer.model, and the usual workaround (Gemma-3's file) maps other strings
-to the chat ids (failure mode C2). See ``repair.fix_tokenizer`` for the stage.
+to the chat ids. See ``repair.fix_tokenizer`` for the stage.
 """
 
 from .compare import PieceDiff, diff_pieces, load_model_pieces

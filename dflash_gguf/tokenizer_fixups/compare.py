@@ -1,7 +1,7 @@
 """Compare a tokenizer.model with the target's tokenizer.json, id by id.
 
 A donor file of the right size can still hold other strings in the chat and tool slots (Gemma-3's
-``<start_of_turn>`` where Gemma-4 has ``<|turn>``, failure mode C2), so every id is compared, not
+``<start_of_turn>`` where Gemma-4 has ``<|turn>``), so every id is compared, not
 just the count. Only pieces are compared: piece types are a SentencePiece-side choice (a faithful
 file may call ``<|tool_call>`` CONTROL or USER_DEFINED) and do not change what an id means.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import TokenizerError
 
 SHOWN_DIFFS = 10
-# Ids whose strings differ between Gemma generations (chat, tool, turn markers; reference section 2):
+# Ids whose strings differ between Gemma generations (chat, tool, turn markers; b11434 ggml-vocab-gemma-4.gguf):
 # always shown when they differ, even past the first SHOWN_DIFFS.
 KEY_IDS = frozenset([*range(7), *range(46, 53), 98, 100, 101, 105, 106, 107, 212])
 

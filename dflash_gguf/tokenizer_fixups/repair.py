@@ -12,13 +12,13 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError, OutputError, ResolveError, TokenizerError
+from ..hub import is_repo_id, resolve
 from .compare import PieceDiff, diff_pieces, load_model_pieces, read_model_file
 from .synthesize import synthesize_tokenizer_model, tokenizer_json_pieces
 
@@ -26,8 +26,6 @@ log = logging.getLogger(__name__)
 
 OVERLAY_MARKER = ".dflash_gguf_overlay.json"  # marks a dir we may replace on the next run
 COPY_LIMIT = 64 * 2**20  # files up to this size are copied into the overlay, larger ones symlinked
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -112,25 +110,19 @@ def resolve_donor(spec: str) -> tuple[bytes, str]:
         path = path / "tokenizer.model"
     if path.exists():
         return read_model_file(path), str(path.resolve())
-    if spec.startswith((".", "/", "~")) or spec.endswith(".model") or not _REPO_ID.fullmatch(spec):
+    if spec.endswith(".model") or not is_repo_id(spec):
         raise InputError(f"Donor {spec!r} is neither an existing file nor a Hub repo id (owner/name[@revision]). "
                          "Check the path.")
-    repo, _, revision = spec.partition("@")
     try:
-        import huggingface_hub
-    except ImportError:
-        raise ResolveError(f"Fetching donor {spec} needs huggingface_hub (pip install huggingface_hub), "
-                           "or pass a local tokenizer.model.") from None
-    try:
-        local = Path(huggingface_hub.hf_hub_download(repo, "tokenizer.model", revision=revision or None))
-    except Exception as e:  # network, auth, offline, missing file: all mean "could not fetch"
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise ResolveError(
-            f"Cannot fetch tokenizer.model from {spec} ({type(e).__name__}: {first}). Check the repo id and "
-            "revision, your network and HF_TOKEN (gated repos), or HF_HUB_OFFLINE; or pass a local file as --donor."
-        ) from None
-    commit = local.parent.name if _COMMIT.fullmatch(local.parent.name) else (revision or "unknown")
-    return read_model_file(local), f"{repo}@{commit}"
+        fetched = resolve(spec, ("tokenizer.model",))
+    except ResolveError as e:
+        raise ResolveError(f"Cannot fetch tokenizer.model from {spec}: {e} Or pass a local file as --donor.") \
+            from None
+    local = fetched.path / "tokenizer.model"
+    if not local.is_file():
+        raise ResolveError(f"Cannot fetch tokenizer.model from {spec}: {fetched.label} has no tokenizer.model. "
+                           "Pass a repo or local file that has one as --donor.")
+    return read_model_file(local), f"{fetched.repo}@{fetched.commit}"
 
 
 def overlay_provenance(overlay: Path) -> dict[str, str]:

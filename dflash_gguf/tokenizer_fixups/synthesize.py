@@ -1,7 +1,7 @@
 """Build a SentencePiece ``tokenizer.model`` from a Hugging Face ``tokenizer.json``.
 
 Gemma-4 ships only tokenizer.json; SentencePiece-first tools need tokenizer.model. Copying Gemma-3's
-file "fixes" the error but puts other strings in the chat slots (failure mode C2), so we rebuild the
+file "fixes" the error but puts other strings in the chat slots, so we rebuild the
 file from the target's own tokenizer.json instead. Only the SentencePiece-derived layout converts
 exactly: BPE with byte fallback, spaces turned into U+2581 by the normalizer, no other pre-tokenizer.
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..gguf_reader import read_gguf
+from ..ggufio.reader import read_gguf
+from ..provenance import TARGET_FILE, key
 from .format_checks import check_format, is_drafter_like
 from .pair_checks import check_lineage, check_pair, check_target_alone
 from .precheck import precheck
-from .report import PREFIX, CheckResult, Report
+from .report import CheckResult, Report
 
-TARGET_FILE_KEY = PREFIX + "target.file"  # basename of the target GGUF written beside the drafter
+TARGET_FILE_KEY = key(TARGET_FILE)
 
 
 def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_target: bool = False) -> Report:

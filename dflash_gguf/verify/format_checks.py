@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from gguf import GGUFValueType as VT
 
-from ..gguf_reader import GGUFMeta, type_name
+from ..dflash_format import ARCH, BLOCK_TENSORS, OPTIONAL_BLOCK_TENSORS, OPTIONAL_TENSORS, expected_shapes, shape_key
+from ..ggufio.layout import type_name
+from ..ggufio.reader import GGUFMeta
 from .report import Report
 
-A = "dflash"
+A = ARCH
 RECONVERT = "Reconvert the drafter from its Hugging Face checkpoint with dflash-convert (llama.cpp b11434 layout)."
 
 # key -> accepted (type, array element type or None); required keys first. llama-model-loader.cpp get_key.
@@ -38,10 +40,6 @@ OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
     f"{A}.rope.dimension_count": ((VT.UINT32, None),),
     "tokenizer.ggml.mask_token_id": ((VT.UINT32, None),),
 }
-BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
-                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-OPTIONAL_BLOCK_TENSORS = ("attn_post_norm", "ffn_post_norm", "layer_output_scale", "attn_sinks")
-OPTIONAL_TENSORS = ("token_embd.weight", "output.weight", "fc.scale", "rope_freqs.weight")
 
 
 def u32(meta: GGUFMeta, key: str) -> int | None:
@@ -168,16 +166,8 @@ def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
     hd = u32(d, f"{A}.attention.key_length") or (h // nh if h and nh else None)
     ff = u32(d, f"{A}.feed_forward_length")
     k = len(taps(d) or [])
-    want: dict[str, tuple[int | None, ...]] = {
-        "fc.weight": (k * h if h and k else None, h), "enc.output_norm.weight": (h,), "output_norm.weight": (h,)}
-    for i in range(n_layer):
-        b = f"blk.{i}."
-        q = nh * hd if nh and hd else None
-        kvw = nkv * hd if nkv and hd else None
-        want.update({b + "attn_norm.weight": (h,), b + "ffn_norm.weight": (h,), b + "attn_q.weight": (h, q),
-                     b + "attn_k.weight": (h, kvw), b + "attn_v.weight": (h, kvw), b + "attn_output.weight": (q, h),
-                     b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
-                     b + "ffn_gate.weight": (h, ff), b + "ffn_up.weight": (h, ff), b + "ffn_down.weight": (ff, h)})
+    per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k)
+    want = {name: per_name[shape_key(name)] for name in d.tensors if shape_key(name) in per_name}
     bad = []
     for name, shape in want.items():
         t = d.tensors.get(name)

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..gguf_reader import GGUFMeta
+from ..ggufio.reader import GGUFMeta
 from .report import Report
 
 # Name fragments that mark a model derived from another one (lower-case, matched per name token).
@@ -233,6 +233,7 @@ class LineageFinding:
 
     kind: str  # "derived", "size", "family", "match", "unmarked", "unknown"
     message: str
+    base: str | None = None  # for "derived": the model the target says it derives from
 
 
 def _marked(target: ModelIdentity) -> list[tuple[Evidence, tuple[str, ...]]]:
@@ -259,7 +260,8 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
         shown = [x for x in marked if x[0] in target.names][:2] + [x for x in marked if x[0] in target.tags][:2]
         said = "; ".join(f"{ev} says {', '.join(DERIVED_MARKERS[m] for m in ms)}" for ev, ms in shown)
         what = sorted({DERIVED_MARKERS[m] for _, ms in marked for m in ms})
-        found.append(LineageFinding("derived", f"the target is {' and '.join(what)} ({said})"))
+        base = repo_id(target.base_models[0].value) if target.base_models else None
+        found.append(LineageFinding("derived", f"the target is {' and '.join(what)} ({said})", base))
     elif children and (not is_itself or target.relation in CHILD_RELATIONS):
         rel = f", README.md base_model_relation {target.relation!r}" if target.relation else ""
         own = f" ({names[0][0]})" if names else ""
@@ -293,12 +295,16 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
 
 def report_lineage(r: Report, findings: list[LineageFinding], intended: str | None, allow_derived: bool) -> None:
     """Turn lineage findings into checks; shared by the GGUF checks and the config-level precheck."""
-    trained_on = f"the model it was trained on: {intended!r}" if intended else \
-        "the model it was trained on (its model card names it)"
     for f in findings:
+        if intended:
+            trained_on = f"the model it was trained on: {intended!r}"
+        elif f.base:
+            trained_on = f"the model it was trained on, most likely the one this target derives from: {f.base!r}"
+        else:
+            trained_on = "the model it was trained on (its model card names it)"
         if f.kind == "derived":
             if allow_derived:
-                r.fail("lineage.derived_target", "warning", f"{f.message}; allowed by --allow-derived-target. "
+                r.fail("lineage.derived_target", "warning", f"allowed by --allow-derived-target: {f.message}. "
                        "Expect lower acceptance than published.", "")
             else:
                 who = f"The drafter was trained on {intended!r}; on" if intended else "A DFlash drafter is " \

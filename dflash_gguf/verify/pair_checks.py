@@ -1,19 +1,20 @@
 """pair.* and lineage.* checks of a drafter GGUF against a target GGUF (or against its own provenance).
 
-Why each: llama-server b11434 compares none of this (failure-modes S1-S5); mismatches end as aborts
+Why each: llama-server b11434 compares none of this before serving; mismatches end as aborts
 (hidden size, taps, vocabulary, mask id) or as silent acceptance loss (lineage, embedding scale).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from pathlib import Path
 
 from .. import fingerprint as efp
-from ..gguf_reader import GGUFMeta, read_rows
+from .. import provenance as prov
+from ..dflash_format import PROVENANCE_PREFIX as PREFIX
+from ..dflash_format import gguf_taps_outside, vocab_sha256
+from ..ggufio.reader import GGUFMeta, read_rows
 from .format_checks import A, taps, u32
 from .lineage import (
     PICK,
@@ -24,25 +25,20 @@ from .lineage import (
     judge,
     report_lineage,
 )
-from .report import PREFIX, Report
+from .report import Report
 
-# Target graphs that publish layer inputs in b11434 (format reference, section 9).
+# Target architectures whose b11434 graphs (src/models/) publish layer inputs for a DFlash drafter.
 TAPPABLE_ARCHS = {"qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "llama", "gemma4", "gpt-oss",
                   "nemotron_h", "minimax-m2", "deepseek4", "lfm2"}
 UNTAPPABLE_ARCHS = {"gemma", "gemma2", "gemma3", "gemma3n"}
 SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "eot_token_id")
-FP_KEY = PREFIX + "target.embd_fingerprint"
+FP_KEY = prov.key(prov.TARGET_EMBD_FINGERPRINT)
 
 
-def vocab_sha256(meta: GGUFMeta) -> str:
-    """The converter's vocab hash (dflash_gguf/convert/vocab.py): tokens, token types, merges as JSON."""
-    h = hashlib.sha256()
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
-        value = meta.get(key)
-        if hasattr(value, "tolist"):
-            value = value.tolist()
-        h.update(json.dumps(value, ensure_ascii=False).encode())
-    return h.hexdigest()
+def vocab_hash(meta: GGUFMeta) -> str:
+    """:func:`dflash_format.vocab_sha256` of a GGUF's embedded vocabulary."""
+    return vocab_sha256(*(meta.get(k) for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                                                "tokenizer.ggml.merges")))
 
 
 def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
@@ -73,7 +69,7 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     if not tp or n_t is None:
         r.skip("pair.taps", "taps or target block_count missing", "error")
     else:
-        bad = [x for x in tp if not 1 <= x <= n_t - 1]
+        bad = gguf_taps_outside(tp, n_t)
         if bad:
             r.fail("pair.taps", "error", f"drafter taps {tp} (GGUF, HF id + 1) include {bad}, outside 1..{n_t - 1} "
                    f"for a {n_t}-layer target: llama-server aborts ('lid <= n_layer' or 'layer input tensor is "
@@ -141,7 +137,7 @@ def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
 
 
 def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) -> None:
-    gemma = tarch.startswith("gemma") or str(d.get(PREFIX + "target.architecture", "")).lower().startswith("gemma")
+    gemma = tarch.startswith("gemma") or str(d.get(prov.key(prov.TARGET_ARCH), "")).lower().startswith("gemma")
     scale = d.get(f"{A}.embedding_scale")
     if gemma and not isinstance(scale, float):
         r.fail("pair.embedding_scale", "error", "the target is a Gemma but the drafter has no dflash.embedding_scale "
@@ -168,21 +164,21 @@ def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
     A drafter from llama.cpp's converter has none of our keys: its ``general.*`` names and the card's
     ``base_model`` (``general.base_model.N.*``) are used instead.
     """
-    ours = [Evidence(k, v) for k in (PREFIX + "drafter.repo", PREFIX + "drafter.source")
+    ours = [Evidence(k, v) for k in (prov.key(prov.DRAFTER_REPO), prov.key(prov.DRAFTER_SOURCE))
             if isinstance(v := d.get(k), str) and v]
     general = identity_from_gguf(d)
     found = intended_from_identity(ModelIdentity(names=(*ours, *general.names)))
     if found:
         return found
-    repo = d.get(PREFIX + "target.repo")
+    repo = d.get(prov.key(prov.TARGET_REPO))
     if isinstance(repo, str) and repo:
-        return repo, f"{PREFIX}target.repo"
+        return repo, prov.key(prov.TARGET_REPO)
     if found := intended_from_identity(ModelIdentity(base_models=general.base_models)):
         return found
-    src = d.get(PREFIX + "target.source")
+    src = d.get(prov.key(prov.TARGET_SOURCE))
     name = Path(src.rstrip("/")).name if isinstance(src, str) else ""
     if name and not re.fullmatch(r"[0-9a-f]{40}", name):  # an HF cache snapshots/<sha> dir names nothing
-        return name, f"{PREFIX}target.source"
+        return name, prov.key(prov.TARGET_SOURCE)
     return None, ""
 
 
@@ -197,9 +193,9 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
                "general.name or file name, and it records no general.base_model or dflash_gguf.target.* key. "
                "Only derivation markers in the target's own names and tags can be judged.",
                "Check the drafter's model card for the target it was trained on.")
-    recorded = d.get(PREFIX + "target.vocab_sha256")
+    recorded = d.get(prov.key(prov.TARGET_VOCAB_SHA256))
     if isinstance(recorded, str):
-        side, actual = (t.path.name, vocab_sha256(t)) if t is not None else (d.path.name, vocab_sha256(d))
+        side, actual = (t.path.name, vocab_hash(t)) if t is not None else (d.path.name, vocab_hash(d))
         if actual != recorded:
             r.fail("lineage.vocab_record", "error", f"the vocabulary recorded at conversion "
                    f"({recorded[:12]}...) is not the one in {side} ({actual[:12]}...).", PICK)
@@ -207,10 +203,10 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
             r.ok("lineage.vocab_record", f"vocabulary hash {recorded[:12]}... matches {side}")
     if t is None:
         # judged alone: compare the published target with the one the file was converted against
-        converted = d.get(PREFIX + "target.repo")
+        converted = d.get(prov.key(prov.TARGET_REPO))
         if not (intended and isinstance(converted, str) and converted and not source.startswith(PREFIX)):
             return r
-        ident = ModelIdentity(names=(Evidence(PREFIX + "target.repo", converted),))
+        ident = ModelIdentity(names=(Evidence(prov.key(prov.TARGET_REPO), converted),))
     else:
         ident = identity_from_gguf(t)
     report_lineage(r, judge(intended, ident), intended, allow_derived)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..dflash_format import hf_taps_outside
 from ..errors import VerifyError
 from .lineage import PICK, card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
@@ -77,7 +78,7 @@ def precheck(
         r.fail("pair.taps", "error", "the drafter config has no target_layer_ids (dflash_config or top level).",
                "This checkpoint cannot be converted for llama.cpp b11434.")
     elif n_t is not None:
-        bad = [x for x in ids if not 0 <= x <= n_t - 2]
+        bad = hf_taps_outside(ids, n_t)
         if bad:
             r.fail("pair.taps", "error", f"drafter target_layer_ids {ids} include {bad}, outside 0..{n_t - 2} for a "
                    f"{n_t}-layer target (llama.cpp taps the input of layer id+1).", PICK)

@@ -8,7 +8,6 @@ from typing import Literal
 Severity = Literal["error", "warning", "info"]
 Status = Literal["pass", "fail", "skip"]
 
-PREFIX = "dflash_gguf."  # PROVENANCE_PREFIX of dflash_gguf.convert.constants (verify must not import convert)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,4 @@
-"""Click commands: parse options, call a stage, print, map errors to exit codes. Nothing else.
-
-``dflash-convert`` and ``dflash-verify`` are the two front doors; ``dflash-gguf`` groups every
-command. Set ``DFLASH_GGUF_TRACEBACK=1`` to see the traceback behind an error.
-"""
+"""``dflash-convert``: one drafter checkpoint folder to a GGUF, mirroring llama.cpp's converter."""
 
 from __future__ import annotations
 
@@ -10,22 +6,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .cli_common import Progress, echo_json, handle_errors, setup_logging
-from .cli_quantize import quantize_cmd
-from .cli_tokenizer import fix_tokenizer_cmd
-from .cli_verify import precheck_cmd, verify_cmd
-
-
-def _repo_provenance(drafter_repo: str | None, target_repo: str | None) -> dict[str, str]:
-    prov: dict[str, str] = {}
-    for role, spec in (("drafter", drafter_repo), ("target", target_repo)):
-        if spec:
-            repo, _, rev = spec.partition("@")
-            prov[f"{role}.repo"] = repo
-            if rev:
-                prov[f"{role}.revision"] = rev
-    return prov
+from ..provenance import Sources
+from ._common import Progress, echo_json, handle_errors, setup_logging
 
 
 @click.command("convert")
@@ -59,18 +41,17 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
       dflash-convert --drafter ./gemma4-12B-it-DFlash --target ./gemma-4-12B-it \\
           --outfile gemma4-12B-it-DFlash-BF16.gguf
     """
-    from .convert.drafter import convert_drafter, summary
+    from ..convert.drafter import convert_drafter, summary
 
     setup_logging(verbose)
     progress = Progress("convert")
     try:
-        provenance = _repo_provenance(drafter_repo, target_repo)
+        tokenizer = {}
         if tokenizer_dir is not None:
-            from .tokenizer_fixups import overlay_provenance
+            from ..tokenizer_fixups import overlay_provenance
 
-            provenance.update(overlay_provenance(tokenizer_dir))
-        if pair_with:
-            provenance["target.file"] = Path(pair_with).name
+            tokenizer = overlay_provenance(tokenizer_dir)
+        provenance = Sources(drafter_repo, target_repo, pair_with, tokenizer).keys()
         result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress,
                                  tokenizer_dir=tokenizer_dir, provenance=provenance)
     finally:
@@ -84,23 +65,3 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
                f"in {result.seconds:.2f} s")
     for note in result.notes:
         click.echo(f"note: {note}")
-
-
-@click.group()
-@click.version_option(__version__, prog_name="dflash-gguf")
-def main() -> None:
-    """dflash-gguf: DFlash drafter + target from Hugging Face to a llama.cpp GGUF pair."""
-
-
-for command in (convert_cmd, verify_cmd, precheck_cmd, quantize_cmd, fix_tokenizer_cmd):
-    main.add_command(command)
-
-
-def convert_main() -> None:
-    """Entry point of ``dflash-convert``."""
-    convert_cmd(prog_name="dflash-convert")
-
-
-def verify_main() -> None:
-    """Entry point of ``dflash-verify``."""
-    verify_cmd(prog_name="dflash-verify")

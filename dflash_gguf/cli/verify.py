@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import echo_json, handle_errors
-from .verify import Report, verify_files
+from ..verify import Report, verify_files
+from ._common import echo_json, handle_errors
 
 _MARK = {("pass", "error"): "ok", ("pass", "warning"): "ok", ("pass", "info"): "info", ("skip", "error"): "skip",
          ("skip", "warning"): "skip", ("skip", "info"): "skip", ("fail", "error"): "ERROR",
@@ -78,8 +78,8 @@ def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_ta
     Example:
       dflash-gguf precheck z-lab/gemma4-12B-it-DFlash google/gemma-4-12B-it-qat-q4_0-unquantized
     """
-    from .hub import resolve
-    from .verify import precheck
+    from ..hub import resolve
+    from ..verify import precheck
 
     d, t = resolve(drafter), resolve(target)
     card = lambda r: (r.path / "README.md").read_text(encoding="utf-8") if (r.path / "README.md").is_file() \

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import Progress, echo_json, handle_errors, setup_logging
+from ._common import Progress, echo_json, handle_errors, setup_logging
 
 
 @click.command("quantize")
@@ -32,7 +32,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     Example:
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
-    from .quantize import quantize_gguf, summary
+    from ..quantize import quantize_gguf, summary
 
     setup_logging(verbose)
     progress = Progress("quantize")

@@ -1,7 +1,4 @@
-"""What every Click command shares: error -> exit code mapping, JSON output, logging, progress bars.
-
-Kept apart from ``cli.py`` so each ``cli_*.py`` command module can import it without import cycles.
-"""
+"""What every Click command shares: error -> exit code mapping, JSON output, logging, progress bars."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from typing import Any
 
 import click
 
-from .errors import DflashGgufError
+from ..errors import DflashGgufError
 
 log = logging.getLogger("dflash_gguf")
 

@@ -17,51 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
-from .errors import InputError
+from ..errors import InputError
+from . import layout
+from .layout import ALIGNMENT, MAGIC, SCALARS, SUPPORTED_VERSIONS, type_name
 
-GGUF_MAGIC = b"GGUF"
-SUPPORTED_VERSIONS = (2, 3)
-DEFAULT_ALIGNMENT = 32
 MAX_TENSORS = 1 << 20  # a 1T-parameter MoE has < 100k tensors
 MAX_KV = 1 << 16  # real files have < 100 keys; token lists are one key each
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_STRING = 1 << 24  # a single key or value string above 16 MiB is not a model file
 MAX_ARRAY = 1 << 24  # the largest vocabularies have ~260k tokens; 16M elements is far beyond any real key
-
-_SCALARS: dict[int, tuple[str, int]] = {
-    GGUFValueType.UINT8: ("<B", 1),
-    GGUFValueType.INT8: ("<b", 1),
-    GGUFValueType.UINT16: ("<H", 2),
-    GGUFValueType.INT16: ("<h", 2),
-    GGUFValueType.UINT32: ("<I", 4),
-    GGUFValueType.INT32: ("<i", 4),
-    GGUFValueType.FLOAT32: ("<f", 4),
-    GGUFValueType.UINT64: ("<Q", 8),
-    GGUFValueType.INT64: ("<q", 8),
-    GGUFValueType.FLOAT64: ("<d", 8),
-    GGUFValueType.BOOL: ("<B", 1),
-}
 _U64 = struct.Struct("<Q")
-_NP_DTYPES: dict[int, str] = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
-    GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8",
-    GGUFValueType.FLOAT64: "<f8", GGUFValueType.BOOL: "<u1",
-}
-
-
-def type_name(vtype: int, subtype: int | None = None) -> str:
-    """``u32``, ``f32``, ``arr[i32]``... as llama.cpp prints types in its loader errors."""
-    short = {GGUFValueType.UINT8: "u8", GGUFValueType.INT8: "i8", GGUFValueType.UINT16: "u16",
-             GGUFValueType.INT16: "i16", GGUFValueType.UINT32: "u32", GGUFValueType.INT32: "i32",
-             GGUFValueType.FLOAT32: "f32", GGUFValueType.BOOL: "bool", GGUFValueType.STRING: "str",
-             GGUFValueType.UINT64: "u64", GGUFValueType.INT64: "i64", GGUFValueType.FLOAT64: "f64"}
-    if vtype == GGUFValueType.ARRAY:
-        return f"arr[{short.get(subtype or -1, '?')}]"
-    return short.get(vtype, f"type{vtype}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +97,7 @@ class _Cursor:
             raise self.fail(f"{what} needs {n} bytes but only {self.size - self.pos} remain")
 
     def scalar(self, vtype: int, what: str) -> Any:
-        fmt, n = _SCALARS[vtype]
+        fmt, n, _ = SCALARS[vtype]
         self.need(n, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += n
@@ -170,7 +138,7 @@ class _Cursor:
         return out
 
     def value(self, vtype: int, what: str) -> KV:
-        if vtype in _SCALARS:
+        if vtype in SCALARS:
             return KV(vtype, self.scalar(vtype, what))
         if vtype == GGUFValueType.STRING:
             return KV(vtype, self.string(what))
@@ -180,10 +148,10 @@ class _Cursor:
         count = self.u64(f"length of {what}")
         if count > MAX_ARRAY:
             raise self.fail(f"{what} claims {count} elements, more than any GGUF array")
-        if sub in _SCALARS:
-            n = count * _SCALARS[sub][1]
+        if sub in SCALARS:
+            n = count * SCALARS[sub][1]
             self.need(n, f"{count} elements of {what}")
-            arr = np.frombuffer(self.buf, dtype=_NP_DTYPES[sub], count=count, offset=self.pos).copy()
+            arr = np.frombuffer(self.buf, dtype=SCALARS[sub][2], count=count, offset=self.pos).copy()
             self.pos += n
             return KV(vtype, arr.astype(bool) if sub == GGUFValueType.BOOL else arr, sub)
         if sub == GGUFValueType.STRING:
@@ -216,7 +184,7 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
     c = _Cursor(buf, size, path)
     c.need(4, "magic")
     magic = bytes(buf[0:4])
-    if magic != GGUF_MAGIC:
+    if magic != MAGIC:
         raise InputError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF'). "
                           "Pass the .gguf files produced by dflash-convert or llama.cpp.")
     c.pos = 4
@@ -248,7 +216,7 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
         if name in meta.tensors:
             raise c.fail(f"tensor {name!r} appears twice")
         meta.tensors[name] = TensorInfo(name, ne, qtype, offset)
-    align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+    align = meta.get("general.alignment", ALIGNMENT)
     if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
         raise c.fail(f"general.alignment {align!r} is not a power of two")
     meta.data_offset = (c.pos + align - 1) // align * align
@@ -262,18 +230,23 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
 
 def tensor_nbytes(t: TensorInfo, path: Path) -> int:
     """Bytes of a tensor's data; unknown types or ragged rows are a damaged file."""
-    try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.qtype)]
-    except (ValueError, KeyError):
+    if t.qtype not in GGMLQuantizationType._value2member_map_:
         raise InputError(f"{path}: tensor {t.name!r} has unknown ggml type {t.qtype}; the file is damaged "
-                          "or from a newer llama.cpp than b11434.") from None
-    n = 1
-    for d in t.ne:
-        n *= d
-    if t.ne[0] % block:
-        raise InputError(f"{path}: tensor {t.name!r} row length {t.ne[0]} is not a multiple of the "
-                          f"{t.type_name} block size {block}; the file is damaged.")
-    return n // block * type_size
+                          "or from a newer llama.cpp than b11434.")
+    try:
+        return layout.tensor_nbytes(t.ne, t.qtype)
+    except ValueError as e:
+        raise InputError(f"{path}: tensor {t.name!r}: {e}; the file is damaged.") from None
+
+
+def raw_kv_bytes(meta: GGUFMeta) -> dict[str, bytes]:
+    """Every KV pair's exact encoding, in file order (llama-quantize copies KVs unchanged)."""
+    with open(meta.path, "rb") as f:
+        out = {}
+        for key, kv in meta.kv.items():
+            f.seek(kv.span[0])
+            out[key] = f.read(kv.span[1] - kv.span[0])
+    return out
 
 
 def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
@@ -286,8 +259,7 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
     if t is None or len(t.ne) != 2:
         raise InputError(f"{meta.path}: no 2-D tensor {name!r} to sample.")
     qtype = GGMLQuantizationType(t.qtype)
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    row_bytes = t.ne[0] // block * type_size
+    row_bytes = layout.row_bytes(qtype, t.ne[0])
     out = np.empty((len(rows), t.ne[0]), dtype=np.float32)
     with open(meta.path, "rb") as f:
         for i, r in enumerate(rows):

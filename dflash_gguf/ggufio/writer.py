@@ -11,48 +11,16 @@ dims, 32-byte aligned data, every tensor zero-padded to the alignment.
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
+
+from .layout import pack_header, pack_kv, pack_tensor_info, pad, tensor_nbytes
 
 log = logging.getLogger(__name__)
-
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSION = 3
-ALIGNMENT = 32
-
-_SCALAR_FORMATS: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<B",
-    GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I",
-    GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f",
-    GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d",
-    GGUFValueType.BOOL: "?",
-}
-
-
-def _pad(n: int, align: int = ALIGNMENT) -> int:
-    return (n + align - 1) // align * align
-
-
-def tensor_nbytes(ne: Sequence[int], qtype: GGMLQuantizationType) -> int:
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    n = 1
-    for d in ne:
-        n *= d
-    if ne[0] % block:
-        raise ValueError(f"row length {ne[0]} is not a multiple of the {qtype.name} block size {block}")
-    return n // block * type_size
-
 
 @dataclass(frozen=True)
 class KeyValue:
@@ -122,25 +90,17 @@ class GGUFPlan:
 
     @property
     def data_bytes(self) -> int:
-        return sum(_pad(t.nbytes) for t in self.tensors)
+        return sum(pad(t.nbytes) for t in self.tensors)
 
     # -- output -----------------------------------------------------------------------------
     def header_bytes(self) -> bytes:
-        out = bytearray()
-        out += GGUF_MAGIC
-        out += struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(self.kv))
-        for key, kv in self.kv.items():
-            out += _pack_string(key)
-            out += struct.pack("<I", kv.vtype)
-            out += _pack_value(kv.value, kv.vtype, kv.subtype)
+        out = bytearray(pack_header(len(self.tensors), [pack_kv(k, kv.vtype, kv.value, kv.subtype)
+                                                        for k, kv in self.kv.items()]))
         offset = 0
         for t in self.tensors:
-            out += _pack_string(t.name)
-            out += struct.pack("<I", len(t.ne))
-            out += struct.pack(f"<{len(t.ne)}Q", *t.ne)
-            out += struct.pack("<IQ", t.qtype, offset)
-            offset += _pad(t.nbytes)
-        out += bytes(_pad(len(out)) - len(out))
+            out += pack_tensor_info(t.name, t.ne, t.qtype, offset)
+            offset += pad(t.nbytes)
+        out += bytes(pad(len(out)) - len(out))
         return bytes(out)
 
     def write(self, path: Path, on_tensor: Callable[[TensorOut], None] | None = None,
@@ -157,25 +117,7 @@ class GGUFPlan:
                 written = f.tell() - start
                 if written != t.nbytes:
                     raise RuntimeError(f"tensor {t.name} wrote {written} bytes, expected {t.nbytes}")
-                f.write(bytes(_pad(written) - written))
+                f.write(bytes(pad(written) - written))
                 if on_tensor is not None:
                     on_tensor(t)
             return f.tell()
-
-
-def _pack_string(s: str | bytes) -> bytes:
-    b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
-    return struct.pack("<Q", len(b)) + b
-
-
-def _pack_value(value: Any, vtype: GGUFValueType, subtype: GGUFValueType | None) -> bytes:
-    if vtype == GGUFValueType.STRING:
-        return _pack_string(value)
-    if vtype == GGUFValueType.ARRAY:
-        assert subtype is not None
-        head = struct.pack("<IQ", subtype, len(value))
-        if subtype == GGUFValueType.STRING:
-            return head + b"".join(_pack_string(v) for v in value)
-        fmt = _SCALAR_FORMATS[subtype]
-        return head + struct.pack(f"<{len(value)}{fmt[-1]}", *value)
-    return struct.pack(_SCALAR_FORMATS[vtype], value)

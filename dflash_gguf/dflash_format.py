@@ -1,4 +1,5 @@
-"""GGUF names for DFlash that PyPI gguf 0.19.0 lacks, each as llama.cpp b11434 defines it.
+"""The DFlash contract, in one place: architecture, keys and tensor names that PyPI gguf 0.19.0 lacks,
+the tensor set and shapes, the tap rule, and the vocabulary hash. Converter, verify and precheck share it.
 
 Sources (paths inside the b11434 sdist's ``llama.cpp/``): keys in ``gguf-py/gguf/constants.py``
 (class ``Keys``) and ``src/llama-arch.cpp``; tensor names in ``gguf-py/gguf/constants.py``
@@ -6,6 +7,11 @@ Sources (paths inside the b11434 sdist's ``llama.cpp/``): keys in ``gguf-py/gguf
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 ARCH = "dflash"  # src/llama-arch.cpp: { LLM_ARCH_DFLASH, "dflash" }
 
@@ -55,7 +61,7 @@ class Keys:
 GGML_QUANT_VERSION = 2  # gguf-py constants.GGML_QUANT_VERSION
 
 # Prefix of this project's own provenance keys; llama.cpp ignores unknown keys and
-# llama-quantize copies them (format reference, section 6).
+# llama-quantize copies them (llama_model_quantize_impl copies every KV).
 PROVENANCE_PREFIX = "dflash_gguf."
 
 # HF tensor name (z-lab files carry no "model." prefix) -> GGUF name; "{i}" is the block id.
@@ -82,3 +88,55 @@ EMBEDDING_TENSORS = {"embed_tokens.weight": "token_embd.weight", "lm_head.weight
 
 # Names the reference converter drops silently (ModelBase.prepare_tensors).
 IGNORED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
+
+# Per-block tensors of the b11434 DFlash graph (src/models/dflash.cpp); attn_v is optional in the loader.
+BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+OPTIONAL_BLOCK_TENSORS = ("attn_post_norm", "ffn_post_norm", "layer_output_scale", "attn_sinks")
+OPTIONAL_TENSORS = ("token_embd.weight", "output.weight", "fc.scale", "rope_freqs.weight")
+
+
+def expected_shapes(*, hidden: int | None, heads: int | None, kv_heads: int | None, head_dim: int | None,
+                    ffn: int | None, n_taps: int | None) -> dict[str, tuple[int | None, ...]]:
+    """GGUF tensor name (``blk.N.`` stripped) -> ``ne`` (ggml order); ``None`` where a parameter is unknown.
+
+    llama_model::load_tensors for LLM_ARCH_DFLASH (src/llama-model.cpp); a PyTorch shape is the reverse.
+    """
+    h = hidden
+    q = heads * head_dim if heads and head_dim else None
+    kv = kv_heads * head_dim if kv_heads and head_dim else None
+    return {"fc.weight": (n_taps * h if h and n_taps else None, h), "enc.output_norm.weight": (h,),
+            "output_norm.weight": (h,), "attn_norm.weight": (h,), "ffn_norm.weight": (h,),
+            "attn_q.weight": (h, q), "attn_k.weight": (h, kv), "attn_v.weight": (h, kv),
+            "attn_output.weight": (q, h), "attn_q_norm.weight": (head_dim,), "attn_k_norm.weight": (head_dim,),
+            "ffn_gate.weight": (h, ffn), "ffn_up.weight": (h, ffn), "ffn_down.weight": (ffn, h)}
+
+
+def shape_key(name: str) -> str:
+    """The key of :func:`expected_shapes` for a GGUF tensor name."""
+    return name.split(".", 2)[-1] if name.startswith("blk.") else name
+
+
+# The tap rule. An HF drafter's target_layer_ids are hidden-state indices; llama.cpp b11434 taps the *input*
+# of layer id + 1 (dflash.target_layers stores id + 1), so on an N-layer target ids lie in 0..N-2.
+def gguf_taps(hf_ids: Iterable[int]) -> list[int]:
+    """HF ``target_layer_ids`` -> ``dflash.target_layers`` (convert_hf_to_gguf DFlashModel: id + 1)."""
+    return [int(i) + 1 for i in hf_ids]
+
+
+def hf_taps_outside(hf_ids: Sequence[int], n_target_layers: int) -> list[int]:
+    """The HF tap ids an ``n_target_layers`` target cannot feed (valid: 0..n-2)."""
+    return [i for i in hf_ids if not 0 <= i <= n_target_layers - 2]
+
+
+def gguf_taps_outside(gguf_ids: Sequence[int], n_target_layers: int) -> list[int]:
+    """The GGUF taps an ``n_target_layers`` target cannot feed (valid: 1..n-1)."""
+    return [i for i in gguf_ids if not 1 <= i <= n_target_layers - 1]
+
+
+def vocab_sha256(tokens: Any, token_types: Any, merges: Any) -> str:
+    """Our vocabulary hash: the token list, token types and merges as JSON (recorded in ``target.vocab_sha256``)."""
+    h = hashlib.sha256()
+    for value in (tokens, token_types, merges):
+        h.update(json.dumps(value.tolist() if hasattr(value, "tolist") else value, ensure_ascii=False).encode())
+    return h.hexdigest()

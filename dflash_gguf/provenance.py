@@ -1,0 +1,54 @@
+"""Where a GGUF came from: one typed record, written under ``dflash_gguf.`` keys and read back by verify.
+
+llama.cpp ignores unknown keys and llama-quantize copies them, so the record travels with the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .dflash_format import PROVENANCE_PREFIX
+
+# Key names below the prefix, shared by the converter (writes) and verify (reads).
+DRAFTER_REPO = "drafter.repo"
+DRAFTER_REVISION = "drafter.revision"
+DRAFTER_SOURCE = "drafter.source"
+TARGET_REPO = "target.repo"
+TARGET_REVISION = "target.revision"
+TARGET_SOURCE = "target.source"
+TARGET_FILE = "target.file"  # basename of the target GGUF served beside the drafter
+TARGET_ARCH = "target.architecture"
+TARGET_VOCAB_SHA256 = "target.vocab_sha256"
+TARGET_EMBD_FINGERPRINT = "target.embd_fingerprint"
+NOTES = "notes"
+
+
+def key(name: str) -> str:
+    """The full GGUF key of a provenance field."""
+    return PROVENANCE_PREFIX + name
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the caller knows about the inputs: Hub repos (``org/name[@rev]``), the paired target file, and the
+    tokenizer overlay's own record. Built once by the caller, turned into keys by :meth:`keys`."""
+
+    drafter_repo: str | None = None
+    target_repo: str | None = None
+    target_file: str | None = None
+    tokenizer: dict[str, str] = field(default_factory=dict)
+
+    def keys(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for repo_key, rev_key, spec in ((DRAFTER_REPO, DRAFTER_REVISION, self.drafter_repo),
+                                        (TARGET_REPO, TARGET_REVISION, self.target_repo)):
+            if spec:
+                repo, _, rev = spec.partition("@")
+                out[repo_key] = repo
+                if rev:
+                    out[rev_key] = rev
+        out.update(self.tokenizer)
+        if self.target_file:
+            out[TARGET_FILE] = Path(self.target_file).name
+        return out
