@@ -22,8 +22,8 @@ import reference
 
 REFERENCE_COMPARISONS: list[str] = []
 REFERENCE_MARK = "reference"
-# False while some test files still append without the mark; set True once all comparing tests are marked.
-UNMARKED_APPENDS_FAIL = False
+# Every comparing test is marked, so an append from an unmarked test is a dropped mark: fail the run.
+UNMARKED_APPENDS_FAIL = True
 
 _appended: dict[str, list[str]] = {}  # nodeid -> labels appended while that test ran
 _outcome: dict[str, str] = {}  # nodeid -> "passed" | "failed" | "skipped"

@@ -75,6 +75,7 @@ def _verify(*args: Path | str) -> tuple[int, dict[str, dict]]:
     return result.exit_code, {c["id"]: c for c in json.loads(result.output)["checks"]}
 
 
+@pytest.mark.reference
 def test_reference_files_carry_no_keys_of_ours(ref_files: dict[str, Path]) -> None:
     for key in (*TARGETS, "drafter_known", "drafter_anon"):
         meta = read_gguf(ref_files[key])
@@ -131,6 +132,7 @@ def test_qat_message_names_the_evidence_and_the_override(ref_files: dict[str, Pa
     assert "allowed by --allow-derived-target" in allowed["lineage.derived_target"]["message"]
 
 
+@pytest.mark.reference
 def test_right_target_quantized_by_llama_quantize_passes(ref_files: dict[str, Path], tmp_path: Path) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
     for ftype in ("Q8_0", "Q4_0"):

@@ -234,6 +234,7 @@ def _ref_quantize(src: Path, out: Path, type_name: str, *args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("type_name", ["q4_0", "q8_0", "f16", "bf16", "f32"])
 def test_builtin_matches_llama_quantize_on_drafter(tmp_path: Path, drafter_bf16: Path, type_name: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
@@ -248,6 +249,7 @@ def test_builtin_matches_llama_quantize_on_drafter(tmp_path: Path, drafter_bf16:
         assert loaded, log[-3000:]
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("n_embd", [64, 256])
 @pytest.mark.parametrize("tied", [True, False])
 def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_embd: int) -> None:
@@ -292,6 +294,7 @@ def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_
     assert res.quantizer_version.startswith("version:") and res.binary == str(binary)
 
 
+@pytest.mark.reference
 def test_builtin_f16_fallback_matches_llama_quantize(tmp_path: Path, drafter_bf16: Path) -> None:
     """A drafter with one 40-wide matrix: both fall back to F16 for it."""
     reference.require_or_skip(reference.llama_cpp_available())
@@ -320,6 +323,7 @@ def test_builtin_f16_fallback_matches_llama_quantize(tmp_path: Path, drafter_bf1
     assert "falling back to" in proc.stdout + proc.stderr
     assert gguf_compare.diff(ours, ref) == []
     assert _types(ours)["blk.0.extra_odd.weight"] == "F16"
+    REFERENCE_COMPARISONS.append("quantize f16 fallback q8_0")
 
 
 def test_package_binary_is_found_when_importable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -110,8 +110,12 @@ def test_unmarked_compares():
 """
 
 
-def _run_count_session(tmp_path: Path, ci: bool, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest on a throwaway test file under this suite's conftest (linked, so it is the real one)."""
+def _run_count_session(tmp_path: Path, ci: bool, *tests_run: str) -> subprocess.CompletedProcess[str]:
+    """pytest on a throwaway test file under this suite's conftest (linked, so it is the real one).
+
+    ``tests_run`` are test names in that file (all of them when empty); node ids, not ``-k``, because
+    ``-k`` also matches the names of the folders above, which here are named after the calling test.
+    """
     tests = tmp_path / "tests"
     tests.mkdir(exist_ok=True)
     if not (tests / "conftest.py").exists():
@@ -122,7 +126,7 @@ def _run_count_session(tmp_path: Path, ci: bool, *args: str) -> subprocess.Compl
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                           "-c", os.devnull, str(tests), *args],
+                           "-c", os.devnull, *([f"{tests}/test_count.py::{t}" for t in tests_run] or [str(tests)])],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -137,16 +141,26 @@ def test_count_fails_a_marked_test_that_passed_without_comparing(tmp_path: Path)
     assert "without @pytest.mark.reference (mark them): tests/test_count.py::test_unmarked_compares" in res.stdout
 
 
+def test_count_fails_an_unmarked_test_that_compared(tmp_path: Path) -> None:
+    """A comparing test whose mark was dropped is caught (while conftest.UNMARKED_APPENDS_FAIL is on)."""
+    import conftest
+
+    res = _run_count_session(tmp_path, False, "test_compares", "test_unmarked_compares")
+    assert "2 passed in" in res.stdout, res.stdout + res.stderr
+    dropped = "REFERENCE COUNT FAILURE: tests/test_count.py::test_unmarked_compares compared without"
+    assert (res.returncode, dropped in res.stdout) == ((1, True) if conftest.UNMARKED_APPENDS_FAIL else (0, False))
+
+
 def test_count_lets_skips_pass_locally_but_not_on_ci(tmp_path: Path) -> None:
-    selected = ("-k", "compares or skips_by_hand")
+    selected = ("test_compares", "test_skips_by_hand")
     local = _run_count_session(tmp_path, False, *selected)
     assert local.returncode == 0, local.stdout + local.stderr
     assert "REFERENCE COUNT FAILURE" not in local.stdout
     on_ci = _run_count_session(tmp_path, True, *selected)
     assert on_ci.returncode == 1, on_ci.stdout + on_ci.stderr
-    assert "2 passed, 1 skipped" in on_ci.stdout
+    assert "1 passed, 1 skipped" in on_ci.stdout
     assert "REFERENCE COUNT FAILURE: tests/test_count.py::test_skips_by_hand was skipped on CI" in on_ci.stdout
-    guard = _run_count_session(tmp_path, True, "-k", "reference_absent")
+    guard = _run_count_session(tmp_path, True, "test_reference_absent")
     assert guard.returncode == 1 and "required on CI (CI=true): reference absent" in guard.stdout, guard.stdout
 
 

@@ -46,6 +46,7 @@ def _serve_and_complete(target: Path, drafter: Path) -> tuple[dict, str]:
     return body["timings"], server.output
 
 
+@pytest.mark.reference
 def test_llama_server_drafts_with_our_drafter(qwen_pair: tuple[Path, Path, Path]) -> None:
     _, target_gguf, drafter_gguf = qwen_pair
     timings, log = _serve_and_complete(target_gguf, drafter_gguf)
@@ -57,6 +58,7 @@ def test_llama_server_drafts_with_our_drafter(qwen_pair: tuple[Path, Path, Path]
     REFERENCE_COMPARISONS.append("llama-server/qwen3-pair")
 
 
+@pytest.mark.reference
 def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: tuple[Path, Path, Path],
                                                                      tmp_path: Path) -> None:
     """Same config and tokenizer, other weights (a re-trained target): llama.cpp serves the pair without a
@@ -77,6 +79,7 @@ def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: 
     verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf), "--json"], capture_output=True, text=True)
     assert verdict.returncode == 1, verdict.stdout
     assert '"id": "lineage.fingerprint"' in verdict.stdout and "a different model" in verdict.stdout
+    REFERENCE_COMPARISONS.append("llama-server/retrained-target")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,7 @@ def gemma_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.reference
 def test_gemma4_pair_serves_and_verifies(gemma_targets: dict[str, Path]) -> None:
     timings, log = _serve_and_complete(gemma_targets["vanilla"], gemma_targets["drafter"])
     assert timings["draft_n"] > 0
@@ -108,6 +112,7 @@ def test_gemma4_pair_serves_and_verifies(gemma_targets: dict[str, Path]) -> None
     REFERENCE_COMPARISONS.append("llama-server/gemma4-pair")
 
 
+@pytest.mark.reference
 def test_qat_target_served_silently_but_refused_by_verify(gemma_targets: dict[str, Path]) -> None:
     """The field report: a vanilla-trained drafter with the QAT target loads and drafts without a word
     from llama.cpp; dflash-verify names the problem (exit 1) unless --allow-derived-target."""
@@ -120,3 +125,4 @@ def test_qat_target_served_silently_but_refused_by_verify(gemma_targets: dict[st
     allowed = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["qat"]),
                               "--allow-derived-target"], capture_output=True, text=True)
     assert "allowed by --allow-derived-target" in allowed.stdout
+    REFERENCE_COMPARISONS.append("llama-server/qat-target")

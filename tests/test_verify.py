@@ -16,6 +16,7 @@ import fixtures as mf
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import REFERENCE_COMPARISONS
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 from gguf import quants
@@ -384,6 +385,7 @@ def test_fuzz_mutated_headers(small_gguf: bytes, tmp_path_factory: pytest.TempPa
 import reference as ref  # noqa: E402
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("name", ["fork", "pre_merge", "no_taps", "int32_scalar", "bias", "unknown_tensor",
                                   "missing_tensor"])
 def test_libllama_refuses_what_verify_refuses(fx: dict[str, Any], name: str) -> None:
@@ -394,12 +396,14 @@ def test_libllama_refuses_what_verify_refuses(fx: dict[str, Any], name: str) -> 
     loaded, log = ref.load_with_libllama(path)
     assert not loaded, log[-2000:]
     assert ref.load_with_libllama(fx["drafter"])[0]
+    REFERENCE_COMPARISONS.append(f"libllama-refuses/{name}")
 
 
 @pytest.mark.parametrize(
     ("taps", "target_embd", "expected"),
     [((1,), 64, None), ((2,), 64, "pair.taps"), ((3,), 64, "pair.taps"), ((1,), 128, "pair.hidden_size")],
 )
+@pytest.mark.reference
 def test_llama_server_fails_where_verify_predicts(tmp_path: Path, taps: tuple[int, ...], target_embd: int,
                                                   expected: str | None) -> None:
     """b11434 llama-server with --spec-type draft-dflash aborts exactly on the pairs verify refuses."""
@@ -419,6 +423,7 @@ def test_llama_server_fails_where_verify_predicts(tmp_path: Path, taps: tuple[in
                 served = False
             served = served and server.alive
     assert served == (expected is None), server.output[-2000:]
+    REFERENCE_COMPARISONS.append(f"llama-server/verify-predicts/{taps}/{target_embd}")
 
 
 def test_drafter_converted_against_qat_target_is_refused_alone(tmp_path: Path) -> None:

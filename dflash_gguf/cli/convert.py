@@ -41,7 +41,7 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
       dflash-convert --drafter ./gemma4-12B-it-DFlash --target ./gemma-4-12B-it \\
           --outfile gemma4-12B-it-DFlash-BF16.gguf
     """
-    from ..convert.drafter import convert_drafter, summary
+    from ..convert.drafter import convert_drafter
 
     setup_logging(verbose)
     progress = Progress("convert")
@@ -57,7 +57,7 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
     finally:
         progress.close()
     if json_:
-        echo_json(summary(result))
+        echo_json(result.to_dict())
         return
     verb = "would write" if result.dry_run else "wrote"
     click.echo(f"{verb} {result.outfile}: {result.n_tensors} tensors, {result.n_bytes / 1e6:.1f} MB, "

@@ -32,7 +32,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     Example:
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
-    from ..quantize import quantize_gguf, summary
+    from ..quantize import quantize_gguf
 
     setup_logging(verbose)
     progress = Progress("quantize")
@@ -43,7 +43,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     finally:
         progress.close()
     if json_:
-        echo_json(summary(result))
+        echo_json(result.to_dict())
         return
     verb = "would write" if result.dry_run else "wrote"
     types = ", ".join(f"{n} {t}" for t, n in sorted(result.types.items()))

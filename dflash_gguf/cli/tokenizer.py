@@ -41,7 +41,7 @@ def fix_tokenizer_cmd(target: Path, donor: str | None, force_donor: bool, repair
     setup_logging(verbose)
     result = fix_tokenizer(target, donor=donor, force_donor=force_donor, repair=repair, out=out)
     if json_:
-        echo_json(result.as_dict())
+        echo_json(result.to_dict())
         return
     size = f", config vocab_size {result.config_vocab_size}" if result.config_vocab_size else ""
     click.echo(f"target: {result.target} (tokenizer.json: {result.n_tokens} tokens{size})")

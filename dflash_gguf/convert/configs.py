@@ -20,6 +20,7 @@ from typing import Any
 
 from ..dflash_format import KNOWN_UNSUPPORTED_DRAFTER_ARCHS, SUPPORTED_DRAFTER_ARCHS
 from ..errors import ConfigError, UnsupportedModelError
+from ..jsonfile import read_json
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def load_json(path: Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{what}: {path} does not exist. Point at the folder of a Hugging Face checkpoint "
                           "(it must contain config.json).")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{what}: {path} is not valid JSON ({e}). Re-download it.") from None
     if not isinstance(data, dict):

@@ -64,6 +64,13 @@ class ConvertResult:
     dry_run: bool = False
     provenance: dict[str, str] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready description for ``--json``."""
+        return {"outfile": str(self.outfile), "tensors": self.n_tensors, "bytes": self.n_bytes,
+                "outtype": self.outtype, "vocab": {"model": self.vocab.model, "tokens": self.vocab.n_tokens,
+                "sha256": self.vocab.sha256}, "notes": list(self.notes), "seconds": round(self.seconds, 3),
+                "dry_run": self.dry_run, "provenance": self.provenance}
+
 
 def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str]) -> list[tuple[str, TensorRef]]:
     """HF names -> GGUF names in b11434's order; refuse what its DFlash loader cannot take."""
@@ -369,12 +376,4 @@ def convert_drafter(
                          time.perf_counter() - start, False, prov)
 
 
-def summary(result: ConvertResult) -> dict[str, object]:
-    """A JSON-ready description for ``--json`` and the demo."""
-    return {"outfile": str(result.outfile), "tensors": result.n_tensors, "bytes": result.n_bytes,
-            "outtype": result.outtype, "vocab": {"model": result.vocab.model, "tokens": result.vocab.n_tokens,
-            "sha256": result.vocab.sha256}, "notes": list(result.notes), "seconds": round(result.seconds, 3),
-            "dry_run": result.dry_run, "provenance": result.provenance}
-
-
-__all__ = ["OUTTYPES", "ConvertResult", "convert_drafter", "summary", "target_embedding_fingerprint"]
+__all__ = ["OUTTYPES", "ConvertResult", "convert_drafter", "target_embedding_fingerprint"]

@@ -9,13 +9,13 @@ then tokenizer_config, chat template from tokenizer_config then chat_template.ji
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..ggufio import GGUFPlan
+from ..jsonfile import read_json
 
 log = logging.getLogger(__name__)
 
@@ -144,14 +144,14 @@ def read_special_tokens(tok_dir: Path, *, n_vocab: int | None = None, load_merge
     tokenizer: dict[str, Any] | None = None
     added: list[dict[str, Any]] = []
     if (tok_dir / "tokenizer.json").is_file():
-        tokenizer = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
+        tokenizer = read_json(tok_dir / "tokenizer.json")
         st.merges = _merges(tokenizer) if load_merges else []
         if norm := tokenizer.get("normalizer"):
             _normalizer_flags(st, norm)
         added = tokenizer.get("added_tokens", [])
     cfg: dict[str, Any] | None = None
     if (tok_dir / "tokenizer_config.json").is_file():
-        cfg = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        cfg = dict(read_json(tok_dir / "tokenizer_config.json"))  # _template_flags edits it, as gguf-py does
 
     def set_id(typ: str, tid: Any) -> None:
         if not isinstance(tid, int) or isinstance(tid, bool):
@@ -192,7 +192,7 @@ def read_special_tokens(tok_dir: Path, *, n_vocab: int | None = None, load_merge
             if isinstance(content, str):
                 set_id(typ, next((t.get("id") for t in added if t.get("content") == content), None))
     if (tok_dir / "config.json").is_file():
-        config = json.loads((tok_dir / "config.json").read_text(encoding="utf-8"))
+        config = read_json(tok_dir / "config.json")
         for typ in types:
             tid = config.get(f"{typ}_token_id")
             if tid is None and "text_config" in config:
@@ -211,7 +211,7 @@ def _chat_template(tok_dir: Path, cfg: dict[str, Any]) -> str | list[dict[str, s
             alt = [{"name": "default", "template": alt}] + [
                 {"name": p.stem, "template": p.read_text(encoding="utf-8")} for p in extra]
     elif js.is_file():
-        alt = json.loads(js.read_text(encoding="utf-8")).get("chat_template")
+        alt = read_json(js).get("chat_template")
     template = cfg.get("chat_template", alt)
     if template is None or isinstance(template, (str, list)):
         return template

@@ -25,6 +25,7 @@ from gguf import TokenType
 from ..dflash_format import vocab_sha256
 from ..errors import TokenizerError, UnsupportedModelError
 from ..ggufio import GGUFPlan
+from ..jsonfile import read_json
 from .configs import TargetConfig
 from .special_vocab import read_special_tokens
 
@@ -72,7 +73,7 @@ def _load_tokenizer_json(tok_dir: Path) -> dict[str, Any]:
             "architecture. Download the target's tokenizer files (tokenizer.json, tokenizer_config.json)."
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
         data["model"]["vocab"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise TokenizerError(f"{path} is corrupt or not a Hugging Face tokenizers file ({e!r}). "
@@ -102,7 +103,7 @@ def _declared_specials(tok_dir: Path) -> set[str]:
         path = tok_dir / name
         if not path.is_file():
             continue
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json(path)
         for key in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
             collect(cfg.get(f"{key}_token"))
         collect(cfg.get("additional_special_tokens"))
@@ -189,7 +190,7 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     added = {t["id"]: dict(t) for t in tj.get("added_tokens", [])}
     cfg_path = tok_dir / "tokenizer_config.json"
     if cfg_path.is_file():
-        for sid, entry in (json.loads(cfg_path.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}).items():
+        for sid, entry in (read_json(cfg_path).get("added_tokens_decoder") or {}).items():
             if int(sid) in added:
                 added[int(sid)].update({k: entry[k] for k in ("special", "normalized") if k in entry})
     reverse = {i: s for s, i in full.items()}
@@ -247,12 +248,12 @@ def add_sentencepiece_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> V
                     _SP_UNUSED if sp.IsUnused(i) else _SP_BYTE if sp.IsByte(i) else _SP_NORMAL)
     added = tok_dir / "added_tokens.json"
     if added.is_file():
-        for text, tid in json.loads(added.read_text(encoding="utf-8")).items():
+        for text, tid in read_json(added).items():
             if tid < n:
                 tokens[tid], scores[tid], types[tid] = text, -1000.0, _SP_USER_DEFINED
     cfg = tok_dir / "tokenizer_config.json"
     if cfg.is_file():
-        for sid, entry in (json.loads(cfg.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}).items():
+        for sid, entry in (read_json(cfg).get("added_tokens_decoder") or {}).items():
             tid, text = int(sid), entry["content"]
             if tid >= n:
                 continue
@@ -282,7 +283,7 @@ def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafte
         return add_gemma4_vocab(plan, tok_dir)  # reads tokenizer.json only, whatever else is there
     if target.arch == "LlamaForCausalLM":
         cfg = tok_dir / "tokenizer_config.json"
-        if cfg.is_file() and (prefix := json.loads(cfg.read_text(encoding="utf-8")).get("add_prefix_space")) \
+        if cfg.is_file() and (prefix := read_json(cfg).get("add_prefix_space")) \
                 is not None:
             plan.add_bool("tokenizer.ggml.add_space_prefix", bool(prefix))
     if target.arch in SENTENCEPIECE_FIRST and (tok_dir / "tokenizer.model").is_file():

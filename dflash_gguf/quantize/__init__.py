@@ -42,15 +42,15 @@ class QuantizeResult:
     types: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the result (for ``--json``)."""
+        return {
+            "outfile": str(self.outfile), "type": self.type_name, "quantizer": self.quantizer,
+            "quantizer_version": self.quantizer_version, "binary": self.binary, "bytes": self.n_bytes,
+            "seconds": round(self.seconds, 3), "dry_run": self.dry_run,
+            "provenance_in_file": self.provenance_in_file, "tensor_types": self.types, "notes": list(self.notes),
+        }
 
-def summary(result: QuantizeResult) -> dict[str, Any]:
-    """A JSON-ready dict of the result (for ``--json`` and the manifest)."""
-    return {
-        "outfile": str(result.outfile), "type": result.type_name, "quantizer": result.quantizer,
-        "quantizer_version": result.quantizer_version, "binary": result.binary, "bytes": result.n_bytes,
-        "seconds": round(result.seconds, 3), "dry_run": result.dry_run,
-        "provenance_in_file": result.provenance_in_file, "tensor_types": result.types, "notes": list(result.notes),
-    }
 
 
 def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
@@ -123,4 +123,4 @@ def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
                 "which loses quality twice.")
 
 
-__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "QuantizeResult", "find_llama_quantize", "quantize_gguf", "summary"]
+__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "QuantizeResult", "find_llama_quantize", "quantize_gguf"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputError, OutputError, ResolveError, TokenizerError
 from ..hub import is_repo_id, resolve
+from ..jsonfile import read_json
 from .compare import PieceDiff, diff_pieces, load_model_pieces, read_model_file
 from .synthesize import synthesize_tokenizer_model, tokenizer_json_pieces
 
@@ -50,7 +51,7 @@ class FixResult:
             out["tokenizer.model_sha256"] = self.model_sha256
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         def d(diff: PieceDiff | None, label: str) -> dict[str, Any] | None:
             if diff is None:
                 return None
@@ -70,7 +71,7 @@ def _config_vocab_size(target: Path) -> int | None:
     if not path.is_file():
         return None
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json(path)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path} is corrupt ({e!r}). Re-download it.") from None
     value = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
@@ -130,7 +131,7 @@ def overlay_provenance(overlay: Path) -> dict[str, str]:
     marker = Path(overlay) / OVERLAY_MARKER
     if not marker.is_file():
         return {}
-    record = json.loads(marker.read_text(encoding="utf-8"))
+    record = read_json(marker)
     return {k: str(v) for k, v in record.items() if k.startswith("tokenizer.") and v is not None}
 
 

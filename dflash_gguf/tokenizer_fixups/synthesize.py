@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TokenizerError
+from ..jsonfile import read_json
 
 WS = "\u2581"  # SentencePiece's visible space
 _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
@@ -91,7 +92,7 @@ def load_tokenizer_json(path: Path) -> dict[str, Any]:
         raise TokenizerError(f"{path} does not exist. Download the target's tokenizer.json; it is the source "
                              "tokenizer.model is rebuilt from and compared against.")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
         if not isinstance(data["model"]["vocab"], (dict, list)):
             raise TypeError("model.vocab is not a table")
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
@@ -154,7 +155,7 @@ def _named_special(tok_dir: Path, pieces: dict[str, int]) -> dict[str, int]:
     if not cfg_path.is_file():
         return found
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = read_json(cfg_path)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TokenizerError(f"{cfg_path} is corrupt ({e!r}). Re-download it.") from None
     for name in ("bos", "eos", "pad"):

@@ -6,12 +6,12 @@ Why: the pipeline fetches only configs and cards first; hidden size, tap range, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..dflash_format import hf_taps_outside
 from ..errors import VerifyError
+from ..jsonfile import read_json
 from .lineage import PICK, card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
 
@@ -23,7 +23,7 @@ def _load(cfg: dict[str, Any] | Path | str, what: str) -> dict[str, Any]:
         return cfg
     path = Path(cfg)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except (OSError, ValueError) as e:
         raise VerifyError(f"{what} {path}: cannot read it as JSON ({e}).") from e
     if not isinstance(data, dict):
