@@ -219,6 +219,12 @@ def main() -> None:
         target = make_target_gguf(work / "target-BF16.gguf", None, hidden=2880, layers=14, ff=7680, vocab=32000)
         lines += quantize_both(target, "target (H 2880)", work, venv_bin / "dflash-gguf", bins / "llama-quantize")
         target.unlink()
+        # rows a multiple of 256, as in nearly every released model: llama-quantize keeps output.weight in Q6_K
+        target = make_target_gguf(work / "target-h3072-BF16.gguf", None, hidden=3072, layers=8, ff=8192,
+                                  vocab=65536)
+        lines += quantize_both(target, "target (H 3072, Q6_K output)", work, venv_bin / "dflash-gguf",
+                               bins / "llama-quantize")
+        target.unlink()
         big = make_target_gguf(work / "target-10G-BF16.gguf", ours_out, hidden=H, layers=48, ff=15360,
                                vocab=262144, sparse=True)
         v = timed([str(venv_bin / "dflash-verify"), str(ours_out), str(big), "--json"], ok_codes=(0, 1))
