@@ -19,6 +19,7 @@ from conftest import REFERENCE_COMPARISONS
 
 from dflash_gguf.cli.verify import verify_cmd
 from dflash_gguf.verify import precheck, read_gguf
+from dflash_gguf.verify.lineage import Evidence, ModelIdentity, judge
 
 INTENDED = "google/gemma-4-tiny-it"
 
@@ -158,3 +159,32 @@ def test_precheck_on_the_same_folders(ref_files: dict[str, Path], target: str, d
     derived = TARGETS[target][2 if drafter == "drafter_known" else 3]
     assert report.exit_code == int(derived), [r for r in report.results if r.status == "fail"]
     assert report.result("lineage.derived_target").status == ("fail" if derived else "pass")
+
+
+def _ident(*names: str, bases: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> ModelIdentity:
+    return ModelIdentity(tuple(Evidence("general.name", n) for n in names), tuple(Evidence("general.tags", t)
+                         for t in tags), tuple(Evidence("general.base_model.0.repo_url", b) for b in bases))
+
+
+@pytest.mark.parametrize(
+    ("intended", "target", "kind"),
+    [
+        # quantizers' repos name the right model behind an org prefix or a -GGUF suffix: the same weights
+        ("google/gemma-4-12B-it", _ident("bartowski/google_gemma-4-12b-it-GGUF",
+                                         bases=("https://huggingface.co/google/gemma-4-12B-it",)), "match"),
+        ("google/gemma-4-12B-it", _ident("Gemma 4 12B It", "gemma-4-12B-it-Q4_K_M.gguf",
+                                         bases=("https://huggingface.co/google/gemma-4-12B-it",)), "match"),
+        ("meta-llama/Llama-3.1-8B-Instruct", _ident("Llama 3.1 8B Instruct"), "match"),
+        # a drafter trained on a QAT or distilled model expects exactly that model
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized", _ident("Gemma 4 12B It Qat Q4_0 Unquantized"), "match"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", _ident("DeepSeek R1 Distill Qwen 7B"), "match"),
+        # ...but a further derivative of it is not
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", _ident("DeepSeek R1 Distill Qwen 7B Abliterated"), "derived"),
+        ("google/gemma-4-12B-it", _ident("Gemma 4 12B It Quantization Aware"), "derived"),
+        ("google/gemma-4-12B-it", _ident("Gemma 4 12B It", tags=("mergekit",)), "derived"),
+        ("google/gemma-4-12B-it", _ident("gemma-4-31B-it"), "size"),
+        (None, _ident("Gemma 4 12B It", bases=("https://huggingface.co/google/gemma-4-12B-pt",)), "unmarked"),
+    ],
+)
+def test_judge_on_published_names(intended: str | None, target: ModelIdentity, kind: str) -> None:
+    assert kind in [f.kind for f in judge(intended, target)]

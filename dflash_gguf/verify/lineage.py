@@ -67,7 +67,7 @@ class ModelName:
 
     def same_model(self, want: ModelName) -> bool:
         """Names ``want`` itself, possibly behind an org prefix (``bartowski/google_gemma-4-12b-it-GGUF``)."""
-        return bool(want.key) and not self.markers and self.key.endswith(want.key)
+        return bool(want.key) and not set(self.markers) - set(want.markers) and self.key.endswith(want.key)
 
 
 def repo_id(text: str) -> str:
@@ -236,8 +236,15 @@ class LineageFinding:
     base: str | None = None  # for "derived": the model the target says it derives from
 
 
-def _marked(target: ModelIdentity) -> list[tuple[Evidence, tuple[str, ...]]]:
-    return [(ev, m) for ev in (*target.names, *target.tags) if (m := parse_name(ev.value).markers)]
+def _marked(target: ModelIdentity, expected: tuple[str, ...] = ()) -> list[tuple[Evidence, tuple[str, ...]]]:
+    """Evidence whose markers go beyond ``expected`` (those of the intended target's own name: a drafter
+    trained on a QAT or distilled model expects exactly that model)."""
+    out = []
+    for ev in (*target.names, *target.tags):
+        extra = tuple(m for m in parse_name(ev.value).markers if m not in expected)
+        if extra:
+            out.append((ev, extra))
+    return out
 
 
 def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
@@ -253,7 +260,7 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
     found: list[LineageFinding] = []
     want = parse_name(intended) if intended else None
     names = [(ev, parse_name(ev.value)) for ev in target.names]
-    marked = _marked(target)
+    marked = _marked(target, want.markers if want is not None else ())
     children = [ev for ev in target.base_models if want is not None and parse_name(ev.value).same_model(want)]
     is_itself = want is not None and any(n.same_model(want) for _, n in names)
     if marked:
