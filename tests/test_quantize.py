@@ -294,6 +294,36 @@ def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_
     assert res.quantizer_version.startswith("version:") and res.binary == str(binary)
 
 
+@pytest.fixture(scope="module")
+def family_targets(tmp_path_factory: pytest.TempPathFactory, targets: dict[str, Path]) -> dict[str, Path]:
+    """The Gemma-4 and Qwen3 fixture targets as b11434's converter writes them (BF16)."""
+    reference.require_or_skip(reference.reference_available())
+    work = tmp_path_factory.mktemp("family-targets")
+    out = {}
+    for family in ("gemma4", "qwen3"):
+        gguf_path = work / f"{family}-target-BF16.gguf"
+        proc = reference.run_reference_convert(targets[family], None, gguf_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[family] = gguf_path
+    return out
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("type_name", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("family", ["gemma4", "qwen3"])
+def test_builtin_matches_llama_quantize_on_converted_targets(tmp_path: Path, family_targets: dict[str, Path],
+                                                             family: str, type_name: str) -> None:
+    """llama-quantize's per-tensor rules on real target layouts (Gemma-4: tied embedding, layer_output_scale,
+    rope_freqs; Qwen3: untied output), from files b11434's own converter wrote."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_gguf(family_targets[family], ours, type_name, quantizer="builtin")
+    _ref_quantize(family_targets[family], ref, type_name)
+    assert gguf_compare.diff(ours, ref) == []
+    assert _types(ours) == _types(ref)
+    REFERENCE_COMPARISONS.append(f"quantize {family} target {type_name}")
+
+
 @pytest.mark.reference
 def test_builtin_f16_fallback_matches_llama_quantize(tmp_path: Path, drafter_bf16: Path) -> None:
     """A drafter with one 40-wide matrix: both fall back to F16 for it."""
