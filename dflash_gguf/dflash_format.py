@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 ARCH = "dflash"  # src/llama-arch.cpp: { LLM_ARCH_DFLASH, "dflash" }
@@ -134,9 +134,14 @@ def gguf_taps_outside(gguf_ids: Sequence[int], n_target_layers: int) -> list[int
     return [i for i in gguf_ids if not 1 <= i <= n_target_layers - 1]
 
 
-def vocab_sha256(tokens: Any, token_types: Any, merges: Any) -> str:
-    """Our vocabulary hash: the token list, token types and merges as JSON (recorded in ``target.vocab_sha256``)."""
+VOCAB_HASH_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+
+def vocab_sha256(get: Callable[[str], Any]) -> str:
+    """Our vocabulary hash (recorded in ``target.vocab_sha256``): the token list, token types and merges as
+    JSON, read through ``get`` (``GGUFPlan.get`` while writing, ``GGUFMeta.get`` while verifying)."""
     h = hashlib.sha256()
-    for value in (tokens, token_types, merges):
+    for key in VOCAB_HASH_KEYS:
+        value = get(key)
         h.update(json.dumps(value.tolist() if hasattr(value, "tolist") else value, ensure_ascii=False).encode())
     return h.hexdigest()

@@ -17,6 +17,11 @@ from ..errors import DflashGgufError
 log = logging.getLogger("dflash_gguf")
 
 
+# Options every command spells the same way.
+json_option = click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
+
+
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..provenance import Sources
-from ._common import Progress, echo_json, handle_errors, setup_logging
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
 @click.command("convert")
@@ -28,8 +28,8 @@ from ._common import Progress, echo_json, handle_errors, setup_logging
 @click.option("--target-repo", default=None, metavar="ORG/NAME[@REV]",
               help="Hub repo id the target folder came from; recorded for dflash-verify's lineage checks.")
 @click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
-@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
+@json_option
+@verbose_option
 @handle_errors
 def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokenizer_dir: Path | None,
                 pair_with: str | None, drafter_repo: str | None, target_repo: str | None, dry_run: bool, json_: bool,

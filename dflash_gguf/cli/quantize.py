@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import Progress, echo_json, handle_errors, setup_logging
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
 @click.command("quantize")
@@ -21,8 +21,8 @@ from ._common import Progress, echo_json, handle_errors, setup_logging
 @click.option("--allow-requantize", is_flag=True,
               help="Accept an already-quantized input (dequantize, then quantize again; loses quality twice).")
 @click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
-@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
+@json_option
+@verbose_option
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
                  threads: int, allow_requantize: bool, dry_run: bool, json_: bool, verbose: bool) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, handle_errors, setup_logging
+from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
 @click.command("fix-tokenizer")
@@ -20,8 +20,8 @@ from ._common import echo_json, handle_errors, setup_logging
 @click.option("--out", "out", type=click.Path(path_type=Path),
               help="Overlay dir to write: TARGET's files plus the repaired tokenizer.model. Without it, "
                    "only check and report.")
-@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
+@json_option
+@verbose_option
 @handle_errors
 def fix_tokenizer_cmd(target: Path, donor: str | None, force_donor: bool, repair: bool, out: Path | None,
                       json_: bool, verbose: bool) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..verify import Report, verify_files
-from ._common import echo_json, handle_errors
+from ._common import echo_json, handle_errors, json_option
 
 _MARK = {("pass", "error"): "ok", ("pass", "warning"): "ok", ("pass", "info"): "info", ("skip", "error"): "skip",
          ("skip", "warning"): "skip", ("skip", "info"): "skip", ("fail", "error"): "ERROR",
@@ -39,7 +39,7 @@ def render(report: Report, width: int = 100) -> str:
 @click.argument("target", required=False, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--allow-derived-target", is_flag=True,
               help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
-@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+@json_option
 @click.pass_context
 @handle_errors
 def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_derived_target: bool,
@@ -65,7 +65,7 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
 @click.argument("target")
 @click.option("--allow-derived-target", is_flag=True,
               help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
-@click.option("--json", "json_", is_flag=True, help="Print one JSON document on stdout.")
+@json_option
 @click.pass_context
 @handle_errors
 def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_target: bool, json_: bool) -> None:

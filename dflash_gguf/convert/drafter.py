@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from .. import LLAMA_CPP_BUILD, __version__
 from .. import fingerprint as efp
-from .. import provenance as P
+from .. import provenance as prov
 from ..atomic import atomic_output, check_free_space
 from ..dflash_format import (
     ARCH,
@@ -337,26 +337,26 @@ def convert_drafter(
         )
     plan.add_uint32(Keys.MASK_TOKEN_ID, cfg.mask_token_id)
 
-    prov = {
+    recorded = {
         "converter": f"dflash-gguf {__version__}",
         "llama_cpp_build": LLAMA_CPP_BUILD,
-        P.DRAFTER_SOURCE: str(drafter_dir),
-        P.TARGET_SOURCE: str(target_dir),
-        P.TARGET_ARCH: target.arch,
+        prov.DRAFTER_SOURCE: str(drafter_dir),
+        prov.TARGET_SOURCE: str(target_dir),
+        prov.TARGET_ARCH: target.arch,
         "target.config_sha256": hashlib.sha256(target.path.read_bytes()).hexdigest(),
-        P.TARGET_VOCAB_SHA256: vocab.sha256,
+        prov.TARGET_VOCAB_SHA256: vocab.sha256,
         "tokenizer.origin": "original",
-        **({P.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
+        **({prov.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
         **(provenance or {}),  # what the caller knows (provenance.Sources.keys()) wins over our defaults
     }
-    for name, value in prov.items():
-        plan.add_string(P.key(name), value)
+    for name, value in recorded.items():
+        plan.add_string(prov.key(name), value)
     if notes:
-        plan.add_array(P.key(P.NOTES), notes)
+        plan.add_array(prov.key(prov.NOTES), notes)
     total = plan.data_bytes
     if dry_run:
         return ConvertResult(Path(outfile), len(plan.tensors), total, outtype, vocab, tuple(notes),
-                             time.perf_counter() - start, True, prov)
+                             time.perf_counter() - start, True, recorded)
 
     outfile = Path(outfile)
     header = plan.header_bytes()
@@ -373,7 +373,7 @@ def convert_drafter(
         size = plan.write(tmp, on_tensor=tick, header=header)
     log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), size)
     return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, tuple(notes),
-                         time.perf_counter() - start, False, prov)
+                         time.perf_counter() - start, False, recorded)
 
 
 __all__ = ["OUTTYPES", "ConvertResult", "convert_drafter", "target_embedding_fingerprint"]

@@ -111,11 +111,6 @@ def _declared_specials(tok_dir: Path) -> set[str]:
     return found
 
 
-def _fingerprint(plan: GGUFPlan) -> str:
-    return vocab_sha256(*(plan.get(k) for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-                                                "tokenizer.ggml.merges")))
-
-
 def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
     tj = _load_tokenizer_json(tok_dir)
     model = tj["model"]
@@ -152,7 +147,7 @@ def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
     read_special_tokens(tok_dir).add_to(plan)
     plan.add_bool("tokenizer.ggml.add_space_prefix", False)
     plan.add_bool("tokenizer.ggml.add_bos_token", True)
-    return VocabInfo("gemma4", len(tokens), _fingerprint(plan))
+    return VocabInfo("gemma4", len(tokens), vocab_sha256(plan.get))
 
 
 def _looks_special(token: str) -> bool:
@@ -220,7 +215,7 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     plan.add_array("tokenizer.ggml.tokens", tokens)
     plan.add_array("tokenizer.ggml.token_type", [int(t) for t in types])
     read_special_tokens(tok_dir).add_to(plan)
-    return VocabInfo(f"gpt2/{pre}", len(tokens), _fingerprint(plan))
+    return VocabInfo(f"gpt2/{pre}", len(tokens), vocab_sha256(plan.get))
 
 
 # SentencePieceTokenTypes in b11434 conversion/base.py (same values as gguf.TokenType)
@@ -269,7 +264,7 @@ def add_sentencepiece_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> V
     plan.add_array("tokenizer.ggml.scores", scores)
     plan.add_array("tokenizer.ggml.token_type", types)
     read_special_tokens(tok_dir, n_vocab=len(tokens), load_merges=False).add_to(plan)
-    return VocabInfo("llama/sentencepiece", len(tokens), _fingerprint(plan))
+    return VocabInfo("llama/sentencepiece", len(tokens), vocab_sha256(plan.get))
 
 
 def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafter_vocab_size: int) -> VocabInfo:

@@ -230,9 +230,11 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFMeta:
 
 def tensor_nbytes(t: TensorInfo, path: Path) -> int:
     """Bytes of a tensor's data; unknown types or ragged rows are a damaged file."""
-    if t.qtype not in GGMLQuantizationType._value2member_map_:
+    try:
+        GGMLQuantizationType(t.qtype)
+    except ValueError:
         raise InputError(f"{path}: tensor {t.name!r} has unknown ggml type {t.qtype}; the file is damaged "
-                          "or from a newer llama.cpp than b11434.")
+                          "or from a newer llama.cpp than b11434.") from None
     try:
         return layout.tensor_nbytes(t.ne, t.qtype)
     except ValueError as e:

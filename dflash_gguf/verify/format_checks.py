@@ -12,32 +12,31 @@ from ..ggufio.layout import type_name
 from ..ggufio.reader import GGUFMeta
 from .report import Report
 
-A = ARCH
 RECONVERT = "Reconvert the drafter from its Hugging Face checkpoint with dflash-convert (llama.cpp b11434 layout)."
 
 # key -> accepted (type, array element type or None); required keys first. llama-model-loader.cpp get_key.
 REQUIRED_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
-    f"{A}.block_count": ((VT.UINT32, None),),
-    f"{A}.context_length": ((VT.UINT32, None),),
-    f"{A}.embedding_length": ((VT.UINT32, None),),
-    f"{A}.attention.layer_norm_rms_epsilon": ((VT.FLOAT32, None),),
-    f"{A}.target_layers": ((VT.ARRAY, VT.INT32), (VT.ARRAY, VT.UINT32)),
+    f"{ARCH}.block_count": ((VT.UINT32, None),),
+    f"{ARCH}.context_length": ((VT.UINT32, None),),
+    f"{ARCH}.embedding_length": ((VT.UINT32, None),),
+    f"{ARCH}.attention.layer_norm_rms_epsilon": ((VT.FLOAT32, None),),
+    f"{ARCH}.target_layers": ((VT.ARRAY, VT.INT32), (VT.ARRAY, VT.UINT32)),
     "tokenizer.ggml.model": ((VT.STRING, None),),
 }
 OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
-    f"{A}.feed_forward_length": ((VT.UINT32, None),),
-    f"{A}.attention.head_count": ((VT.UINT32, None),),
-    f"{A}.attention.head_count_kv": ((VT.UINT32, None),),
-    f"{A}.attention.key_length": ((VT.UINT32, None),),
-    f"{A}.attention.value_length": ((VT.UINT32, None),),
-    f"{A}.attention.sliding_window": ((VT.UINT32, None),),
-    f"{A}.attention.sliding_window_pattern": ((VT.ARRAY, VT.BOOL),),
-    f"{A}.attention.causal": ((VT.BOOL, None),),
-    f"{A}.block_size": ((VT.UINT32, None),),
-    f"{A}.embedding_scale": ((VT.FLOAT32, None),),
-    f"{A}.logit_scale": ((VT.FLOAT32, None),),
-    f"{A}.rope.freq_base": ((VT.FLOAT32, None),),
-    f"{A}.rope.dimension_count": ((VT.UINT32, None),),
+    f"{ARCH}.feed_forward_length": ((VT.UINT32, None),),
+    f"{ARCH}.attention.head_count": ((VT.UINT32, None),),
+    f"{ARCH}.attention.head_count_kv": ((VT.UINT32, None),),
+    f"{ARCH}.attention.key_length": ((VT.UINT32, None),),
+    f"{ARCH}.attention.value_length": ((VT.UINT32, None),),
+    f"{ARCH}.attention.sliding_window": ((VT.UINT32, None),),
+    f"{ARCH}.attention.sliding_window_pattern": ((VT.ARRAY, VT.BOOL),),
+    f"{ARCH}.attention.causal": ((VT.BOOL, None),),
+    f"{ARCH}.block_size": ((VT.UINT32, None),),
+    f"{ARCH}.embedding_scale": ((VT.FLOAT32, None),),
+    f"{ARCH}.logit_scale": ((VT.FLOAT32, None),),
+    f"{ARCH}.rope.freq_base": ((VT.FLOAT32, None),),
+    f"{ARCH}.rope.dimension_count": ((VT.UINT32, None),),
     "tokenizer.ggml.mask_token_id": ((VT.UINT32, None),),
 }
 
@@ -51,7 +50,7 @@ def u32(meta: GGUFMeta, key: str) -> int | None:
 
 
 def taps(meta: GGUFMeta) -> list[int] | None:
-    kv = meta.kv.get(f"{A}.target_layers")
+    kv = meta.kv.get(f"{ARCH}.target_layers")
     if kv is None or kv.vtype != VT.ARRAY or kv.subtype not in (VT.INT32, VT.UINT32, VT.INT64, VT.UINT64):
         return None
     return [int(x) for x in kv.value]
@@ -59,7 +58,7 @@ def taps(meta: GGUFMeta) -> list[int] | None:
 
 def is_drafter_like(meta: GGUFMeta) -> bool:
     """A DFlash drafter of any layout (mainline, fork, pre-merge), or a file with no architecture at all."""
-    return meta.arch in (None, A, "dflash-draft") or any(k.startswith(("dflash.", "dflash-draft.")) for k in meta.kv)
+    return meta.arch in (None, ARCH, "dflash-draft") or any(k.startswith(("dflash.", "dflash-draft.")) for k in meta.kv)
 
 
 def check_format(d: GGUFMeta) -> Report:
@@ -70,7 +69,7 @@ def check_format(d: GGUFMeta) -> Report:
         r.fail("format.arch", "error", f"{d.path.name} uses the ik_llama.cpp/fork format 'dflash-draft'; llama.cpp "
                "b11434 stops with \"unknown model architecture: 'dflash-draft'\".", RECONVERT)
         return r
-    if arch != A:
+    if arch != ARCH:
         found = f"architecture {arch!r}" if arch else "no general.architecture"
         r.fail("format.arch", "error", f"{d.path.name} has {found}, not a DFlash drafter ('dflash').",
                "Pass the drafter GGUF first and the target second; or reconvert the drafter with dflash-convert.")
@@ -78,7 +77,7 @@ def check_format(d: GGUFMeta) -> Report:
     r.ok("format.arch", "architecture 'dflash' (llama.cpp mainline; needs a build with DFlash, b11434 tested)")
 
     premerge = [x for x in ("hidden_norm.weight",) if x in d.tensors] + \
-        [k for k in (f"{A}.mask_token_id", f"{A}.target_hidden_size") if k in d.kv]
+        [k for k in (f"{ARCH}.mask_token_id", f"{ARCH}.target_hidden_size") if k in d.kv]
     if premerge:
         r.fail("format.layout", "error", f"{d.path.name} has the pre-merge layout ({', '.join(premerge)}): b11434 "
                "stops with \"missing tensor 'enc.output_norm.weight'\", and its taps lack the +1 of the merged "
@@ -109,9 +108,9 @@ def check_format(d: GGUFMeta) -> Report:
                "aborts on the first draft ('get_sub_batch: failed to add embedding').",
                "Reconvert with a drafter config that has dflash_config.mask_token_id.")
 
-    n_layer = u32(d, f"{A}.block_count")
-    window = u32(d, f"{A}.attention.sliding_window") or 0
-    pattern = d.get(f"{A}.attention.sliding_window_pattern")
+    n_layer = u32(d, f"{ARCH}.block_count")
+    window = u32(d, f"{ARCH}.attention.sliding_window") or 0
+    pattern = d.get(f"{ARCH}.attention.sliding_window_pattern")
     if window > 0 and pattern is None:
         r.fail("format.sliding_window", "error", f"sliding_window {window} without sliding_window_pattern: b11434 "
                "fails with 'array key not found in model: dflash.attention.sliding_window_pattern'.", RECONVERT)
@@ -160,11 +159,11 @@ def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
 
 
 def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
-    h = u32(d, f"{A}.embedding_length")
-    nh = u32(d, f"{A}.attention.head_count")
-    nkv = u32(d, f"{A}.attention.head_count_kv") or nh
-    hd = u32(d, f"{A}.attention.key_length") or (h // nh if h and nh else None)
-    ff = u32(d, f"{A}.feed_forward_length")
+    h = u32(d, f"{ARCH}.embedding_length")
+    nh = u32(d, f"{ARCH}.attention.head_count")
+    nkv = u32(d, f"{ARCH}.attention.head_count_kv") or nh
+    hd = u32(d, f"{ARCH}.attention.key_length") or (h // nh if h and nh else None)
+    ff = u32(d, f"{ARCH}.feed_forward_length")
     k = len(taps(d) or [])
     per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k)
     want = {name: per_name[shape_key(name)] for name in d.tensors if shape_key(name) in per_name}

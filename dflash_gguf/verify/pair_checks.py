@@ -12,10 +12,10 @@ from pathlib import Path
 
 from .. import fingerprint as efp
 from .. import provenance as prov
+from ..dflash_format import ARCH, gguf_taps_outside, vocab_sha256
 from ..dflash_format import PROVENANCE_PREFIX as PREFIX
-from ..dflash_format import gguf_taps_outside, vocab_sha256
 from ..ggufio.reader import GGUFMeta, read_rows
-from .format_checks import A, taps, u32
+from .format_checks import taps, u32
 from .lineage import (
     PICK,
     Evidence,
@@ -35,27 +35,26 @@ SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_tok
 FP_KEY = prov.key(prov.TARGET_EMBD_FINGERPRINT)
 
 
-def vocab_hash(meta: GGUFMeta) -> str:
-    """:func:`dflash_format.vocab_sha256` of a GGUF's embedded vocabulary."""
-    return vocab_sha256(*(meta.get(k) for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-                                                "tokenizer.ggml.merges")))
+def _check_target_arch(r: Report, tarch: str) -> None:
+    """pair.target_arch: can this target's b11434 graph feed a DFlash drafter at all?"""
+    if tarch in TAPPABLE_ARCHS:
+        r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
+    elif tarch in UNTAPPABLE_ARCHS or tarch == ARCH:
+        r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
+               "(its graph publishes no layer inputs: 'layer input tensor is null').",
+               "Pass the target model GGUF second." if tarch == ARCH else PICK)
+    else:
+        r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
+               "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
 
 
 def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     """Structural agreement of drafter ``d`` with target ``t``."""
     r = Report()
     tarch = t.arch or "?"
-    if tarch in TAPPABLE_ARCHS:
-        r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
-    elif tarch in UNTAPPABLE_ARCHS or tarch == A:
-        r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
-               "(its graph publishes no layer inputs: 'layer input tensor is null').",
-               "Pass the target model GGUF second." if tarch == A else PICK)
-    else:
-        r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
-               "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
+    _check_target_arch(r, tarch)
 
-    h_d, h_t = u32(d, f"{A}.embedding_length"), u32(t, f"{tarch}.embedding_length")
+    h_d, h_t = u32(d, f"{ARCH}.embedding_length"), u32(t, f"{tarch}.embedding_length")
     n_t = u32(t, f"{tarch}.block_count")
     if h_d is None or h_t is None:
         r.skip("pair.hidden_size", "hidden size missing on one side", "error")
@@ -138,7 +137,7 @@ def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
 
 def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) -> None:
     gemma = tarch.startswith("gemma") or str(d.get(prov.key(prov.TARGET_ARCH), "")).lower().startswith("gemma")
-    scale = d.get(f"{A}.embedding_scale")
+    scale = d.get(f"{ARCH}.embedding_scale")
     if gemma and not isinstance(scale, float):
         r.fail("pair.embedding_scale", "error", "the target is a Gemma but the drafter has no dflash.embedding_scale "
                "(a file from before the Gemma embedding scale): drafts see unscaled embeddings and are rarely "
@@ -149,7 +148,7 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
     else:
         r.ok("pair.embedding_scale", f"embedding scale {scale:g}" if isinstance(scale, float)
              else "no embedding scale (not a Gemma target)")
-    bs = u32(d, f"{A}.block_size")
+    bs = u32(d, f"{ARCH}.block_size")
     size = bs if bs else 16
     src = "" if bs else " (key absent: llama.cpp default)"
     r.info("pair.block_size", f"block_size {size}{src}: serve with --spec-draft-n-max {size - 1} (default is 3)",
@@ -195,7 +194,7 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
                "Check the drafter's model card for the target it was trained on.")
     recorded = d.get(prov.key(prov.TARGET_VOCAB_SHA256))
     if isinstance(recorded, str):
-        side, actual = (t.path.name, vocab_hash(t)) if t is not None else (d.path.name, vocab_hash(d))
+        side, actual = (t.path.name, vocab_sha256(t.get)) if t is not None else (d.path.name, vocab_sha256(d.get))
         if actual != recorded:
             r.fail("lineage.vocab_record", "error", f"the vocabulary recorded at conversion "
                    f"({recorded[:12]}...) is not the one in {side} ({actual[:12]}...).", PICK)
@@ -218,15 +217,7 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
 def check_target_alone(t: GGUFMeta, allow_derived: bool) -> Report:
     """A target GGUF given without a drafter: can it feed a DFlash drafter, and is it a derived model?"""
     r = Report()
-    tarch = t.arch or "?"
-    if tarch in UNTAPPABLE_ARCHS:
-        r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
-               "(its graph publishes no layer inputs: 'layer input tensor is null').", PICK)
-    elif tarch in TAPPABLE_ARCHS:
-        r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
-    else:
-        r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
-               "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
+    _check_target_arch(r, t.arch or "?")
     r.skip("pair.drafter", "no drafter GGUF given: judged as a target alone (pair checks not run)")
     report_lineage(r, judge(None, identity_from_gguf(t)), None, allow_derived)
     return r
