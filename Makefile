@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT := out
 
-.PHONY: venv demo test reference bench lint clean
+.PHONY: venv demo pair verify test reference bench lint clean
+QUANT ?= q4_0
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +16,25 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The whole pipeline on the offline fixtures, from local folders: no network, no llama.cpp build (the built-in
+# converters and quantizer), then dflash-verify on the pair.json it wrote.
 demo: venv
 	@rm -rf $(OUT)/demo && mkdir -p $(OUT)/demo
 	$(PY) scripts/make_fixtures.py $(OUT)/demo --no-qwen-weights
-	$(VENV)/bin/dflash-convert --drafter $(OUT)/demo/drafters/gemma4-tiny-it-DFlash \
-	    --target $(OUT)/demo/targets/gemma-4-tiny-it --outfile $(OUT)/demo/gemma4-tiny-it-DFlash-BF16.gguf
-	$(PY) scripts/gguf_summary.py $(OUT)/demo/gemma4-tiny-it-DFlash-BF16.gguf
-	$(VENV)/bin/dflash-verify $(OUT)/demo/gemma4-tiny-it-DFlash-BF16.gguf
+	$(VENV)/bin/dflash-convert --target $(OUT)/demo/targets/gemma-4-tiny-it \
+	    --drafter $(OUT)/demo/drafters/gemma4-tiny-it-DFlash --quant $(QUANT) --outdir $(OUT)/demo/pair
+	$(VENV)/bin/dflash-verify $(OUT)/demo/pair/pair.json
+
+# make pair TARGET=google/gemma-4-12B-it DRAFTER=z-lab/gemma4-12B-it-DFlash [QUANT=q4_0] [OUT=dir]
+pair: venv
+	@test -n "$(TARGET)" -a -n "$(DRAFTER)" || { echo "usage: make pair TARGET=org/name DRAFTER=org/name [QUANT=q4_0] [OUT=dir]"; exit 2; }
+	$(VENV)/bin/dflash-convert --target $(TARGET) --drafter $(DRAFTER) --quant $(QUANT) \
+	    $(if $(filter command line,$(origin OUT)),--outdir $(OUT))
+
+# make verify DRAFTER=pair/pair.json | DRAFTER=d.gguf [TARGET=t.gguf]
+verify: venv
+	@test -n "$(DRAFTER)" || { echo "usage: make verify DRAFTER=pair.json|DRAFTER.gguf [TARGET=TARGET.gguf]"; exit 2; }
+	$(VENV)/bin/dflash-verify $(DRAFTER) $(TARGET)
 
 reference: venv
 	$(PY) scripts/reference_env.py setup

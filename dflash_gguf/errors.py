@@ -69,3 +69,42 @@ class OutputError(DflashGgufError):
     """The output cannot be written (exists, no space, not writable)."""
 
     exit_code = 10
+
+
+# Hub failures: one class per thing the user does differently to fix it (all are ResolveErrors).
+class HubError(ResolveError):
+    """A Hub request failed; ``repo`` and ``revision`` say for what (also named in the message)."""
+
+    def __init__(self, message: str, *, repo: str | None = None, revision: str | None = None) -> None:
+        super().__init__(message)
+        self.repo, self.revision = repo, revision
+
+
+class RepoNotFoundError(HubError):
+    """The repo (or a file asked for in it) does not exist, or is private and no token can read it."""
+
+    exit_code = 9
+
+
+class RepoAccessError(HubError):
+    """The Hub refused access: a gated repo not granted, a token without read permission (403), an invalid token."""
+
+    exit_code = 11
+
+
+class RevisionNotFoundError(HubError):
+    """The repo exists but the branch, tag or commit asked for does not."""
+
+    exit_code = 12
+
+
+class HubOfflineError(HubError):
+    """The Hub cannot be reached (HF_HUB_OFFLINE or no network) and the cache has no complete copy."""
+
+    exit_code = 13
+
+
+class DownloadError(HubError):
+    """A download started but did not complete (connection cut for good, server error, disk full)."""
+
+    exit_code = 14

@@ -1,20 +1,53 @@
-"""Hugging Face Hub access: a local folder or ``org/name[@revision]`` -> a local folder, pinned.
+"""Hugging Face Hub access: a local folder or ``org/name[@revision]`` -> a local folder, pinned to one commit.
 
-Only the files asked for are fetched (``allow_patterns``), into the user's Hugging Face cache through
-the official client, which honours HF_HOME, HF_TOKEN, HF_HUB_OFFLINE and HF_ENDPOINT. Nothing here
-ever writes into a snapshot, and no code from a repo is run.
+Everything goes through the official ``huggingface_hub`` client, so HF_HOME, HF_TOKEN, HF_HUB_OFFLINE and
+HF_ENDPOINT work as users expect, files land in the shared Hub cache, and its progress bars (stderr) show.
+A repo is resolved to a commit once; every later file is fetched at that commit, so a branch that moves
+mid-run cannot mix two versions. Only the files asked for are fetched, never pickles or other formats.
+Nothing here writes into a snapshot, and no code from a repo is run.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any, NoReturn
 
-from .errors import InputError, ResolveError
+from .errors import (
+    ConfigError,
+    DownloadError,
+    HubOfflineError,
+    InputError,
+    RepoAccessError,
+    RepoNotFoundError,
+    ResolveError,
+    RevisionNotFoundError,
+    UnsupportedModelError,
+)
+
+log = logging.getLogger(__name__)
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+FILE_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?:(?P<file>[^:]+)$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
 CARD_AND_CONFIG = ("config.json", "README.md")
+TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                      "added_tokens.json", "generation_config.json", "chat_template.jinja", "chat_template.json",
+                      "vocab.json", "merges.txt")
+INDEX = "model.safetensors.index.json"
+WEIGHT_PATTERNS = ("*.safetensors", INDEX)
+# Other serialisations of the same weights: never fetched through a wildcard (an exact name still is).
+OTHER_FORMATS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.onnx", "*.onnx_data", "*.gguf",
+                 "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.npz", "*.mlmodel", "*.nemo")
+PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
+TRAINING_STATE = ("training_args", "optimizer", "scheduler", "rng_state", "trainer_state")  # pickles, not weights
 
 
 def is_repo_id(spec: str) -> bool:
@@ -24,51 +57,443 @@ def is_repo_id(spec: str) -> bool:
 
 @dataclass(frozen=True)
 class Resolved:
-    """A folder to read, and where it came from (repo and commit are None for a local folder)."""
+    """A folder to read, and where it came from (repo and commit are None for a local folder).
+
+    ``revision`` is what the user asked for (``main`` when nothing was), kept for messages and records;
+    ``commit`` is what every file is fetched at.
+    """
 
     path: Path
     repo: str | None = None
     commit: str | None = None
+    revision: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.repo}@{self.commit}" if self.repo else str(self.path)
 
 
-def resolve(spec: str, patterns: tuple[str, ...] = CARD_AND_CONFIG) -> Resolved:
-    """A local folder as is; a repo id fetched (only ``patterns``) and pinned to its commit.
+@dataclass(frozen=True)
+class RepoFile:
+    """One file ``fetch`` would download (path relative to the repo root) and its size in bytes."""
+
+    path: str
+    size: int | None  # None only when unknown
+    local: bool = False  # already on this machine (a folder, or complete in the Hub cache): nothing to download
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "local": self.local}
+
+
+# --- selection --------------------------------------------------------------------------------------------------
+
+def _matches(path: str, pattern: str) -> bool:
+    """fnmatch, except that a pattern without ``/`` matches top-level files only: ``*.safetensors`` must not
+    pick up ``original/`` or ``onnx/`` copies of the weights."""
+    return ("/" in pattern or "/" not in path) and fnmatchcase(path, pattern)
+
+
+def _select(files: Iterable[str], patterns: tuple[str, ...]) -> list[str]:
+    chosen = []
+    for path in files:
+        if path in patterns:
+            chosen.append(path)
+        elif any(_matches(path, p) for p in patterns) and not any(fnmatchcase(path.rsplit("/", 1)[-1], o)
+                                                                   for o in OTHER_FORMATS):
+            chosen.append(path)
+    return sorted(chosen)
+
+
+def _wants_weights(patterns: tuple[str, ...]) -> bool:
+    return any(p.endswith(".safetensors") and any(c in p for c in "*?[") for p in patterns)
+
+
+def _prune_to_index(chosen: list[str], read_index: Callable[[], Any], where: str) -> list[str]:
+    """Keep only the shards the index names: some repos carry a second copy (``consolidated.safetensors``)."""
+    if INDEX not in chosen or not any(p.endswith(".safetensors") for p in chosen):
+        return chosen
+    index = read_index()
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise UnsupportedModelError(f"{where}: {INDEX} has no 'weight_map', so the safetensors shards that make up "
+                                    "the model are unknown. Fix or remove the index file.")
+    shards = {str(v) for v in weight_map.values()}
+    missing = sorted(shards - set(chosen))
+    if missing:
+        raise UnsupportedModelError(f"{where}: {INDEX} names shards that are not in the repo ({', '.join(missing)}). "
+                                    "The upload is incomplete; pick another revision or tell the repo's authors.")
+    return [p for p in chosen if not p.endswith(".safetensors") or p in shards]
+
+
+def _check_weights(chosen: list[str], all_files: Iterable[str], patterns: tuple[str, ...], where: str) -> None:
+    """Weights were asked for: refuse, before any download, a repo that has none in safetensors form."""
+    if not _wants_weights(patterns) or any(p.endswith(".safetensors") for p in chosen):
+        return
+    top = [p for p in all_files if "/" not in p]
+    pickles = [p for p in top if any(fnmatchcase(p, g) for g in PICKLES) and not p.startswith(TRAINING_STATE)]
+    ggufs = [p for p in top if p.endswith(".gguf")]
+    if pickles:
+        raise UnsupportedModelError(
+            f"{where} has only PyTorch pickle weights ({', '.join(sorted(pickles)[:4])}) and no *.safetensors. "
+            "dflash-gguf reads safetensors only and never unpickles downloaded files. Use a revision or mirror with "
+            "safetensors weights (the Hub often has a 'refs/pr/N' safetensors conversion: pass org/name@refs/pr/N), "
+            "or convert the checkpoint to safetensors yourself.")
+    extra = (f" It has GGUF files ({', '.join(sorted(ggufs)[:4])}): for a target, pass one with --target-gguf "
+             "REPO:FILE." if ggufs else "")
+    raise UnsupportedModelError(f"{where} has no *.safetensors weights at its top level.{extra} Check the repo id "
+                                "and revision.")
+
+
+def _literal(name: str) -> str:
+    """An exact file name as an fnmatch pattern (for ``allow_patterns``)."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+# --- errors ---------------------------------------------------------------------------------------------------
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()
+
+
+def _has_token() -> bool:
+    from huggingface_hub import get_token
+
+    return bool(get_token())
+
+
+def _raise_translated(e: BaseException, repo: str, revision: str, file: str | None = None) -> NoReturn:
+    """One paragraph per failure, naming the repo, the revision and what to do."""
+    import httpx2
+    from huggingface_hub import errors as hf
+
+    cause = e.__cause__
+    if isinstance(e, hf.LocalEntryNotFoundError) and isinstance(cause, (hf.HfHubHTTPError, hf.FileMetadataError)):
+        e = cause  # the client wraps an HTTP refusal it could not serve from the cache: report the refusal
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    server = f": {getattr(e, 'server_message', None)}" if getattr(e, "server_message", None) else ""
+    at = f"{repo} (revision {revision})"
+    page = f"{_endpoint()}/{repo}"
+    if isinstance(e, hf.GatedRepoError):
+        if status == 403 or _has_token():
+            raise RepoAccessError(
+                f"{at} is a gated repo and the account of your token has not been granted access (HTTP {status}). "
+                f"Open {page} while logged in with that account, accept the license (some repos also wait for the "
+                "authors' approval), then re-run. HF_TOKEN must be a token of that same account.",
+                repo=repo, revision=revision) from None
+        raise RepoAccessError(
+            f"{at} is a gated repo and the request carried no token (HTTP {status}). Accept its license at {page}, "
+            "then set HF_TOKEN to a read token of that account (or run `hf auth login`), and re-run.",
+            repo=repo, revision=revision) from None
+    if isinstance(e, hf.RevisionNotFoundError):
+        raise RevisionNotFoundError(
+            f"Revision {revision!r} of {repo} does not exist on the Hub ({_endpoint()}). Check the branch, tag or "
+            f"commit (the repo's 'Files and versions' page, {page}/tree/main, lists them), or drop '@{revision}' to "
+            "use main.", repo=repo, revision=revision) from None
+    if isinstance(e, hf.RemoteEntryNotFoundError):
+        raise RepoNotFoundError(f"{file or 'A file'} is not in {repo} at revision {revision}. Check the file name "
+                                f"against {page}/tree/{revision}.", repo=repo, revision=revision) from None
+    if isinstance(e, hf.RepositoryNotFoundError):
+        auth = ("A token was sent (HF_TOKEN or `hf auth login`): if the repo is private, its account cannot read it."
+                if _has_token() else "If the repo is private, set HF_TOKEN to a token of an account that can read it.")
+        raise RepoNotFoundError(f"Repository {repo} was not found on the Hub ({_endpoint()}, revision {revision}). "
+                                f"Check the repo id for typos. {auth}", repo=repo, revision=revision) from None
+    if isinstance(e, hf.HfHubHTTPError) and status in (401, 403):
+        if status == 401:
+            raise RepoAccessError(f"The Hub rejected the token sent for {at} as invalid (HTTP 401{server}). "
+                                  "Set HF_TOKEN to a valid token (huggingface.co/settings/tokens), or unset it for "
+                                  "public repos.", repo=repo, revision=revision) from None
+        raise RepoAccessError(f"The Hub refused access to {at} (HTTP 403{server}). The token in "
+                              "HF_TOKEN lacks read permission for this repo: use a token with read access (a "
+                              "fine-grained token must list the repo).", repo=repo, revision=revision) from None
+    if isinstance(e, (hf.OfflineModeIsEnabled, hf.RevisionResolutionError, hf.LocalEntryNotFoundError,
+                      hf.CachedRepoTreeNotFoundError, httpx2.ConnectError, httpx2.ConnectTimeout)):
+        _raise_offline(repo, revision, e, missing=[file] if file else ())
+    if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
+        raise DownloadError(f"Disk full while downloading {at} into the Hugging Face cache ({_cache_dir()}): {e}. "
+                            "Free space there, or point HF_HOME at a larger disk, and re-run.",
+                            repo=repo, revision=revision) from None
+    file = file or _url_file(e)
+    what = f"{file} of {at}" if file else at
+    raise DownloadError(
+        f"Downloading {what} from {_endpoint()} failed: {type(e).__name__}: {_one_line(e)}. Re-run the same "
+        "command: a connection cut mid-file is resumed with a Range request, and files already complete stay in "
+        f"the Hugging Face cache ({_cache_dir()}) and are not downloaded again.",
+        repo=repo, revision=revision) from None
+
+
+def _raise_offline(repo: str, revision: str, e: BaseException | None = None, missing: Iterable[str] = ()) -> NoReturn:
+    lacking = list(missing)
+    what = (f"the cached copy lacks {', '.join(lacking[:4])}{' and more' if len(lacking) > 4 else ''}"
+            if lacking else "it is not in the local Hugging Face cache")
+    if _offline():
+        raise HubOfflineError(
+            f"HF_HUB_OFFLINE is set and {repo} (revision {revision}) cannot be served from the cache: {what} "
+            f"({_cache_dir()}). Unset HF_HUB_OFFLINE (or set it to 0) so the files can be downloaded, or run once "
+            "online with the same HF_HOME.", repo=repo, revision=revision) from None
+    if e is not None and e.__cause__ is not None and type(e).__name__ == "RevisionResolutionError":
+        e = e.__cause__  # the network error itself, not the client's summary of it
+    reason = f" ({type(e).__name__}: {_one_line(e)})" if e is not None else ""
+    raise HubOfflineError(
+        f"Cannot reach the Hub at {_endpoint()} for {repo} (revision {revision}){reason}, and {what} "
+        f"({_cache_dir()}). Check your network, proxy and HF_ENDPOINT, then retry.",
+        repo=repo, revision=revision) from None
+
+
+def _url_file(e: BaseException) -> str | None:
+    """The file a failed request was for, from its URL (the client's download errors do not say)."""
+    try:
+        url = e.request.url  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return None
+    from urllib.parse import unquote
+
+    name = unquote(str(getattr(url, "path", "") or "")).rsplit("/", 1)[-1]
+    return name or None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+@contextmanager
+def _translated(repo: str, revision: str, file: str | None = None) -> Iterator[None]:
+    from huggingface_hub import errors as hf
+
+    try:
+        yield
+    except (ResolveError, UnsupportedModelError):
+        raise
+    except (hf.HfHubHTTPError, hf.OfflineModeIsEnabled, hf.RevisionResolutionError, hf.EntryNotFoundError,
+            hf.CachedRepoTreeNotFoundError, OSError) as e:
+        _raise_translated(e, repo, revision, file)
+    except Exception as e:
+        import httpx2
+
+        if isinstance(e, httpx2.HTTPError):
+            _raise_translated(e, repo, revision, file)
+        raise
+
+
+# --- pinning and listing ------------------------------------------------------------------------------------------
+
+_PINS: dict[tuple[str, str, str], str] = {}
+_LISTINGS: dict[tuple[str, str, str], dict[str, int | None]] = {}
+_PARTIAL: set[tuple[str, str, str]] = set()  # listings read from a snapshot folder offline: only what is cached
+
+
+def _pin(repo: str, revision: str) -> str:
+    """The commit ``revision`` names, asked once per process (offline: the commit the cache recorded)."""
+    key = (_endpoint(), repo, revision)
+    if key not in _PINS:
+        from huggingface_hub import HfApi
+
+        with _translated(repo, revision):
+            _PINS[key] = HfApi().resolve_revision(repo, revision=revision).resolved
+    return _PINS[key]
+
+
+def _storage(repo: str) -> Path:
+    return Path(_cache_dir()) / f"models--{repo.replace('/', '--')}"
+
+
+def _listing(repo: str, commit: str, revision: str) -> dict[str, int | None]:
+    """Every file of the repo at ``commit`` with its size: the cached tree (written by the client on any
+    earlier download), else the Hub's tree, else (offline, old cache) the snapshot folder as it is."""
+    key = (_endpoint(), repo, commit)
+    if key in _LISTINGS:
+        return _LISTINGS[key]
+    from huggingface_hub import HfApi, get_cached_repo_tree
+    from huggingface_hub import errors as hf
+    from huggingface_hub.hf_api import RepoFile as HfRepoFile
+
+    files: dict[str, int | None] | None = None
+    try:
+        files = {f.path: f.size for f in get_cached_repo_tree(repo, revision=commit)}
+    except hf.CachedRepoTreeNotFoundError:
+        pass
+    if files is None and not _offline():
+        with _translated(repo, revision):
+            files = {f.path: f.size for f in HfApi().list_repo_tree(repo, revision=commit, recursive=True)
+                     if isinstance(f, HfRepoFile)}
+    if files is None:
+        snap = _storage(repo) / "snapshots" / commit
+        if not snap.is_dir():
+            _raise_offline(repo, revision)
+        files = {p.relative_to(snap).as_posix(): p.stat().st_size for p in snap.rglob("*") if p.is_file()}
+        _PARTIAL.add(key)
+    _LISTINGS[key] = files
+    return files
+
+
+def _hub_choice(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]:
+    repo, commit = resolved.repo, resolved.commit
+    assert repo is not None and commit is not None
+    revision = resolved.revision or commit
+    files = _listing(repo, commit, revision)
+    chosen = _select(files, patterns)
+
+    def read_index() -> Any:
+        snap = _storage(repo) / "snapshots" / commit
+        if _offline() and not (snap / INDEX).is_file():  # name everything the cache lacks, not just the index
+            _raise_offline(repo, revision, missing=[p for p in chosen if not (snap / p).is_file()])
+        return json.loads(Path(_download_one(repo, commit, revision, INDEX, progress=False)).read_text("utf-8"))
+
+    where = f"{repo}@{commit}"
+    chosen = _prune_to_index(chosen, read_index, where)
+    if (_endpoint(), repo, commit) in _PARTIAL and _wants_weights(patterns) \
+            and not any(p.endswith(".safetensors") for p in chosen):
+        _raise_offline(repo, revision, missing=["its *.safetensors weights"])
+    _check_weights(chosen, files, patterns, where)
+    snap = _storage(repo) / "snapshots" / commit
+    return [RepoFile(p, files[p], (snap / p).is_file()) for p in chosen]
+
+
+def _folder_choice(folder: Path, patterns: tuple[str, ...]) -> list[RepoFile]:
+    files = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
+    chosen = _prune_to_index(_select(files, patterns), lambda: json.loads(files[INDEX].read_text("utf-8")),
+                             str(folder))
+    _check_weights(chosen, files, patterns, str(folder))
+    return [RepoFile(p, files[p].stat().st_size, True) for p in chosen]
+
+
+def _quiet_class() -> type:
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class Quiet(hf_tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Quiet
+
+
+def _download_one(repo: str, commit: str, revision: str, name: str, *, progress: bool) -> str:
+    from huggingface_hub import hf_hub_download
+
+    with _translated(repo, revision, name):
+        return hf_hub_download(repo, name, revision=commit, tqdm_class=None if progress else _quiet_class())
+
+
+# --- public API -----------------------------------------------------------------------------------------------
+
+def _split(spec: str) -> tuple[str, str]:
+    repo, _, revision = spec.partition("@")
+    return repo, revision or "main"
+
+
+def resolve(spec: str, patterns: tuple[str, ...] = CARD_AND_CONFIG, *, progress: bool = True) -> Resolved:
+    """A local folder as is; a repo id pinned to its commit, with only ``patterns`` fetched (config and card by
+    default, so a pair can be judged before any weights are downloaded).
 
     Raises:
         InputError: neither an existing folder nor a repo id.
-        ResolveError: the repo, revision or files cannot be fetched (message says why and what to do).
+        ResolveError: a subclass per cause (not found, no access, unknown revision, offline, download failed).
+        ConfigError: ``config.json`` was asked for and the repo has none (a GGUF-only repo, say).
     """
     path = Path(spec).expanduser()
     if path.is_dir():
         return Resolved(path)
     if not is_repo_id(spec):
         raise InputError(f"{spec!r} is neither an existing folder nor a Hub repo id (org/name[@revision]).")
-    repo, _, revision = spec.partition("@")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    repo, revision = _split(spec)
+    commit = _pin(repo, revision)
+    files = _listing(repo, commit, revision)
+    if "config.json" in patterns and "config.json" not in files:
+        ggufs = sorted(p for p in files if p.endswith(".gguf"))
+        hint = (f" It holds GGUF files ({', '.join(ggufs[:3])}): a GGUF target goes to --target-gguf "
+                f"{repo}:{ggufs[0]}, with --target naming the original safetensors repo." if ggufs else "")
+        raise ConfigError(f"{repo} at revision {revision} (commit {commit}) has no config.json, so it is not a "
+                          f"Hugging Face transformers checkpoint.{hint} Check the repo id.")
+    return fetch(Resolved(_storage(repo) / "snapshots" / commit, repo, commit, revision), patterns, progress=progress)
 
-    try:
-        local = Path(snapshot_download(repo, revision=revision or None, allow_patterns=list(patterns)))
-    except GatedRepoError:
-        raise ResolveError(f"{repo} is gated: accept its license on the Hub and set HF_TOKEN.") from None
-    except RepositoryNotFoundError:
-        raise ResolveError(f"Repository {repo} was not found on the Hub (or is private: set HF_TOKEN). "
-                           "Check the repo id.") from None
-    except RevisionNotFoundError:
-        raise ResolveError(f"Revision {revision!r} of {repo} does not exist. Check the branch, tag or commit.") \
-            from None
-    except LocalEntryNotFoundError as e:
-        raise ResolveError(f"Cannot reach the Hub for {repo} and it is not in the local cache ({e}). Check your "
-                           "network, or unset HF_HUB_OFFLINE.") from None
-    except OSError as e:
-        raise ResolveError(f"Fetching {repo} failed: {e}. Retry; partial downloads resume.") from None
-    return Resolved(local, repo, local.name)
+
+def fetch(resolved: Resolved, patterns: tuple[str, ...], *, progress: bool = True) -> Resolved:
+    """The files of ``resolved`` matching ``patterns``, at exactly ``resolved.commit``, in the Hub cache.
+
+    Interrupted downloads resume: the client retries a cut connection with a Range request, and a re-run
+    skips every file already complete in the cache. A local folder is returned unchanged.
+
+    Raises:
+        UnsupportedModelError: weights were asked for and the repo has none as safetensors (pickles only).
+        ResolveError: a subclass per cause, as :func:`resolve` (DownloadError when a download fails).
+    """
+    if resolved.repo is None:
+        return resolved
+    repo = resolved.repo
+    revision = resolved.revision or resolved.commit or "main"
+    commit = resolved.commit or _pin(repo, revision)
+    resolved = Resolved(_storage(repo) / "snapshots" / commit, repo, commit, revision)
+    chosen = [f.path for f in _hub_choice(resolved, patterns)]
+    if chosen:
+        from huggingface_hub import snapshot_download
+
+        with _translated(repo, revision):
+            local = Path(snapshot_download(repo, revision=commit, allow_patterns=[_literal(p) for p in chosen],
+                                           tqdm_class=None if progress else _quiet_class()))
+        if local.name != commit:  # the client always answers with the snapshot of the commit it was given
+            raise DownloadError(f"The Hub cache returned {local} for {repo}@{commit}; expected that commit's "
+                                "snapshot. Clear the repo from the cache (`hf cache delete`) and re-run.",
+                                repo=repo, revision=revision)
+        missing = [p for p in chosen if not (local / p).is_file()]
+        if missing:
+            if _offline():
+                _raise_offline(repo, revision, missing=missing)
+            raise DownloadError(f"Downloading {repo}@{commit} left {', '.join(missing[:4])} missing from the cache "
+                                f"({local}). Re-run the same command; complete files are not downloaded again.",
+                                repo=repo, revision=revision)
+    return resolved
+
+
+def list_files(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]:
+    """What ``fetch`` would download for ``patterns``, with sizes (for plans and disk checks); a local folder
+    is listed from disk. May fetch ``model.safetensors.index.json`` to know which shards count.
+
+    Raises:
+        UnsupportedModelError, ResolveError: as :func:`fetch`, before any weight is downloaded.
+    """
+    if resolved.repo is None:
+        return _folder_choice(resolved.path, patterns)
+    revision = resolved.revision or resolved.commit or "main"
+    commit = resolved.commit or _pin(resolved.repo, revision)
+    return _hub_choice(Resolved(resolved.path, resolved.repo, commit, revision), patterns)
+
+
+def fetch_file(spec: str, *, progress: bool = True) -> Path:
+    """``org/name[@revision]:path/in/repo`` (say a GGUF for ``--target-gguf``) or a local file -> a local file.
+
+    Raises:
+        InputError: neither an existing file nor ``REPO[@rev]:FILE``.
+        ResolveError: as :func:`resolve`; RepoNotFoundError when the repo lacks the file.
+    """
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    m = FILE_SPEC.match(spec)
+    if m is None or spec.startswith((".", "/", "~")):
+        kind = "a folder, not a file" if path.is_dir() else "neither an existing file nor a Hub file spec"
+        raise InputError(f"{spec!r} is {kind}. Give a file path or org/name[@revision]:path/in/repo, e.g. "
+                         "org/name:model-Q8_0.gguf.")
+    repo, revision, name = m["repo"], m["rev"] or "main", m["file"]
+    commit = _pin(repo, revision)
+    files = _listing(repo, commit, revision)
+    if name not in files:
+        near = sorted(p for p in files if p.endswith(Path(name).suffix or ".gguf"))
+        hint = f" Files of that kind there: {', '.join(near[:8])}." if near else ""
+        raise RepoNotFoundError(f"{name} is not in {repo} at revision {revision} (commit {commit}).{hint} Check "
+                                f"the file name against {_endpoint()}/{repo}/tree/{revision}.",
+                                repo=repo, revision=revision)
+    return Path(_download_one(repo, commit, revision, name, progress=progress))

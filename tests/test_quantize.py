@@ -494,3 +494,48 @@ def test_kernels_match_c_reference_on_signed_zeros_and_nonfinite(qtype: Q) -> No
     assert quantize_rows(x.reshape(-1), Q.F32, qtype).tobytes() == _c_reference(x, qtype)
     if qtype == Q.Q4_0:  # d = +0.0 / -8 = -0.0, whatever the sign of the zeros
         assert quantize_rows(-np.zeros(64, f), Q.F32, qtype).reshape(2, 18)[:, :2].tobytes() == b"\x00\x80" * 2
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(("tied", "type_name", "output_type", "embd_type"), [
+    (False, "q4_0", "q8_0", None),
+    (False, "q4_0", None, "q8_0"),
+    (False, "q8_0", "q6_k", "f16"),
+    (True, "q4_0", "q8_0", None),  # a tied embedding follows --output-tensor-type
+    (True, "q4_0", "q4_0", "q6_k"),  # --token-embedding-type wins over the tied rule
+    (True, "f16", "q8_0", None),  # F16 file: the tied embedding is not the output tensor
+])
+def test_builtin_overrides_match_llama_quantize(tmp_path: Path, tied: bool, type_name: str, output_type: str | None,
+                                                embd_type: str | None) -> None:
+    """--output-tensor-type / --token-embedding-type: the built-in and llama-quantize agree byte for byte."""
+    from dflash_gguf.quantize import Overrides
+
+    reference.require_or_skip(reference.llama_cpp_available())
+    src = tmp_path / "in.gguf"
+    rng = np.random.default_rng(5)
+    n_vocab, n_embd = len(reference._tiny_vocab()[0]), 256
+    tensors = {"token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16),
+               **reference._tiny_tensors(2, n_embd, rng)}
+    if not tied:
+        tensors["output.weight"] = (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16)
+    reference._write_tiny(src, "llama", reference._tiny_hparams(2, n_embd), tensors, drop_tensors=(),
+                          extra_tensors=(), drop_keys=())
+    ov = Overrides(output_type, embd_type)
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_gguf(src, ours, type_name, quantizer="builtin", overrides=ov)
+    _ref_quantize(src, ref, type_name, *ov.args())
+    assert gguf_compare.diff(ours, ref) == []
+    assert _types(ours) == _types(ref)
+    REFERENCE_COMPARISONS.append(f"quantize overrides {type_name} {output_type}/{embd_type} tied={tied}")
+
+
+def test_builtin_refuses_an_override_it_cannot_make_or_that_does_not_fit(tmp_path: Path) -> None:
+    src = _write_synthetic_target(tmp_path / "in.gguf", tied=False, n_embd=64)
+    res = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "o.gguf"), "q4_0", *BUILTIN,
+                                    "--output-tensor-type", "q4_k"])
+    assert res.exit_code == 8 and "--output-tensor-type q4_k" in res.output and "llama-quantize" in res.output
+    res = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "o.gguf"), "q4_0", *BUILTIN,
+                                    "--token-embedding-type", "q6_k"])
+    assert res.exit_code == 8, res.output
+    assert "token_embd.weight" in res.output and "not a multiple of 256" in res.output
+    assert list(tmp_path.iterdir()) == [src]

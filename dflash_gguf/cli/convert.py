@@ -1,49 +1,98 @@
-"""``dflash-convert``: one drafter checkpoint folder to a GGUF, mirroring llama.cpp's converter."""
+"""``dflash-convert``: the whole pipeline (``--target`` + ``--drafter`` -> a verified, quantized GGUF pair), or
+with ``--outfile`` one drafter checkpoint folder to a GGUF, mirroring llama.cpp's converter."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..provenance import Sources
 from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
+_QUANTS = ("q4_0", "q8_0", "bf16", "f16")
+_PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target")
+_OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
+
 
 @click.command("convert")
-@click.option("--drafter", "drafter", required=True, type=click.Path(path_type=Path),
-              help="DFlash drafter checkpoint folder (config.json + model*.safetensors).")
-@click.option("--target", "--target-model-dir", "target", required=True, type=click.Path(path_type=Path),
-              help="Target model folder: its config.json and tokenizer files are embedded in the drafter GGUF.")
-@click.option("--outfile", required=True, type=click.Path(path_type=Path), help="GGUF file to write.")
-@click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default="auto",
-              show_default=True, help="Tensor type of the matrices (auto: the checkpoint's own BF16/F16).")
+@click.option("--drafter", "drafter", required=True, metavar="SPEC",
+              help="DFlash drafter: Hub repo id org/name[@revision], or a local folder (config.json + "
+                   "model*.safetensors).")
+@click.option("--target", "--target-model-dir", "target", required=True, metavar="SPEC",
+              help="Target model: Hub repo id org/name[@revision], or a local folder. Its config.json and tokenizer "
+                   "files are embedded in the drafter GGUF.")
+@click.option("--quant", type=click.Choice(_QUANTS), default=None,
+              help="Type of both final GGUFs (pipeline; default q4_0). With --outfile: quantize the drafter in the "
+                   "same pass, the bytes of converting and then running llama-quantize, with no BF16 file.")
+@click.option("--outdir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for the pair and pair.json (pipeline; default ./<drafter-name>-pair).")
+@click.option("--target-gguf", default=None, metavar="PATH|REPO:FILE",
+              help="Use this existing target GGUF (judged by dflash-verify; a QAT GGUF is refused) instead of "
+                   "converting the target; --target still names the model whose config and tokenizer the drafter "
+                   "needs.")
+@click.option("--llama-cpp", "llama_cpp", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="A llama.cpp checkout whose convert_hf_to_gguf.py converts the target (for architectures the "
+                   "built-in converter does not cover; Python from $LLAMA_CPP_PYTHON).")
+@click.option("--keep-intermediate", is_flag=True, help="Keep the BF16/F16 GGUFs quantization started from.")
+@click.option("--allow-derived-target", is_flag=True,
+              help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
+@click.option("--outfile", type=click.Path(path_type=Path), default=None,
+              help="Convert only the drafter, from local folders, into this GGUF (llama.cpp's converter's interface).")
+@click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default=None,
+              help="With --outfile: tensor type of the matrices (default auto: the checkpoint's own BF16/F16).")
 @click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
-              help="Read the target's tokenizer files here instead (e.g. an overlay from 'dflash-gguf fix-tokenizer').")
+              help="With --outfile: read the target's tokenizer files here instead (e.g. an overlay from "
+                   "'dflash-gguf fix-tokenizer').")
 @click.option("--pair-with", "pair_with", default=None, metavar="TARGET.gguf",
-              help="File name of the target GGUF this drafter will be served with, recorded so that "
-                   "'dflash-verify DRAFTER.gguf' finds it beside the drafter.")
+              help="With --outfile: file name of the target GGUF this drafter will be served with, recorded so "
+                   "that 'dflash-verify DRAFTER.gguf' finds it beside the drafter.")
 @click.option("--drafter-repo", default=None, metavar="ORG/NAME[@REV]",
-              help="Hub repo id the drafter folder came from; recorded for dflash-verify's lineage checks.")
+              help="With --outfile: Hub repo id the drafter folder came from; recorded for lineage checks.")
 @click.option("--target-repo", default=None, metavar="ORG/NAME[@REV]",
-              help="Hub repo id the target folder came from; recorded for dflash-verify's lineage checks.")
-@click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
+              help="With --outfile: Hub repo id the target folder came from; recorded for lineage checks.")
+@click.option("--dry-run", is_flag=True,
+              help="Check everything and print the plan (downloads, outputs, disk needed); write nothing.")
 @json_option
 @verbose_option
 @handle_errors
-def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokenizer_dir: Path | None,
-                pair_with: str | None, drafter_repo: str | None, target_repo: str | None, dry_run: bool, json_: bool,
-                verbose: bool) -> None:
-    """Convert a DFlash drafter into a GGUF that llama.cpp b11434 loads.
+def convert_cmd(drafter: str, target: str, outfile: Path | None, dry_run: bool, json_: bool, verbose: bool,
+                **options: Any) -> None:
+    """Make a DFlash drafter + target GGUF pair that llama.cpp b11434 serves.
+
+    Without --outfile: resolve both sources (Hub repo or folder), precheck the pair from configs and
+    cards, download the weights, convert and quantize both, verify the pair and write pair.json with
+    the llama-server command. Exit 0: servable; 1: made but verify refused it; others: see README.
 
     \b
     Example:
+      dflash-convert --target google/gemma-4-12B-it --drafter z-lab/gemma4-12B-it-DFlash \\
+          --quant q4_0 --outdir pair/
       dflash-convert --drafter ./gemma4-12B-it-DFlash --target ./gemma-4-12B-it \\
           --outfile gemma4-12B-it-DFlash-BF16.gguf
     """
+    setup_logging(verbose)
+    if outfile is None:
+        if given := [o for o in _OUTFILE_ONLY if options[o] is not None]:
+            raise click.UsageError(f"--{given[0].replace('_', '-')} needs --outfile (it is a drafter-only option).")
+        _pipeline(drafter, target, dry_run, json_, quant=options["quant"],
+                  **{k: options[k] for k in _PIPELINE_ONLY})
+        return
+    if given := [o for o in _PIPELINE_ONLY if options[o] not in (None, False)]:
+        raise click.UsageError(f"--{given[0].replace('_', '-')} is a pipeline option: drop --outfile to run the "
+                               "pipeline.")
+    _drafter_only(Path(drafter), Path(target), outfile, options["outtype"] or "auto", options["tokenizer_dir"],
+                  options["pair_with"], options["drafter_repo"], options["target_repo"], options["quant"], dry_run,
+                  json_)
+
+
+def _drafter_only(drafter: Path, target: Path, outfile: Path, outtype: str, tokenizer_dir: Path | None,
+                  pair_with: str | None, drafter_repo: str | None, target_repo: str | None, quant: str | None,
+                  dry_run: bool, json_: bool) -> None:
     from ..convert.drafter import convert_drafter
 
-    setup_logging(verbose)
     progress = Progress("convert")
     try:
         tokenizer = {}
@@ -53,7 +102,7 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
             tokenizer = overlay_provenance(tokenizer_dir)
         provenance = Sources(drafter_repo, target_repo, pair_with, tokenizer).keys()
         result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress,
-                                 tokenizer_dir=tokenizer_dir, provenance=provenance)
+                                 tokenizer_dir=tokenizer_dir, provenance=provenance, quant=quant)
     finally:
         progress.close()
     if json_:
@@ -65,3 +114,70 @@ def convert_cmd(drafter: Path, target: Path, outfile: Path, outtype: str, tokeni
                f"in {result.seconds:.2f} s")
     for note in result.notes:
         click.echo(f"note: {note}")
+
+
+def _mb(n: int | None) -> str:
+    """Bytes as kB/MB/GB, or 'size unknown'."""
+    if n is None:
+        return "size unknown"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+_METHOD = {"builtin": "the built-in converter", "llama-cpp": "llama.cpp's converter (--llama-cpp)",
+           "gguf": "--target-gguf"}
+
+
+def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: str | None, outdir: Path | None,
+              target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
+              allow_derived_target: bool) -> None:
+    from ..pipeline import PipelineOptions, run_pipeline
+    from .verify import render
+
+    opts = PipelineOptions(target, drafter, quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
+                           allow_derived_target, dry_run)
+    bars: list[Progress] = []
+
+    def progress(desc: str) -> Progress:
+        bars.append(Progress(desc))
+        return bars[-1]
+
+    result = run_pipeline(opts, progress)
+    if json_:
+        echo_json(result.to_dict())
+        click.get_current_context().exit(result.exit_code)
+    doc = result.manifest
+    src = doc["sources"]
+    for side, pad in (("drafter", ""), ("target", " ")):
+        s = src[side]
+        click.echo(f"{side}: {pad}{s['repo'] + '@' + s['commit'] if s['repo'] else s['path']}")
+    if result.dry_run:
+        assert result.plan is not None
+        plan = result.plan
+        click.echo(f"precheck: passed ({len(doc['precheck']['checks'])} checks); target GGUF from "
+                   f"{_METHOD[doc['options']['target_method']]}")
+        click.echo(f"downloads ({len(plan.downloads)} files):" if plan.downloads else "downloads: none (local folders)")
+        for d in plan.downloads:
+            cached = " (cached)" if d.size is not None and d.cached >= d.size else ""
+            click.echo(f"  {d.source}  {d.path}  {_mb(d.size)}{cached}")
+        click.echo(f"outputs in {plan.outdir}:")
+        for o in plan.outputs:
+            note = {"intermediate": " (intermediate, deleted after quantizing)" if not keep_intermediate
+                    else " (intermediate, kept)", "link": " (link to --target-gguf)"}.get(o.kind, "")
+            click.echo(f"  {o.file}  ~{_mb(o.estimated)}{note}")
+        for fs, need in plan.needed.items():
+            click.echo(f"disk: {_mb(need)} needed on {fs}, {_mb(plan.free[fs])} free")
+        click.echo("dry run: nothing downloaded or written.")
+        return
+    for side in ("target", "drafter"):
+        out = doc["outputs"][side]
+        click.echo(f"{side}: {result.outdir / out['file']} ({_mb(out['size'])}, {out['type']}, {out['made_by']})")
+    report = result.report
+    assert report is not None
+    if report.errors or report.warnings:
+        click.echo(render(report, shutil.get_terminal_size((100, 20)).columns))
+    else:
+        click.echo(f"verify: can be served ({len(report.results)} checks, no error or warning; 'dflash-verify "
+                   f"{result.outdir / 'pair.json'}' prints them)")
+    click.echo(f"serve with:\n  {doc['serve']['shell']}")
+    click.echo(f"manifest: {result.outdir / 'pair.json'}")
+    click.get_current_context().exit(result.exit_code)

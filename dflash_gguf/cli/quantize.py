@@ -20,25 +20,31 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 @click.option("--threads", type=int, default=2, show_default=True, help="Worker threads.")
 @click.option("--allow-requantize", is_flag=True,
               help="Accept an already-quantized input (dequantize, then quantize again; loses quality twice).")
+@click.option("--output-tensor-type", default=None, metavar="TYPE",
+              help="Type of output.weight (or of a tied token embedding), as llama-quantize's flag of that name.")
+@click.option("--token-embedding-type", default=None, metavar="TYPE",
+              help="Type of token_embd.weight, as llama-quantize's flag of that name.")
 @click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
 @json_option
 @verbose_option
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
-                 threads: int, allow_requantize: bool, dry_run: bool, json_: bool, verbose: bool) -> None:
+                 threads: int, allow_requantize: bool, output_tensor_type: str | None,
+                 token_embedding_type: str | None, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Quantize a BF16/F16 GGUF to TYPE (q4_0, q8_0, f16, bf16, f32) as llama-quantize b11434 would.
 
     \b
     Example:
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
-    from ..quantize import quantize_gguf
+    from ..quantize import Overrides, quantize_gguf
 
     setup_logging(verbose)
     progress = Progress("quantize")
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
-                               allow_requantize=allow_requantize, llama_quantize=llama_quantize, dry_run=dry_run,
+                               allow_requantize=allow_requantize, llama_quantize=llama_quantize,
+                               overrides=Overrides(output_tensor_type, token_embedding_type), dry_run=dry_run,
                                on_progress=progress)
     finally:
         progress.close()

@@ -46,13 +46,21 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
                json_: bool) -> None:
     """Check that a DFlash drafter GGUF and its target GGUF belong together.
 
+    DRAFTER may be the pair.json dflash-convert wrote (its two files are checked, also against their
+    recorded sha256). Without TARGET, the target file the drafter records beside itself is used.
     Exit 0: servable; 1: must not be served; 2: an input cannot be read.
 
     \b
     Example:
       dflash-verify gemma4-12B-it-DFlash-BF16.gguf gemma-4-12B-it-Q4_0.gguf
+      dflash-verify pair/pair.json
     """
-    report = verify_files(drafter, target, allow_derived_target=allow_derived_target)
+    if drafter.suffix == ".json" and target is None:
+        from ..pipeline.manifest import verify_manifest
+
+        report = verify_manifest(drafter, allow_derived_target=allow_derived_target)
+    else:
+        report = verify_files(drafter, target, allow_derived_target=allow_derived_target)
     if json_:
         echo_json(report.to_dict())
     else:

@@ -79,7 +79,8 @@ class DrafterConfig:
         return self.raw.get("dflash_config") or {}
 
 
-def _normalise_qwen3(raw: dict[str, Any]) -> dict[str, Any]:
+def qwen3_hparams(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3 config.json as transformers 4.57.6's ``Qwen3Config(...).to_dict()`` gives it to b11434."""
     hp = {**QWEN3_DEFAULTS, **raw}
     if raw.get("num_key_value_heads") is None:
         hp["num_key_value_heads"] = hp["num_attention_heads"]
@@ -121,7 +122,7 @@ def read_drafter_config(drafter_dir: Path) -> DrafterConfig:
     dflash = raw.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         raise ConfigError(f"{path}: field 'dflash_config' must be an object, got {type(dflash).__name__}.")
-    hp = _normalise_qwen3(raw)
+    hp = qwen3_hparams(raw)
     notes: list[str] = []
 
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):

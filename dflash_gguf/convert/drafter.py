@@ -13,15 +13,13 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import GGMLQuantizationType, LlamaFileType
+from gguf import LlamaFileType
 
 from .. import LLAMA_CPP_BUILD, __version__
 from .. import fingerprint as efp
 from .. import provenance as prov
-from ..atomic import atomic_output, check_free_space
 from ..dflash_format import (
     ARCH,
     EMBEDDING_TENSORS,
@@ -37,39 +35,17 @@ from ..dflash_format import (
 from ..errors import IncompatiblePairError, InputError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
 from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
+from .general import add_general
+from .outtype import OUTTYPES, resolve_outtype, tensor_type
+from .result import ConvertResult, write_plan
 from .safetensors import TensorRef, index_checkpoint
-from .tensor_io import tensor_writer, to_f32
-from .vocab import VocabInfo, add_target_vocab
+from .tensor_io import byte_source, tensor_writer, to_f32
+from .textmodel import add_textmodel_keys, rope_parameters
+from .vocab import add_target_vocab
 
 log = logging.getLogger(__name__)
 
-OUTTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
-    "f32": (LlamaFileType.ALL_F32, GGMLQuantizationType.F32),
-    "f16": (LlamaFileType.MOSTLY_F16, GGMLQuantizationType.F16),
-    "bf16": (LlamaFileType.MOSTLY_BF16, GGMLQuantizationType.BF16),
-    "q8_0": (LlamaFileType.MOSTLY_Q8_0, GGMLQuantizationType.Q8_0),
-}
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    outfile: Path
-    n_tensors: int
-    n_bytes: int
-    outtype: str
-    vocab: VocabInfo
-    notes: tuple[str, ...]
-    seconds: float
-    dry_run: bool = False
-    provenance: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, object]:
-        """A JSON-ready description for ``--json``."""
-        return {"outfile": str(self.outfile), "tensors": self.n_tensors, "bytes": self.n_bytes,
-                "outtype": self.outtype, "vocab": {"model": self.vocab.model, "tokens": self.vocab.n_tokens,
-                "sha256": self.vocab.sha256}, "notes": list(self.notes), "seconds": round(self.seconds, 3),
-                "dry_run": self.dry_run, "provenance": self.provenance}
 
 
 def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str]) -> list[tuple[str, TensorRef]]:
@@ -199,51 +175,8 @@ def target_embedding_fingerprint(target_dir: Path) -> str | None:
 def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype: LlamaFileType) -> None:
     """The keys of TextModel.set_gguf_parameters + DFlashModel.set_gguf_parameters, in their order."""
     hp = cfg.hp
-    plan.add_uint32(Keys.BLOCK_COUNT, cfg.n_layer)
-    plan.add_uint32(Keys.CONTEXT_LENGTH, hp["max_position_embeddings"])
-    plan.add_uint32(Keys.EMBEDDING_LENGTH, cfg.hidden_size)
-    plan.add_uint32(Keys.FEED_FORWARD_LENGTH, hp["intermediate_size"])
-    plan.add_uint32(Keys.HEAD_COUNT, hp["num_attention_heads"])
-    plan.add_uint32(Keys.HEAD_COUNT_KV, hp["num_key_value_heads"])
-    if hp.get("is_causal") is False:
-        plan.add_bool(Keys.CAUSAL, False)
-
-    rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
-    if "full_attention" not in rope and "sliding_attention" not in rope:
-        if "rope_theta" not in rope and hp.get("rope_theta") is not None:
-            rope["rope_theta"] = hp["rope_theta"]
-        if "rope_type" not in rope and rope.get("type") is not None:
-            rope["rope_type"] = rope["type"]
-        for key in ("partial_rotary_factor", "original_max_position_embeddings"):
-            if key not in rope and hp.get(key) is not None:
-                rope[key] = hp[key]
-    params = rope.get("full_attention", rope)
-    rope_type, factor = params.get("rope_type"), params.get("factor")
-    if rope_type == "linear" and factor is not None:
-        plan.add_string(Keys.ROPE_SCALING_TYPE, "linear")
-        plan.add_float32(Keys.ROPE_SCALING_FACTOR, factor)
-    elif rope_type == "yarn" and factor is not None:
-        plan.add_string(Keys.ROPE_SCALING_TYPE, "yarn")
-        plan.add_float32(Keys.ROPE_SCALING_FACTOR, factor)
-        plan.add_uint32(Keys.ROPE_SCALING_ORIG_CTX, params["original_max_position_embeddings"])
-        for src, key in (("extrapolation_factor", Keys.ROPE_SCALING_YARN_EXT),
-                         ("attention_factor", Keys.ROPE_SCALING_YARN_ATTN),
-                         ("beta_fast", Keys.ROPE_SCALING_YARN_BETA_FAST),
-                         ("beta_slow", Keys.ROPE_SCALING_YARN_BETA_SLOW)):
-            value = params.get(src, params.get("attn_factor") if src == "attention_factor" else None)
-            if value is not None:
-                plan.add_float32(key, value)
-    elif rope_type in ("su", "longrope"):
-        plan.add_string(Keys.ROPE_SCALING_TYPE, "longrope")
-    if params.get("rope_theta") is not None:
-        plan.add_float32(Keys.ROPE_FREQ_BASE, params["rope_theta"])
-    if (swa_theta := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
-        plan.add_float32(f"{ARCH}.rope.freq_base_swa", swa_theta)
-    plan.add_float32(Keys.RMS_EPS, hp["rms_norm_eps"])
-    if hp.get("head_dim") is not None:
-        plan.add_uint32(Keys.KEY_LENGTH, hp["head_dim"])
-        plan.add_uint32(Keys.VALUE_LENGTH, hp["head_dim"])
-    plan.add_uint32(Keys.FILE_TYPE, ftype)
+    add_textmodel_keys(plan, ARCH, hp, ftype)  # DFlashModel derives from TextModel (via Qwen3Model)
+    rope = rope_parameters(hp)
 
     dflash = cfg.dflash
     if (prf := rope.get("partial_rotary_factor")) is not None:
@@ -271,23 +204,6 @@ def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype
         plan.add_array(Keys.ROPE_DIMENSION_SECTIONS, [int(hp["head_dim"]) // 2, 0, 0, 0])
 
 
-def _resolve_outtype(outtype: str, mapped: list[tuple[str, TensorRef]]) -> str:
-    if outtype != "auto":
-        return outtype
-    first = next((ref for _, ref in mapped if len(ref.shape) >= 2), None)
-    return {"BF16": "bf16", "F16": "f16"}.get(first.dtype if first else "", "f16")
-
-
-def _tensor_type(name: str, ref: TensorRef, outtype: GGMLQuantizationType) -> GGMLQuantizationType:
-    """b11434 prepare_tensors: norms, 1-D and non-.weight tensors F32; Q8_0 needs rows of 32 else F16."""
-    if len(ref.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
-        return GGMLQuantizationType.F32
-    if outtype == GGMLQuantizationType.Q8_0 and ref.shape[-1] % 32:
-        log.warning("%s: row length %d is not a multiple of 32, writing F16 as llama.cpp does", name, ref.shape[-1])
-        return GGMLQuantizationType.F16
-    return outtype
-
-
 def convert_drafter(
     drafter_dir: Path,
     target_dir: Path,
@@ -296,13 +212,16 @@ def convert_drafter(
     *,
     tokenizer_dir: Path | None = None,
     provenance: dict[str, str] | None = None,
+    quant: str | None = None,
     dry_run: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ConvertResult:
     """Convert a DFlash drafter for llama.cpp b11434.
 
     ``tokenizer_dir`` (default: ``target_dir``) is where the target's tokenizer files are read, so a
-    repaired overlay can stand in for a read-only snapshot. ``provenance`` adds our own keys.
+    repaired overlay can stand in for a read-only snapshot. ``provenance`` adds our own keys. ``quant``
+    ("q4_0", "q8_0", ...) quantizes in the same pass, giving the bytes of converting to ``outtype`` and
+    then running llama-quantize, with no intermediate file.
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, IncompatiblePairError, TokenizerError,
@@ -316,17 +235,15 @@ def convert_drafter(
     notes = list(cfg.notes)
     mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes)
     _check_shapes(mapped, cfg)
-    if outtype not in OUTTYPES and outtype != "auto":
-        raise ValueError(f"unknown outtype {outtype!r}")
-    outtype = _resolve_outtype(outtype, mapped)
+    outtype = resolve_outtype(outtype, (ref for _, ref in mapped))
     ftype, qtype = OUTTYPES[outtype]
 
     plan = GGUFPlan(ARCH)
-    plan.add_string("general.type", "model")
-    plan.add_string("general.name", (provenance or {}).get("drafter.repo") or drafter_dir.name)
+    add_general(plan, (provenance or {}).get("drafter.repo") or drafter_dir.name, drafter_dir)
     for name, ref in mapped:
-        tq = _tensor_type(name, ref, qtype)
-        plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq)))
+        tq = tensor_type(name, ref.shape, qtype)
+        plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq),
+                                  byte_source(ref, tq)))
     _add_hparams(plan, cfg, target, ftype)
     plan.add_uint32(Keys.QUANTIZATION_VERSION, GGML_QUANT_VERSION)
     vocab = add_target_vocab(plan, tokenizer_dir or target_dir, target, int(cfg.hp["vocab_size"]))
@@ -354,24 +271,18 @@ def convert_drafter(
     if notes:
         plan.add_array(prov.key(prov.NOTES), notes)
     total = plan.data_bytes
+    if quant is not None:
+        from ..quantize.builtin import quantize_plan
+
+        out = quantize_plan(plan, Path(outfile), quant, dry_run=dry_run, on_progress=on_progress)
+        return ConvertResult(Path(outfile), len(plan.tensors), out.n_bytes, quant, vocab, tuple(notes),
+                             time.perf_counter() - start, dry_run, recorded)
     if dry_run:
         return ConvertResult(Path(outfile), len(plan.tensors), total, outtype, vocab, tuple(notes),
                              time.perf_counter() - start, True, recorded)
 
     outfile = Path(outfile)
-    header = plan.header_bytes()
-    check_free_space(outfile, total + len(header))
-    done = 0
-
-    def tick(t: TensorOut) -> None:
-        nonlocal done
-        done += t.nbytes
-        if on_progress is not None:
-            on_progress(done, total)
-
-    with atomic_output(outfile) as tmp:
-        size = plan.write(tmp, on_tensor=tick, header=header)
-    log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), size)
+    size = write_plan(plan, outfile, on_progress)
     return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, tuple(notes),
                          time.perf_counter() - start, False, recorded)
 

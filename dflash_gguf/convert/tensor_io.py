@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -76,6 +77,11 @@ def _copy_range(src: TensorRef, out: BinaryIO) -> None:
                 n = os.write(dst_fd, _pread_exact(src_fd, min(left, CHUNK_BYTES), offset, src))
             offset += n
             left -= n
+
+
+def byte_source(src: TensorRef, qtype: GGMLQuantizationType) -> tuple[Path, int] | None:
+    """Where the output bytes of ``src`` as ``qtype`` already sit, when :func:`tensor_writer` copies them."""
+    return (src.path, src.offset) if _NATIVE.get(src.dtype) == qtype else None
 
 
 def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[BinaryIO], None]:

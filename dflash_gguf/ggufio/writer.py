@@ -31,12 +31,17 @@ class KeyValue:
 
 @dataclass
 class TensorOut:
-    """One tensor to write: ``ne`` is ggml order (reverse of the PyTorch shape)."""
+    """One tensor to write: ``ne`` is ggml order (reverse of the PyTorch shape).
+
+    ``source`` (file, offset) says the bytes ``write`` produces are exactly the ``nbytes`` found there, so a
+    consumer that only reads them (the one-pass quantizer) can ``pread`` them instead of spooling them.
+    """
 
     name: str
     ne: tuple[int, ...]
     qtype: GGMLQuantizationType
     write: Callable[[BinaryIO], None]
+    source: tuple[Path, int] | None = None
 
     @property
     def nbytes(self) -> int:

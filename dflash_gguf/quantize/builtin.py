@@ -23,19 +23,28 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
 from .. import __version__
 from ..atomic import atomic_output, check_free_space
 from ..dflash_format import PROVENANCE_PREFIX
 from ..errors import InputError, QuantizeError
-from ..ggufio import layout
+from ..ggufio import GGUFPlan, layout
 from ..ggufio.layout import ALIGNMENT, pad, row_bytes
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from . import kernels
-from .rules import FTYPES, QUANTIZATION_VERSION, SUPPORTED_TYPES, choose_type, is_quantized, layer_sort_key
+from .rules import (
+    FTYPES,
+    OVERRIDE_TYPES,
+    QUANTIZATION_VERSION,
+    SUPPORTED_TYPES,
+    choose_type,
+    is_quantized,
+    layer_sort_key,
+)
 
 log = logging.getLogger(__name__)
 Q = GGMLQuantizationType
@@ -53,13 +62,20 @@ DEPTH_PER_THREAD = 3  # chunks in flight per worker thread
 
 @dataclass(frozen=True)
 class InputTensor:
-    """One tensor of the input file: ``ne`` in ggml order, ``offset`` absolute in the file."""
+    """One input tensor: ``ne`` in ggml order, ``offset`` absolute in ``path`` (None: the input GGUF itself).
+
+    A tensor of a converter's plan (one-pass convert + quantize) may have no bytes on disk yet: ``spool``
+    then writes them (e.g. a permuted or widened tensor), straight into the output when the tensor is
+    copied, else into a scratch file that the quantizer reads like any other input.
+    """
 
     name: str
     ne: tuple[int, ...]
     qtype: int
     offset: int
     nbytes: int
+    path: Path | None = None
+    spool: Callable[[BinaryIO], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,23 +127,72 @@ class TensorJob:
         return self.dst_type == self.src.qtype
 
 
-def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False) -> list[TensorJob]:
+def input_from_plan(plan: GGUFPlan, label: Path) -> InputGGUF:
+    """A converter's plan seen as the GGUF it would write, without writing it (one-pass convert + quantize).
+
+    Quantizing this equals converting to ``label`` and quantizing that file: the KVs are packed exactly as
+    the converter packs them, and every tensor reads the very bytes the converter would have written.
+    """
+    tensors = tuple(InputTensor(t.name, t.ne, int(t.qtype), t.source[1], t.nbytes, path=t.source[0])
+                    if t.source is not None else
+                    InputTensor(t.name, t.ne, int(t.qtype), 0, t.nbytes, spool=t.write)
+                    for t in plan.tensors)
+    return InputGGUF(Path(label), {k: layout.pack_kv(k, kv.vtype, kv.value, kv.subtype) for k, kv in plan.kv.items()},
+                     {k: kv.value for k, kv in plan.kv.items()}, tensors, ALIGNMENT)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """llama-quantize's ``--output-tensor-type`` and ``--token-embedding-type`` (type names, None: not given)."""
+
+    output_tensor_type: str | None = None
+    token_embedding_type: str | None = None
+
+    def args(self) -> list[str]:
+        """The same flags for llama-quantize."""
+        return [*(["--output-tensor-type", self.output_tensor_type] if self.output_tensor_type else []),
+                *(["--token-embedding-type", self.token_embedding_type] if self.token_embedding_type else [])]
+
+    def parsed(self) -> tuple[GGMLQuantizationType | None, GGMLQuantizationType | None]:
+        """The two types, refusing what the built-in cannot make."""
+        out = []
+        for flag, value in (("--output-tensor-type", self.output_tensor_type),
+                            ("--token-embedding-type", self.token_embedding_type)):
+            if value is not None and value.lower() not in OVERRIDE_TYPES:
+                raise QuantizeError(f"{flag} {value}: the built-in quantizer makes {', '.join(OVERRIDE_TYPES)}; "
+                                    "other types need --quantizer llama-quantize.")
+            out.append(None if value is None else OVERRIDE_TYPES[value.lower()])
+        return out[0], out[1]
+
+
+NO_OVERRIDES = Overrides()
+
+
+def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False,
+                 overrides: Overrides = NO_OVERRIDES) -> list[TensorJob]:
     """Per-tensor output types in llama-quantize's order.
 
     Raises:
         QuantizeError: unknown type, quantized input without ``allow_requantize``, a tensor type the
-            built-in cannot read.
+            built-in cannot read, an override type it cannot make or that does not fit the tensor's rows.
     """
     if type_name not in FTYPES:
         raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
                             f"{', '.join(SUPPORTED_TYPES)}; other types need --quantizer llama-quantize.")
     default = FTYPES[type_name][1]
+    output_type, token_embd_type = overrides.parsed()
     names = {t.name for t in gguf.tensors}
     has_output = "output.weight" in names
     jobs = []
     for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name)):
         stored = Q(t.qtype)
-        choice = choose_type(t.name, t.ne, stored, default, has_output)
+        choice = choose_type(t.name, t.ne, stored, default, has_output, output_type=output_type,
+                             token_embd_type=token_embd_type)
+        block = GGML_QUANT_SIZES[choice.qtype][0]
+        if choice.override and t.ne[0] % block:
+            raise QuantizeError(f"{choice.reason} {choice.qtype.name} does not fit tensor {t.name} of {gguf.path}: "
+                                f"its rows have {t.ne[0]} values, not a multiple of {block}; llama-quantize would "
+                                "abort. Choose a type with a smaller block (q8_0, f16).")
         if choice.qtype != stored and is_quantized(stored) and not allow_requantize:
             raise QuantizeError(
                 f"{gguf.path} is already quantized (tensor {t.name} is {stored.name}). Quantize from the BF16/F16 "
@@ -181,10 +246,10 @@ def _validate_q6_k(blocks: np.ndarray, name: str) -> None:
                             "input for corrupt weights.")
 
 
-def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes | np.ndarray:
+def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int) -> bytes | np.ndarray:
     n = job.src.ne[0]
     src_row = row_bytes(Q(job.src.qtype), n)
-    raw = os.pread(fd, n_rows * src_row, job.src.offset + row0 * src_row)
+    raw = os.pread(fd, n_rows * src_row, offset + row0 * src_row)
     if len(raw) != n_rows * src_row:
         raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
     if job.copy:
@@ -205,6 +270,42 @@ def _convert_chunk(fd: int, job: TensorJob, row0: int, n_rows: int) -> bytes | n
     return quants.quantize(f32, job.dst_type).tobytes()
 
 
+class _Sources:
+    """Open read descriptors by path, and scratch files for spooled tensors (removed once written out)."""
+
+    def __init__(self, gguf: InputGGUF, scratch_dir: Path) -> None:
+        self.gguf, self.scratch_dir = gguf, scratch_dir
+        self.fds: dict[Path, int] = {}
+        self.scratch: dict[str, Path] = {}
+
+    def open(self, path: Path) -> int:
+        if path not in self.fds:
+            self.fds[path] = os.open(path, os.O_RDONLY)
+        return self.fds[path]
+
+    def locate(self, t: InputTensor) -> tuple[int, int]:
+        """(fd, offset) of ``t``'s bytes, spooling them into a scratch file first when they exist nowhere."""
+        if t.spool is None:
+            return self.open(t.path or self.gguf.path), t.offset
+        path = self.scratch_dir / f".{self.gguf.path.name}.{len(self.scratch)}.spool"
+        with open(path, "wb", buffering=0) as f:
+            t.spool(f)
+        self.scratch[t.name] = path
+        return self.open(path), 0
+
+    def release(self, t: InputTensor) -> None:
+        path = self.scratch.pop(t.name, None)
+        if path is not None:
+            os.close(self.fds.pop(path))
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        for path in self.scratch.values():
+            path.unlink(missing_ok=True)
+
+
 def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
                     on_progress: Callable[[int, int], None] | None = None) -> int:
     """Write the output to ``tmp`` tensor by tensor; return its size in bytes."""
@@ -213,7 +314,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
     pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
-    fd = os.open(gguf.path, os.O_RDONLY)
+    sources = _Sources(gguf, Path(tmp).parent)
     try:
         with open(tmp, "wb") as f, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             f.write(_header(gguf, jobs, type_name))
@@ -231,18 +332,32 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
+                sources.release(job.src)
                 if on_progress is not None:
                     on_progress(done, total)
 
             try:
                 for job in jobs:
+                    if job.copy and job.src.spool is not None:  # produced straight into the output
+                        while pending:
+                            write_next()
+                        f.flush()
+                        start = f.tell()
+                        job.src.spool(f)
+                        f.seek(0, os.SEEK_END)
+                        written = f.tell() - start
+                        pending.append((job, None, True))
+                        write_next()
+                        continue
                     rows_total = job.src.nbytes // max(1, row_bytes(Q(job.src.qtype), job.src.ne[0]))
                     step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
                     if rows_total == 0:
                         pending.append((job, None, True))
+                        continue
+                    fd, offset = sources.locate(job.src)
                     for row0 in range(0, rows_total, step):
                         n_rows = min(step, rows_total - row0)
-                        pending.append((job, pool.submit(_convert_chunk, fd, job, row0, n_rows),
+                        pending.append((job, pool.submit(_convert_chunk, fd, offset, job, row0, n_rows),
                                         row0 + n_rows == rows_total))
                         if len(pending) >= DEPTH_PER_THREAD * max(1, threads):  # bounded memory
                             write_next()
@@ -254,7 +369,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                         fut.cancel()
             return f.tell()
     finally:
-        os.close(fd)
+        sources.close()
 
 
 @dataclass(frozen=True)
@@ -268,7 +383,8 @@ class BuiltinOutcome:
 
 
 def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int = 2, allow_requantize: bool = False,
-                dry_run: bool = False, on_progress: Callable[[int, int], None] | None = None) -> BuiltinOutcome:
+                overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
+                on_progress: Callable[[int, int], None] | None = None) -> BuiltinOutcome:
     """Plan, check space, and write ``outfile`` atomically (``<out>.partial`` renamed on success).
 
     Raises:
@@ -283,7 +399,7 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
     if isinstance(split_count, int) and split_count > 1:
         raise QuantizeError(f"{gguf.path} is one part of a {split_count}-way split GGUF. Merge it first "
                             "(llama-gguf-split --merge) or use --quantizer llama-quantize.")
-    jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize)
+    jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides)
     types: dict[str, int] = {}
     for j in jobs:
         types[j.dst_type.name] = types.get(j.dst_type.name, 0) + 1
@@ -297,3 +413,18 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
     with atomic_output(Path(outfile)) as tmp:
         n = write_quantized(gguf, jobs, type_name, tmp, threads, on_progress)
     return BuiltinOutcome(n, types, fallbacks, time.monotonic() - t0)
+
+
+def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int = 2,
+                  overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
+                  on_progress: Callable[[int, int], None] | None = None) -> BuiltinOutcome:
+    """Convert and quantize in one pass: the bytes of converting ``plan`` and then quantizing that file.
+
+    No intermediate GGUF is written; only a tensor that exists nowhere on disk in its converted form (and
+    must be quantized) is spooled to a scratch file beside ``outfile``, one at a time.
+
+    Raises:
+        QuantizeError, OutputError: as :func:`run_builtin`.
+    """
+    return run_builtin(input_from_plan(plan, Path(outfile)), Path(outfile), type_name, threads=threads,
+                       overrides=overrides, dry_run=dry_run, on_progress=on_progress)

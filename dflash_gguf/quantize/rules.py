@@ -3,7 +3,8 @@
 Source: ``src/llama-quant.cpp`` of llama.cpp b11434 (``tensor_allows_quantization``,
 ``llama_tensor_get_type``, ``llama_tensor_get_type_impl``, ``tensor_type_fallback``) and
 ``weight_name_comparer`` in ``src/llama-model-loader.h`` (the output tensor order). Only the
-branches reachable for Q4_0/Q8_0/F16/BF16/F32 without an imatrix or override flags are mirrored.
+branches reachable for Q4_0/Q8_0/F16/BF16/F32 without an imatrix are mirrored, with the
+``--output-tensor-type`` and ``--token-embedding-type`` overrides.
 """
 
 from __future__ import annotations
@@ -59,23 +60,39 @@ class TensorChoice:
     qtype: GGMLQuantizationType
     reason: str = ""
     fallback: bool = False
+    override: bool = False  # taken as given, with no row-length fallback
+
+
+_TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")  # tensor_name_match_token_embd
+# Types the built-in can make for --output-tensor-type / --token-embedding-type (llama-quantize takes any).
+OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
 
 
 def choose_type(name: str, ne: tuple[int, ...], stored: GGMLQuantizationType, default: GGMLQuantizationType,
-                has_output: bool) -> TensorChoice:
-    """llama_tensor_get_type() for ``default`` in {Q4_0, Q8_0, F16, BF16, F32}, no flags, no imatrix.
+                has_output: bool, *, output_type: GGMLQuantizationType | None = None,
+                token_embd_type: GGMLQuantizationType | None = None) -> TensorChoice:
+    """llama_tensor_get_type() for ``default`` in {Q4_0, Q8_0, F16, BF16, F32}, no imatrix.
 
     ``has_output``: the file has ``output.weight``; without it the token embedding is tied and
     takes the output tensor's rule (init_quantize_state_counters / has_tied_embeddings).
+    ``output_type`` / ``token_embd_type``: llama-quantize's ``--output-tensor-type`` /
+    ``--token-embedding-type``. As there, an override on its own tensor is taken as is (no row-length
+    fallback), while a tied embedding follows ``output_type`` through the mixture rules.
     """
     if not allows_quantization(name, len(ne)):
         return TensorChoice(stored)
+    if token_embd_type is not None and name in _TOKEN_EMBD:
+        return TensorChoice(token_embd_type, "--token-embedding-type", override=True)
+    if output_type is not None and name == "output.weight":
+        return TensorChoice(output_type, "--output-tensor-type", override=True)
     if not is_quantized(default):  # F16/BF16/F32: no mixture rules, no fallback
         return TensorChoice(default)
     new = default
     reason = ""
-    tied_embd = not has_output and name in ("token_embd.weight", "per_layer_token_embd.weight")
-    if name == "output.weight" or tied_embd:
+    tied_embd = not has_output and name in _TOKEN_EMBD
+    if (name == "output.weight" or tied_embd) and output_type is not None:
+        new, reason = output_type, "--output-tensor-type (tied embedding)"
+    elif name == "output.weight" or tied_embd:
         block = GGML_QUANT_SIZES[new][0]
         if ne[0] % block:
             new, reason = Q.Q8_0, "output rule: row not a multiple of the block"

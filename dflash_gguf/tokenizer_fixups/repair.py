@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, InputError, OutputError, ResolveError, TokenizerError
+from ..errors import ConfigError, HubError, InputError, OutputError, ResolveError, TokenizerError
 from ..hub import is_repo_id, resolve
 from ..jsonfile import read_json
 from .compare import PieceDiff, diff_pieces, load_model_pieces, read_model_file
@@ -116,6 +116,9 @@ def resolve_donor(spec: str) -> tuple[bytes, str]:
                          "Check the path.")
     try:
         fetched = resolve(spec, ("tokenizer.model",))
+    except HubError as e:  # same class, so the exit code still says what went wrong (missing, gated, ...)
+        raise type(e)(f"Cannot fetch tokenizer.model from {spec}: {e} Or pass a local file as --donor.",
+                      repo=e.repo, revision=e.revision) from None
     except ResolveError as e:
         raise ResolveError(f"Cannot fetch tokenizer.model from {spec}: {e} Or pass a local file as --donor.") \
             from None

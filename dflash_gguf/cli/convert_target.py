@@ -1,0 +1,60 @@
+"""``dflash-gguf convert-target``: a target checkpoint folder to the GGUF llama.cpp b11434's converter writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..provenance import Sources
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
+
+
+@click.command("convert-target")
+@click.argument("target_dir", type=click.Path(path_type=Path))
+@click.option("--outfile", required=True, type=click.Path(path_type=Path), help="GGUF file to write.")
+@click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default="auto",
+              show_default=True, help="Tensor type of the matrices (auto: the checkpoint's own BF16/F16).")
+@click.option("--quant", type=click.Choice(["q4_0", "q8_0"]), default=None,
+              help="Quantize in the same pass: the bytes of converting and then running llama-quantize (Q6_K "
+                   "output rule included), with no BF16 file on disk.")
+@click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
+              help="Read the tokenizer files here instead (e.g. an overlay from 'dflash-gguf fix-tokenizer').")
+@click.option("--target-repo", default=None, metavar="ORG/NAME[@REV]",
+              help="Hub repo id the folder came from; recorded for dflash-verify's lineage checks.")
+@click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
+@json_option
+@verbose_option
+@handle_errors
+def convert_target_cmd(target_dir: Path, outfile: Path, outtype: str, quant: str | None, tokenizer_dir: Path | None,
+                       target_repo: str | None, dry_run: bool, json_: bool, verbose: bool) -> None:
+    """Convert a target model (Gemma-4, Qwen3, ...) into the GGUF llama.cpp b11434 writes, without torch.
+
+    \b
+    Example:
+      dflash-gguf convert-target ./gemma-4-12B-it --outfile gemma-4-12B-it-BF16.gguf
+    """
+    from ..convert.targets import convert_target
+
+    setup_logging(verbose)
+    tokenizer = {}
+    if tokenizer_dir is not None:
+        from ..tokenizer_fixups import overlay_provenance
+
+        tokenizer = overlay_provenance(tokenizer_dir)
+    progress = Progress("convert-target")
+    try:
+        result = convert_target(target_dir, outfile, outtype, tokenizer_dir=tokenizer_dir, quant=quant, dry_run=dry_run,
+                                provenance=Sources(target_repo=target_repo, tokenizer=tokenizer).keys(),
+                                on_progress=progress)
+    finally:
+        progress.close()
+    if json_:
+        echo_json(result.to_dict())
+        return
+    verb = "would write" if result.dry_run else "wrote"
+    click.echo(f"{verb} {result.outfile}: {result.n_tensors} tensors, {result.n_bytes / 1e6:.1f} MB, "
+               f"{result.outtype}, vocab {result.vocab.model} ({result.vocab.n_tokens} tokens) "
+               f"in {result.seconds:.2f} s")
+    for note in result.notes:
+        click.echo(f"note: {note}")

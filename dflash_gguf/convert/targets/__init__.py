@@ -1,0 +1,246 @@
+"""The built-in target converter: a Hugging Face decoder checkpoint -> the GGUF llama.cpp b11434 writes.
+
+``convert_target`` reads the config, picks the family module for ``architectures[0]``, plans every
+tensor (names, order, types, shapes, b11434's ``modify_tensors`` transformations) and every key
+(``general.*``, the family's ``set_gguf_parameters``, the vocabulary), checks it all against the
+checkpoint, and only then streams the tensors into ``<out>.partial`` and renames it. Unchanged tensors
+are copied file to file; type changes and transformations go through bounded chunks.
+
+Family-module contract (one module per family; add its name to ``_FAMILY_MODULES`` below):
+
+* ``ARCHITECTURES: tuple[str, ...]``: the HF ``architectures[0]`` values it converts.
+* ``FAMILY``: a :class:`~.base.TextFamily` subclass mirroring the b11434 class (``conversion/<family>.py``).
+  Set ``gguf_arch`` (general.architecture) and ``tensor_map`` (normalised HF name with ``{bid}`` ->
+  GGUF name, no ``.weight``). Override only what the b11434 class overrides:
+
+  - ``load_hparams(raw)`` (classmethod): ``self.hparams`` as b11434 sees them (e.g. transformers
+    config defaults); the default merges ``text_config`` into the root;
+  - ``check_config()``: refusals (ConfigError, UnsupportedModelError), before any tensor is read;
+  - ``expected_shapes()``: (required, optional) GGUF name -> HF shape implied by the config; a tensor
+    outside both is refused as unknown, a missing required one as missing, any other shape as wrong;
+  - ``normalise_name`` / ``skip``: b11434's ``filter_tensors``;
+  - ``modify(spec, hf_name)`` / ``extra_tensors()``: ``modify_tensors`` / ``generate_extra_tensors``,
+    returning :class:`~.base.TensorSpec` (``row_order`` / ``transform`` are streamed chunk-wise,
+    e.g. Llama's q/k permutation);
+  - ``force_f32(name)``: tensors b11434 keeps in F32 whatever the outtype;
+  - ``add_hparams(plan, ftype)``: ``set_gguf_parameters``; call ``add_text_hparams(self, plan, ftype)``
+    first, as b11434's ``super()`` does;
+  - ``add_vocab(plan)``: ``set_vocab``; the default is the drafter converter's target-vocabulary code.
+
+The framework does the rest the same way for every family: the multimodal filter, unknown /
+missing / mis-shaped / non-float tensors refused before writing, the output type of each tensor, the
+``general.*`` and provenance keys, the atomic write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ... import LLAMA_CPP_BUILD, __version__
+from ... import provenance as prov
+from ...dflash_format import GGML_QUANT_VERSION
+from ...errors import ConfigError, TensorError, UnsupportedModelError
+from ...ggufio import GGUFPlan, TensorOut
+from ..configs import load_json, read_target_config
+from ..drafter import target_embedding_fingerprint
+from ..general import add_general
+from ..outtype import OUTTYPES, resolve_outtype, tensor_type
+from ..result import ConvertResult, write_plan
+from ..safetensors import index_checkpoint
+from .base import TargetSource, TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
+from .writers import spec_writer
+
+log = logging.getLogger(__name__)
+
+# Family modules of this package. A new family: write ``<name>.py`` (contract above), add its name here.
+_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama")
+
+
+def _load_registry() -> dict[str, str]:
+    archs: dict[str, str] = {}
+    for name in _FAMILY_MODULES:
+        mod = importlib.import_module(f"{__name__}.{name}")
+        archs.update(dict.fromkeys(mod.ARCHITECTURES, name))
+    return archs
+
+
+SUPPORTED_ARCHITECTURES: dict[str, str] = _load_registry()  # HF architectures[0] -> family name
+
+
+def _architecture(model_dir: Path) -> tuple[str | None, dict[str, Any]]:
+    raw = load_json(Path(model_dir) / "config.json", "Target config")
+    text = raw.get("text_config") or {}
+    archs = text.get("architectures") or raw.get("architectures") or [None]
+    return archs[0], raw
+
+
+def builtin_family(model_dir: Path) -> str | None:
+    """The family when the built-in converter covers config.json's architectures, else None.
+
+    Raises:
+        ConfigError: config.json is missing or unreadable.
+    """
+    return SUPPORTED_ARCHITECTURES.get(_architecture(model_dir)[0] or "")
+
+
+def unsupported_message(path: Path, arch: str | None) -> str:
+    """One paragraph: what is supported, and the two ways out."""
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    return (f"{path}: target architecture {arch!r} is not one the built-in target converter covers "
+            f"(supported: {supported}). Either convert the target with llama.cpp's own converter (the pipeline "
+            "does so with --llama-cpp DIR, a llama.cpp checkout with convert_hf_to_gguf.py and its Python "
+            "requirements), or pass an existing GGUF of the target with --target-gguf.")
+
+
+def family_for(model_dir: Path, tokenizer_dir: Path | None = None) -> TextFamily:
+    """The family object for a target dir, with its checkpoint indexed and config checked.
+
+    Raises:
+        ConfigError, UnsupportedModelError, TensorError, InputError.
+    """
+    model_dir = Path(model_dir)
+    arch, raw = _architecture(model_dir)
+    if arch is None:
+        raise ConfigError(f"{model_dir / 'config.json'}: no 'architectures' field, so the model family is "
+                          "unknown. Use the config.json published with the model.")
+    family_name = SUPPORTED_ARCHITECTURES.get(arch)
+    if family_name is None:
+        raise UnsupportedModelError(unsupported_message(model_dir / "config.json", arch))
+    mod = importlib.import_module(f"{__name__}.{family_name}")
+    cls: type[TextFamily] = mod.FAMILY
+    config = read_target_config(model_dir)
+    hparams = cls.load_hparams(raw)
+    src = TargetSource(model_dir, Path(tokenizer_dir or model_dir), config, hparams, index_checkpoint(model_dir))
+    fam = cls(src)
+    fam.check_config()
+    return fam
+
+
+def plan_tensors(fam: TextFamily) -> list[TensorSpec]:
+    """Every output tensor in b11434's order; refuse unknown, missing, mis-shaped or non-float tensors.
+
+    Raises:
+        TensorError: each problem named with the tensor, the file and the fix.
+    """
+    src = fam.src
+    required, optional = fam.expected_shapes()
+    specs: list[TensorSpec] = list(fam.extra_tensors())
+    unknown: list[str] = []
+    seen: dict[str, str] = {}
+    for hf_name, ref in src.tensors.items():
+        if fam.skip(hf_name):
+            continue
+        name = fam.normalise_name(hf_name)
+        gguf_name = fam.gguf_name(name)
+        want = required.get(gguf_name) if gguf_name else None
+        want = want if want is not None else optional.get(gguf_name or "")
+        if gguf_name is None or want is None:
+            unknown.append(hf_name)
+            continue
+        if gguf_name in seen:
+            raise TensorError(f"{ref.path}: tensors {seen[gguf_name]!r} and {hf_name!r} both map to {gguf_name}. "
+                              "The checkpoint mixes two layouts; re-download it.")
+        seen[gguf_name] = hf_name
+        if ref.dtype not in ("BF16", "F16", "F32"):
+            raise TensorError(f"{ref.path}: tensor {hf_name!r} has dtype {ref.dtype}. The built-in converter reads "
+                              "BF16/F16/F32 checkpoints; for FP8 or pre-quantized weights use llama.cpp's "
+                              "converter (--llama-cpp DIR).")
+        if tuple(ref.shape) != tuple(want):
+            raise TensorError(
+                f"{ref.path}: tensor {hf_name!r} has shape {list(ref.shape)}, but {src.config.path} implies "
+                f"{list(want)}. The config and the weights do not belong together: re-download the checkpoint "
+                "(config.json and every shard from the same revision).")
+        specs.extend(fam.modify(TensorSpec(gguf_name, ref.shape, ref=ref), hf_name))
+    if unknown:
+        more = f" and {len(unknown) - 6} more" if len(unknown) > 6 else ""
+        raise TensorError(
+            f"{src.model_dir}: tensor(s) {unknown[:6]}{more} are not part of a {fam.gguf_arch} model as "
+            f"{src.config.path.name} describes it (architecture {src.config.arch}). llama.cpp b11434's converter "
+            "would stop with 'Can not map tensor' or write a file its loader rejects. Check that config.json and "
+            "the weights come from the same model, or convert it with llama.cpp's converter (--llama-cpp DIR).")
+    if missing := [n for n in required if n not in seen]:
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        raise TensorError(
+            f"{src.model_dir}: tensor(s) missing from the checkpoint: {missing[:6]}{more} (GGUF names), required by "
+            f"{src.config.path.name} ({fam.block_count} layers). llama.cpp would fail at load with "
+            "'missing tensor'. Download the complete checkpoint (every shard of model.safetensors.index.json).")
+    return specs
+
+
+def _provenance(fam: TextFamily, vocab_sha: str, extra: dict[str, str] | None) -> dict[str, str]:
+    src = fam.src
+    fp = target_embedding_fingerprint(src.model_dir)
+    return {
+        "converter": f"dflash-gguf {__version__}",
+        "llama_cpp_build": LLAMA_CPP_BUILD,
+        prov.TARGET_SOURCE: str(src.model_dir),
+        prov.TARGET_ARCH: src.config.arch,
+        "target.config_sha256": hashlib.sha256(src.config.path.read_bytes()).hexdigest(),
+        prov.TARGET_VOCAB_SHA256: vocab_sha,
+        "tokenizer.origin": "original",
+        **({prov.TARGET_EMBD_FINGERPRINT: fp} if fp else {}),
+        **(extra or {}),  # what the caller knows (provenance.Sources.keys()) wins over our defaults
+    }
+
+
+def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
+                   tokenizer_dir: Path | None = None,
+                   provenance: dict[str, str] | None = None,
+                   quant: str | None = None,
+                   dry_run: bool = False,
+                   on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+    """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
+
+    ``tokenizer_dir`` (default ``model_dir``) is where the tokenizer files are read; ``provenance`` adds
+    our own ``dflash_gguf.*`` keys (``provenance.Sources.keys()``). ``quant`` ("q4_0", "q8_0", ...)
+    quantizes in the same pass: the bytes of converting to ``outtype`` and then running llama-quantize
+    (its Q6_K output rule included), with no intermediate file.
+
+    Raises:
+        ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
+        one paragraph naming the file, the field and the fix; nothing is written.
+    """
+    start = time.perf_counter()
+    model_dir = Path(model_dir)
+    fam = family_for(model_dir, tokenizer_dir)
+    specs = plan_tensors(fam)
+    outtype = resolve_outtype(outtype, (s.ref for s in specs if s.ref is not None and s.data is None))
+    ftype, qtype = OUTTYPES[outtype]
+
+    plan = GGUFPlan(fam.gguf_arch)
+    add_general(plan, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name, model_dir)
+    for spec in specs:
+        tq = tensor_type(spec.name, spec.shape, qtype, spec.force_f32 or fam.force_f32(spec.name))
+        write, source = spec_writer(spec, tq)
+        plan.add_tensor(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
+    fam.add_hparams(plan, ftype)
+    plan.add_uint32("general.quantization_version", GGML_QUANT_VERSION)
+    vocab = fam.add_vocab(plan)
+    recorded = _provenance(fam, vocab.sha256, provenance)
+    for name, value in recorded.items():
+        plan.add_string(prov.key(name), value)
+    if fam.notes:
+        plan.add_array(prov.key(prov.NOTES), fam.notes)
+    if quant is not None:
+        from ...quantize.builtin import quantize_plan
+
+        out = quantize_plan(plan, Path(outfile), quant, dry_run=dry_run, on_progress=on_progress)
+        return ConvertResult(Path(outfile), len(plan.tensors), out.n_bytes, quant, vocab, tuple(fam.notes),
+                             time.perf_counter() - start, dry_run, recorded)
+    if dry_run:
+        return ConvertResult(Path(outfile), len(plan.tensors), plan.data_bytes, outtype, vocab, tuple(fam.notes),
+                             time.perf_counter() - start, True, recorded)
+    size = write_plan(plan, Path(outfile), on_progress)
+    return ConvertResult(Path(outfile), len(plan.tensors), size, outtype, vocab, tuple(fam.notes),
+                         time.perf_counter() - start, False, recorded)
+
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "ConvertResult", "TargetSource", "TensorSpec", "TextFamily",
+           "add_text_hparams", "block_id", "builtin_family", "convert_target", "family_for", "plan_tensors",
+           "trimmed_rows", "unsupported_message"]

@@ -1,0 +1,82 @@
+"""Qwen3 dense targets, as b11434's ``Qwen3Model`` (conversion/qwen.py, via ``Qwen2Model``) writes them.
+
+b11434 reads the config through transformers' ``Qwen3Config`` (defaults filled in, see
+``configs.qwen3_hparams``) and writes ``TextModel``'s generic keys only. Tensors map one to one;
+``lm_head`` is absent when the embeddings are tied. The vocabulary takes the GPT-2 BPE path (or the
+SentencePiece one when a ``tokenizer.model`` is present), exactly as for a Qwen3 drafter's target.
+Rerankers and sentence-transformers exports (extra pooling/classifier keys) are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import UnsupportedModelError
+from ..configs import qwen3_hparams
+from .base import TextFamily
+
+ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+# HF name -> GGUF name; b11434 gguf-py tensor_mapping.py entries used by MODEL_ARCH.QWEN3.
+TENSOR_MAP = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+    "model.layers.{bid}.self_attn.q_proj": "blk.{bid}.attn_q",
+    "model.layers.{bid}.self_attn.k_proj": "blk.{bid}.attn_k",
+    "model.layers.{bid}.self_attn.v_proj": "blk.{bid}.attn_v",
+    "model.layers.{bid}.self_attn.o_proj": "blk.{bid}.attn_output",
+    "model.layers.{bid}.self_attn.q_norm": "blk.{bid}.attn_q_norm",
+    "model.layers.{bid}.self_attn.k_norm": "blk.{bid}.attn_k_norm",
+    "model.layers.{bid}.input_layernorm": "blk.{bid}.attn_norm",
+    "model.layers.{bid}.post_attention_layernorm": "blk.{bid}.ffn_norm",
+    "model.layers.{bid}.mlp.gate_proj": "blk.{bid}.ffn_gate",
+    "model.layers.{bid}.mlp.up_proj": "blk.{bid}.ffn_up",
+    "model.layers.{bid}.mlp.down_proj": "blk.{bid}.ffn_down",
+}
+
+
+class Qwen3Family(TextFamily):
+    gguf_arch = "qwen3"
+    tensor_map = TENSOR_MAP
+
+    @classmethod
+    def load_hparams(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return qwen3_hparams(raw)
+
+    def check_config(self) -> None:
+        path, src = self.src.config.path, self.src
+        if self.hp.get("attention_bias"):
+            raise UnsupportedModelError(f"{path}: attention_bias is true; llama.cpp b11434's Qwen3 loader has no "
+                                        "attention bias tensors. Convert it with llama.cpp's converter (--llama-cpp "
+                                        "DIR) to see how it handles them, or pass --target-gguf.")
+        readme = src.model_dir / "README.md"
+        card = readme.read_text(encoding="utf-8", errors="replace").lower() if readme.is_file() else ""
+        hints = (src.model_dir.name + " " + str(self.hp.get("_name_or_path", ""))).lower()
+        if "# qwen3-reranker" in card or "qwen3-reranker" in hints or (src.model_dir / "modules.json").is_file():
+            raise UnsupportedModelError(
+                f"{src.model_dir}: a Qwen3 reranker or sentence-transformers export (README / folder name / "
+                "modules.json). llama.cpp b11434 writes extra pooling and classifier keys for those, which the "
+                "built-in converter does not; and a DFlash target is a plain causal LM. Use llama.cpp's converter "
+                "(--llama-cpp DIR) for it.")
+
+    def expected_shapes(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        hp = self.hp
+        h, v, nh = int(hp["hidden_size"]), int(hp["vocab_size"]), int(hp["num_attention_heads"])
+        kv, hd, ff = int(hp["num_key_value_heads"]), int(hp["head_dim"]), int(hp["intermediate_size"])
+        required: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
+        optional: dict[str, tuple[int, ...]] = {"output.weight": (v, h)}
+        for i in range(self.block_count):
+            b = f"blk.{i}."
+            required.update({
+                b + "attn_norm.weight": (h,), b + "attn_q.weight": (nh * hd, h), b + "attn_k.weight": (kv * hd, h),
+                b + "attn_v.weight": (kv * hd, h), b + "attn_output.weight": (h, nh * hd),
+                b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,), b + "ffn_norm.weight": (h,),
+                b + "ffn_gate.weight": (ff, h), b + "ffn_up.weight": (ff, h), b + "ffn_down.weight": (h, ff),
+            })
+        if not hp.get("tie_word_embeddings", False):
+            required["output.weight"] = optional.pop("output.weight")
+        return required, optional
+
+
+FAMILY = Qwen3Family

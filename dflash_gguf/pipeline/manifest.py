@@ -1,0 +1,144 @@
+"""``pair.json``: what a pipeline run made, from what, with which tools, and how to serve it.
+
+Written atomically after every stage, so it always describes files that exist under their final
+names; a re-run skips a stage whose recorded inputs (its ``key``) are unchanged and whose outputs still
+have the recorded size and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_output
+from ..errors import InputError
+from ..verify.report import Report
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "pair.json"
+FORMAT = "dflash-gguf-pair/1"
+_CHUNK = 8 << 20
+_ORDER = ("format", "status", "sources", "options", "outputs", "serve", "tokenizer", "tools", "verify", "precheck",
+          "stages")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """Name (relative to the manifest), size and sha256 of an output."""
+    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+class Manifest:
+    """The manifest of one output folder: a JSON document plus the stage records that make resume work."""
+
+    def __init__(self, outdir: Path, data: dict[str, Any] | None = None) -> None:
+        self.outdir = Path(outdir)
+        self.data: dict[str, Any] = data or {"format": FORMAT, "status": "in-progress", "stages": {}}
+
+    @property
+    def path(self) -> Path:
+        return self.outdir / MANIFEST_NAME
+
+    @classmethod
+    def load(cls, outdir: Path) -> Manifest:
+        """The folder's manifest, or a fresh one when there is none (an unreadable one is started over)."""
+        path = Path(outdir) / MANIFEST_NAME
+        if not path.is_file():
+            return cls(outdir)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            log.warning("%s is unreadable (%s); starting over", path, e)
+            return cls(outdir)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            log.warning("%s is not a %s manifest; starting over", path, FORMAT)
+            return cls(outdir)
+        data.setdefault("stages", {})
+        return cls(outdir, data)
+
+    def save(self) -> None:
+        """Write pair.json atomically, the parts a reader wants first."""
+        data = {k: self.data[k] for k in _ORDER if k in self.data} | self.data
+        with atomic_output(self.path) as tmp:
+            tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+    def reusable(self, stage: str, key: dict[str, Any], outputs: list[Path]) -> bool:
+        """True when ``stage`` ran with this ``key`` and each of ``outputs`` is still the file it wrote."""
+        rec = self.data["stages"].get(stage)
+        if not rec or rec.get("key") != json.loads(json.dumps(key, default=str)):
+            return False
+        files = {f["file"]: f for f in rec.get("outputs", [])}
+        for out in outputs:
+            want = files.get(out.name)
+            if want is None or not out.is_file() or out.stat().st_size != want["size"]:
+                return False
+            if sha256_file(out) != want["sha256"]:
+                log.info("%s changed since it was written; %s runs again", out, stage)
+                return False
+        log.info("%s: up to date, skipped", stage)
+        return True
+
+    def record(self, stage: str, key: dict[str, Any], outputs: list[Path], **extra: Any) -> list[dict[str, Any]]:
+        """Note that ``stage`` made ``outputs`` from ``key``, and save the manifest."""
+        files = [file_record(p) for p in outputs]
+        self.data["stages"][stage] = {"key": json.loads(json.dumps(key, default=str)), "outputs": files, **extra}
+        self.save()
+        return files
+
+    def stage_outputs(self, stage: str) -> list[dict[str, Any]]:
+        return list(self.data["stages"].get(stage, {}).get("outputs", []))
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A pair.json written by the pipeline, for ``dflash-verify pair.json``.
+
+    Raises:
+        InputError: not readable, or not a pair manifest.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read it as a pair manifest ({e}). Pass the pair.json dflash-convert "
+                         "wrote, or the two GGUF files.") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("outputs"), dict):
+        raise InputError(f"{path} is not a pair manifest written by dflash-convert (format {FORMAT}). Pass the "
+                         "two GGUF files instead.")
+    return data
+
+
+def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:
+    """``dflash-verify pair.json``: the two files it names, unchanged since they were written, judged as a pair.
+
+    Raises:
+        InputError: the manifest or a GGUF cannot be read.
+    """
+    from ..verify import verify_files
+
+    data = read_manifest(path)
+    folder = Path(path).parent
+    files = {side: folder / data["outputs"][side]["file"] for side in ("drafter", "target")}
+    for side, f in files.items():
+        if not f.is_file():
+            raise InputError(f"{path} names the {side} {f.name}, which is not in {folder}. Keep pair.json beside "
+                             "its two GGUF files, or re-run dflash-convert to make them again.")
+    report = verify_files(files["drafter"], files["target"], allow_derived_target=allow_derived_target)
+    for side, f in files.items():
+        want = data["outputs"][side]
+        if f.stat().st_size == want.get("size") and sha256_file(f) == want.get("sha256"):
+            report.ok(f"manifest.{side}", f"{f.name}: size and sha256 as recorded in {Path(path).name}")
+        else:
+            report.fail(f"manifest.{side}", "error", f"{f.name} is not the file {Path(path).name} recorded (size or "
+                        "sha256 differ): it was changed or replaced after the pair was made.",
+                        "Re-run dflash-convert with the same options to make it again.")
+    return report

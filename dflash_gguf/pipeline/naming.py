@@ -1,0 +1,44 @@
+"""Output file names by llama.cpp's convention (``<Name>-<Encoding>.gguf``) and the checkpoint's own type.
+
+llama.cpp's ``gguf.naming_convention`` builds ``<BaseName>-<SizeLabel>-<FineTune>-<Encoding>``; a Hub repo
+name already carries the first three (``gemma-4-12B-it``, ``gemma4-12B-it-DFlash``), so the repo's
+basename plus the encoding gives the names users find on the Hub (``gemma-4-12B-it-Q4_0.gguf``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..convert.safetensors import index_checkpoint
+
+QUANT_TYPES = ("q4_0", "q8_0", "bf16", "f16")
+UNQUANTIZED = ("bf16", "f16", "f32")
+# Bytes per weight of each output type relative to a 16-bit checkpoint (ggml block sizes: q4_0 18 bytes and
+# q8_0 34 bytes per 32 weights); used only for the plan's size estimates.
+SIZE_RATIO = {"q4_0": 18 / 64, "q8_0": 34 / 64, "bf16": 1.0, "f16": 1.0, "f32": 2.0}
+
+
+def encoding(type_name: str) -> str:
+    """``q4_0`` -> ``Q4_0``, ``bf16`` -> ``BF16``: the encoding part of a llama.cpp file name."""
+    return type_name.upper()
+
+
+def gguf_name(model_name: str, type_name: str) -> str:
+    return f"{model_name}-{encoding(type_name)}.gguf"
+
+
+def model_name(repo: str | None, folder: Path) -> str:
+    """The repo's basename (``google/gemma-4-12B-it`` -> ``gemma-4-12B-it``), else the folder's name."""
+    return repo.rsplit("/", 1)[-1] if repo else Path(folder).resolve().name
+
+
+def checkpoint_type(model_dir: Path) -> str:
+    """The 16-bit type a conversion with ``--outtype auto`` writes: the checkpoint's own BF16 or F16
+    (F32 and anything else give F16, as llama.cpp's converter and ours do).
+
+    Raises:
+        TensorError, InputError: the checkpoint cannot be indexed.
+    """
+    refs = index_checkpoint(model_dir)
+    first = next((ref for ref in refs.values() if len(ref.shape) >= 2), None)
+    return {"BF16": "bf16", "F16": "f16"}.get(first.dtype if first else "", "f16")

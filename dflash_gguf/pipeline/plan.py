@@ -1,0 +1,119 @@
+"""The plan of a run: files to download (with sizes), outputs (with estimated sizes), and the disk it needs.
+
+Computed from configs, the Hub's file listing at the pinned commit and the local cache, before any
+weight is fetched: ``--dry-run`` prints it, and every run refuses up front when a filesystem cannot
+hold its share (downloads on the Hugging Face cache's, outputs on the output folder's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import OutputError
+from .naming import SIZE_RATIO
+
+
+@dataclass(frozen=True)
+class Download:
+    source: str
+    path: str
+    size: int | None
+    cached: int  # bytes of it already in the local cache
+
+
+@dataclass(frozen=True)
+class Output:
+    file: str
+    estimated: int
+    kind: str  # "final" | "intermediate" (deleted after quantization unless --keep-intermediate) | "link"
+
+
+@dataclass(frozen=True)
+class Plan:
+    outdir: Path
+    downloads: tuple[Download, ...]
+    outputs: tuple[Output, ...]
+    needed: dict[str, int] = field(default_factory=dict)  # filesystem (a folder on it) -> bytes needed
+    free: dict[str, int] = field(default_factory=dict)  # filesystem (a folder on it) -> bytes free
+
+    @property
+    def short(self) -> dict[str, tuple[int, int]]:
+        """Filesystems that cannot hold their share: folder -> (needed, free)."""
+        return {k: (v, self.free[k]) for k, v in self.needed.items() if v > self.free[k]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outdir": str(self.outdir),
+                "downloads": [{"source": d.source, "file": d.path, "size": d.size, "cached": d.cached}
+                              for d in self.downloads],
+                "outputs": [{"file": o.file, "estimated_size": o.estimated, "kind": o.kind} for o in self.outputs],
+                "disk": [{"filesystem": k, "needed": v, "free": self.free[k], "enough": v <= self.free[k]}
+                         for k, v in self.needed.items()]}
+
+    def require_space(self) -> None:
+        """Raises OutputError when a filesystem cannot hold the run."""
+        if not self.short:
+            return
+        what = "; ".join(f"about {n / 1e6:.1f} MB is needed on the filesystem of {k} and {f / 1e6:.1f} MB is free"
+                         for k, (n, f) in self.short.items())
+        raise OutputError(f"Not enough disk space for the pair in {self.outdir}: {what}. Free some space, choose "
+                          "another --outdir, or point HF_HOME at a larger disk for the downloads. Nothing was "
+                          "downloaded or written.")
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def estimate_outputs(name_t: str, weights_t: int, src_t: str, name_d: str, weights_d: int, src_d: str, quant: str,
+                     *, keep_intermediate: bool, target_link: str | None = None,
+                     one_pass: tuple[bool, bool] = (False, False)) -> tuple[list[Output], int]:
+    """The output files with estimated sizes, and the peak bytes they occupy at once (``one_pass``: target,
+    drafter converted and quantized in one pass, with no intermediate file)."""
+    from .naming import gguf_name
+
+    outputs: list[Output] = []
+    peaks: list[int] = []
+    finals = 0
+    for i, (name, weights, src) in enumerate(((name_t, weights_t, src_t), (name_d, weights_d, src_d))):
+        if i == 0 and target_link is not None:
+            outputs.append(Output(target_link, 0, "link"))
+            continue
+        inter = int(weights * SIZE_RATIO[src] / SIZE_RATIO["bf16"])
+        final = int(weights * SIZE_RATIO[quant])
+        if src == quant or one_pass[i]:
+            size = inter if src == quant else final
+            outputs.append(Output(gguf_name(name, quant), size, "final"))
+            finals += size
+            peaks.append(finals)
+            continue
+        outputs.append(Output(gguf_name(name, src), inter, "intermediate"))
+        outputs.append(Output(gguf_name(name, quant), final, "final"))
+        peaks.append(finals + inter + final)
+        finals += final + (inter if keep_intermediate else 0)
+    return outputs, max([finals, *peaks])
+
+
+def make_plan(outdir: Path, downloads: list[Download], outputs: list[Output], peak: int) -> Plan:
+    """Bytes needed per filesystem (downloads not yet cached on the Hub cache's, outputs not yet written on
+    the output folder's) against what is free there."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    out_fs, cache_fs = _existing(outdir), _existing(Path(HF_HUB_CACHE))
+    present = sum((outdir / o.file).stat().st_size for o in outputs if (outdir / o.file).is_file())
+    to_download = sum(max((d.size or 0) - d.cached, 0) for d in downloads)
+    out_need = max(peak - present, 0)
+    needed: dict[str, int] = {}
+    if os.stat(out_fs).st_dev == os.stat(cache_fs).st_dev:
+        needed[str(out_fs)] = out_need + to_download
+    else:
+        needed[str(out_fs)] = out_need
+        needed[str(cache_fs)] = to_download
+    free = {k: shutil.disk_usage(k).free for k in needed}
+    return Plan(Path(outdir), tuple(downloads), tuple(outputs), needed, free)

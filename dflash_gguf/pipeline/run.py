@@ -1,0 +1,358 @@
+"""``run_pipeline``: resolve -> precheck -> fetch -> tokenizer -> target GGUF -> drafter GGUF -> quantize ->
+verify -> pair.json, each stage skipped when pair.json vouches for its output.
+
+Reads top to bottom like the manual workflow it replaces. Nothing here prints or knows about Click:
+progress goes through the ``progress`` factory the caller passes, messages through ``logging``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import LLAMA_CPP_BUILD, __version__
+from ..errors import InputError
+from ..jsonfile import read_json
+from ..provenance import Sources
+from ..verify import Report
+from . import stages
+from .manifest import Manifest, file_record, sha256_file
+from .naming import QUANT_TYPES, checkpoint_type, gguf_name, model_name
+from .plan import Download, Plan, estimate_outputs, make_plan
+from .sources import TOKENIZER_PATTERNS, WEIGHT_PATTERNS, Source, cached_size, fetch_source, list_source_files
+from .sources import resolve_source as resolve_spec
+
+log = logging.getLogger(__name__)
+
+WORK_DIR = ".dflash-work"  # inside --outdir: the tokenizer overlay and the converters' scratch cwd
+ProgressFactory = Callable[[str], Callable[[int, int], None]]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Everything ``dflash-convert --target --drafter`` takes; field names mirror the flags."""
+
+    target: str
+    drafter: str
+    quant: str = "q4_0"
+    outdir: Path | None = None
+    target_gguf: str | None = None
+    llama_cpp: Path | None = None
+    keep_intermediate: bool = False
+    allow_derived_target: bool = False
+    dry_run: bool = False
+    threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """The manifest as written (or, for a dry run, the plan), and the final verify report."""
+
+    outdir: Path
+    manifest: dict[str, Any]
+    plan: Plan | None = None
+    report: Report | None = None
+    dry_run: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return self.report.exit_code if self.report is not None else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.dry_run:
+            return {"dry_run": True, **self.manifest, "plan": self.plan.to_dict() if self.plan else None}
+        return {"dry_run": False, "manifest": str(self.outdir / "pair.json"), **self.manifest}
+
+
+def default_outdir(drafter: Source) -> Path:
+    """``<drafter-name>-pair`` in the current folder."""
+    return Path(f"{model_name(drafter.repo, drafter.path)}-pair")
+
+
+def _no_progress(desc: str) -> Callable[[int, int], None]:
+    return lambda done, total: None
+
+
+@contextlib.contextmanager
+def _bar(progress: ProgressFactory, desc: str) -> Iterator[Callable[[int, int], None]]:
+    bar = progress(desc)
+    try:
+        yield bar
+    finally:
+        close = getattr(bar, "close", None)
+        if close is not None:
+            close()
+
+
+def _config_type(cfg_path: Path) -> str:
+    """The checkpoint's 16-bit type as config.json declares it (for the plan, before any weight is here)."""
+    cfg = read_json(cfg_path)
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") \
+        or (cfg.get("text_config") or {}).get("torch_dtype")
+    return "bf16" if dtype == "bfloat16" else "f16"
+
+
+def _tool_versions(method: stages.TargetMethod) -> dict[str, str]:
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    out = {"dflash_gguf": __version__, "gguf": version("gguf"), "huggingface_hub": version("huggingface_hub"),
+           "llama_cpp_build": LLAMA_CPP_BUILD, "python": sys.version.split()[0],
+           "quantizer": stages.quantizer_choice()}
+    if method.kind == "llama-cpp":
+        out["llama_cpp_converter"] = method.detail
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+def _one_pass(opts: PipelineOptions) -> bool:
+    """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
+    BF16 file on disk. Only when the built-in quantizer is the one that would run, and no intermediate is
+    to be kept."""
+    return (opts.quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
+            and stages.quantizer_choice() == "builtin")
+
+
+def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: stages.TargetMethod,
+             outdir: Path) -> Plan:
+    """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
+    name_t, name_d = model_name(target.repo, target.path), model_name(drafter.repo, drafter.path)
+    target_patterns = TOKENIZER_PATTERNS + (() if method.kind == "gguf" else WEIGHT_PATTERNS)
+    downloads: list[Download] = []
+    weights = {}
+    for side, src, patterns in (("target", target, target_patterns), ("drafter", drafter, WEIGHT_PATTERNS)):
+        files = list_source_files(src, patterns)
+        weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
+        if src.repo is not None:
+            downloads += [Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
+    link = None
+    if method.kind == "gguf":
+        local = Path(method.detail).expanduser()
+        link = local.name if local.is_file() else method.detail.rsplit("/", 1)[-1]
+        if not local.is_file():
+            downloads.append(Download(method.detail, method.detail.partition(":")[2], None, 0))
+    outputs, peak = estimate_outputs(name_t, weights["target"], _config_type(target.path / "config.json"), name_d,
+                                     weights["drafter"], _config_type(drafter.path / "config.json"), opts.quant,
+                                     keep_intermediate=opts.keep_intermediate, target_link=link,
+                                     one_pass=(method.kind == "builtin" and _one_pass(opts), _one_pass(opts)))
+    return make_plan(outdir, downloads, outputs, peak)
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress) -> PipelineResult:
+    """Make, quantize, verify and describe a servable drafter/target GGUF pair.
+
+    Raises:
+        PairRefused (IncompatiblePairError): the precheck or the --target-gguf judgment refused the pair.
+        UnsupportedModelError: no way to make the target GGUF.
+        ResolveError, InputError, ConfigError, TensorError, TokenizerError, QuantizeError, OutputError: from
+            the stage that failed; outputs of finished stages stay and the next run resumes after them.
+    """
+    if opts.quant not in QUANT_TYPES:
+        raise InputError(f"--quant {opts.quant!r} is not one of {', '.join(QUANT_TYPES)}.")
+    drafter, target = resolve_spec(opts.drafter), resolve_spec(opts.target)
+    log.info("drafter %s, target %s", drafter.label, target.label)
+    precheck = stages.precheck_sources(drafter, target, allow_derived_target=opts.allow_derived_target)
+    method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
+    outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
+    plan = plan_run(opts, drafter, target, method, outdir)
+    header = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
+              "options": {"quant": opts.quant, "target_method": method.kind, "target_gguf": opts.target_gguf,
+                          "llama_cpp": str(opts.llama_cpp) if opts.llama_cpp else None,
+                          "keep_intermediate": opts.keep_intermediate,
+                          "allow_derived_target": opts.allow_derived_target},
+              "precheck": precheck.to_dict()}
+    if opts.dry_run:
+        plan.require_space()
+        return PipelineResult(outdir, header, plan, None, True)
+    plan.require_space()
+    gguf_path = None
+    if method.kind == "gguf":  # judged before any weight is fetched or anything is written
+        gguf_path = stages.obtain_target_gguf(method.detail)
+        stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
+        header["sources"]["target_gguf"] = {"spec": method.detail, "path": str(gguf_path.resolve())}
+    outdir.mkdir(parents=True, exist_ok=True)
+    return _Run(opts, Manifest.load(outdir), progress, method).run(drafter, target, header, gguf_path)
+
+
+class _Run:
+    """One run's state: the manifest, the options, and the stage bookkeeping around the stage functions."""
+
+    def __init__(self, opts: PipelineOptions, manifest: Manifest, progress: ProgressFactory,
+                 method: stages.TargetMethod) -> None:
+        self.opts, self.manifest, self.progress, self.method = opts, manifest, progress, method
+        self.outdir = manifest.outdir
+        self.work = self.outdir / WORK_DIR
+        self.tool = f"dflash-gguf {__version__}"
+
+    def run(self, drafter: Source, target: Source, header: dict[str, Any], gguf_path: Path | None) -> PipelineResult:
+        m = self.manifest
+        m.data.update(header)
+        m.data["status"] = "in-progress"
+        for done in ("outputs", "serve", "verify"):  # until this run vouches for them again
+            m.data.pop(done, None)
+        m.save()
+        opts = self.opts
+
+        target = fetch_source(target, TOKENIZER_PATTERNS + (() if gguf_path else WEIGHT_PATTERNS))
+        drafter = fetch_source(drafter, WEIGHT_PATTERNS)
+        m.data["sources"]["target"] = target.to_dict()
+        m.data["sources"]["drafter"] = drafter.to_dict()
+        m.save()
+
+        tok = self.tokenizer(target)
+        m.data["tokenizer"] = tok.to_dict() | {"overlay": os.path.relpath(tok.overlay, self.outdir)
+                                               if tok.overlay else None}
+        m.save()
+
+        final_t, made_t = self.target(target, tok, gguf_path)
+        final_d, made_d = self.drafter(drafter, target, tok, final_t.name)
+
+        report = stages.verify_pair(final_d, final_t, allow_derived_target=opts.allow_derived_target)
+        cmd = stages.server_command(final_t, final_d)
+        m.data["outputs"] = {"target": {**self._record_of(final_t), **made_t},
+                             "drafter": {**self._record_of(final_d), **made_d}}
+        m.data["tools"] = _tool_versions(self.method)
+        m.data["verify"] = report.to_dict()
+        m.data["serve"] = {"command": cmd, "shell": shlex.join(cmd)}
+        m.data["status"] = "verify-failed" if report.errors else "complete"
+        m.save()
+        return PipelineResult(self.outdir, m.data, None, report, False)
+
+    # -------------------------------------------------------------------------------------------- stages
+
+    def tokenizer(self, target: Source) -> stages.TokenizerStage:
+        overlay = self.work / "tokenizer" / model_name(target.repo, target.path)
+        if not stages.needs_overlay(target.path):
+            return stages.prepare_tokenizer(target.path, overlay)
+        key = {"target": target.identity(), "tool": self.tool}
+        if self.manifest.reusable("tokenizer", key, [overlay / "tokenizer.model"]) \
+                and (tok := stages.existing_overlay(overlay)) is not None:
+            return tok
+        tok = stages.prepare_tokenizer(target.path, overlay)
+        self.manifest.record("tokenizer", key, [overlay / "tokenizer.model"])
+        return tok
+
+    def target(self, target: Source, tok: stages.TokenizerStage,
+               gguf_path: Path | None) -> tuple[Path, dict[str, Any]]:
+        name = model_name(target.repo, target.path)
+        quant = self.opts.quant
+        if gguf_path is not None:
+            kind = stages.gguf_type(gguf_path)
+            if kind in ("quantized", quant):
+                link = stages.link_into(self.outdir, gguf_path)
+                return link, {"type": kind, "made_by": f"--target-gguf {self.method.detail}"}
+            key = {"method": "gguf", "source": str(gguf_path.resolve()), "size": gguf_path.stat().st_size,
+                   "mtime_ns": gguf_path.stat().st_mtime_ns}
+            final = self.outdir / gguf_name(name, quant)
+            return final, self._quantized_side("target", key, lambda out: None, gguf_path, final, keep_input=True)
+
+        src = checkpoint_type(target.path)
+        key = {"method": self.method.kind, "detail": self.method.detail, "source": target.identity(),
+               "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
+        one_pass = None
+        if self.method.kind == "builtin":
+            sources = Sources(None, target.repo_spec, None, tok.provenance())
+
+            def convert(out: Path, quant: str | None = None) -> None:
+                with _bar(self.progress, "convert target") as bar:
+                    stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
+
+            one_pass = convert if _one_pass(self.opts) else None
+        else:
+            def convert(out: Path) -> None:
+                assert self.opts.llama_cpp is not None
+                stages.convert_target_llama_cpp(self.opts.llama_cpp, tok, target.path, out, src, self.work)
+
+        final = self.outdir / gguf_name(name, quant)
+        inter = self.outdir / gguf_name(name, src)
+        return final, self._side("target", key, convert, inter, final, one_pass)
+
+    def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage,
+                target_file: str) -> tuple[Path, dict[str, Any]]:
+        name = model_name(drafter.repo, drafter.path)
+        src = checkpoint_type(drafter.path)
+        key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
+               "target_file": target_file, "outtype": src, "tool": self.tool}
+
+        def convert(out: Path, quant: str | None = None) -> None:
+            with _bar(self.progress, "convert drafter") as bar:
+                stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
+
+        final = self.outdir / gguf_name(name, self.opts.quant)
+        inter = self.outdir / gguf_name(name, src)
+        one_pass = convert if _one_pass(self.opts) else None
+        return final, self._side("drafter", key, convert, inter, final, one_pass)
+
+    # ------------------------------------------------------------------------------------- bookkeeping
+
+    def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
+              final: Path, one_pass: Callable[[Path, str], None] | None = None) -> dict[str, Any]:
+        """Convert (unless pair.json vouches for the file), then quantize; returns how the final was made."""
+        if one_pass is not None and inter != final:
+            key = {**key, "quant": self.opts.quant, "one_pass": "builtin"}
+            if not self.manifest.reusable(f"{side}.convert", key, [final]):
+                log.info("%s: converting and quantizing in one pass to %s", side, final)
+                one_pass(final, self.opts.quant)
+                self.manifest.record(f"{side}.convert", key, [final])
+            if inter.exists():
+                inter.unlink()  # left by an earlier two-step run
+            return {"type": self.opts.quant, "made_by": "built-in converter and quantizer in one pass"}
+        if inter == final:
+            if not self.manifest.reusable(f"{side}.convert", key, [final]):
+                log.info("%s: converting to %s", side, final)
+                convert(final)
+                self.manifest.record(f"{side}.convert", key, [final])
+            return {"type": self.opts.quant, "made_by": f"{key.get('method', 'builtin')} converter, not quantized"}
+        return self._quantized_side(side, key, convert, inter, final)
+
+    def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
+                        final: Path, *, keep_input: bool = False) -> dict[str, Any]:
+        q_key = {"input": key, "type": self.opts.quant, "quantizer": stages.quantizer_choice()}
+        if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
+            if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
+                log.info("%s: converting to %s", side, inter)
+                convert(inter)
+                self.manifest.record(f"{side}.convert", key, [inter])
+            log.info("%s: quantizing to %s", side, final)
+            with _bar(self.progress, f"quantize {side}") as bar:
+                q = stages.quantize_stage(inter, final, self.opts.quant, self.opts.threads, bar)
+            self.manifest.record(f"{side}.quantize", q_key, [final], quantizer=q.quantizer,
+                                 quantizer_version=q.version)
+        if not keep_input and not self.opts.keep_intermediate and inter.exists():
+            inter.unlink()
+            log.info("%s: removed the intermediate %s", side, inter.name)
+        rec = self.manifest.data["stages"][f"{side}.quantize"]
+        made_by = f"{rec.get('quantizer')} quantizer: {rec.get('quantizer_version', '?')}"
+        made: dict[str, Any] = {"type": self.opts.quant, "made_by": made_by}
+        if self.opts.keep_intermediate and not keep_input and inter.exists():
+            made["intermediate"] = self._record_of(inter, f"{side}.convert")
+        return made
+
+    def _record_of(self, path: Path, stage: str | None = None) -> dict[str, Any]:
+        """size + sha256 of an output, from the stage that recorded it when there is one."""
+        for name, rec in self.manifest.data["stages"].items():
+            if stage is not None and name != stage:
+                continue
+            for f in rec.get("outputs", []):
+                if f["file"] == path.name and path.is_file() and path.stat().st_size == f["size"]:
+                    return dict(f)
+        if path.is_symlink():
+            return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
+                    "links_to": str(path.resolve())}
+        return file_record(path)

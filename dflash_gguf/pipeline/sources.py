@@ -1,0 +1,138 @@
+"""The two sources of a run: a Hub repo pinned to a commit, or a local folder, through ``dflash_gguf.hub``.
+
+Why a layer here: the pipeline needs a stable identity for each source (what a later run compares to
+decide whether a stage must run again) and the list of files a fetch would download (for the plan).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import hub
+from ..hub import CARD_AND_CONFIG, Resolved
+
+# The agreed Hub patterns; the fallbacks keep the pipeline usable against an older hub module.
+TOKENIZER_PATTERNS: tuple[str, ...] = getattr(hub, "TOKENIZER_PATTERNS", (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+    "generation_config.json", "chat_template.jinja", "vocab.json", "merges.txt"))
+WEIGHT_PATTERNS: tuple[str, ...] = getattr(hub, "WEIGHT_PATTERNS", ("*.safetensors", "model.safetensors.index.json"))
+
+
+@dataclass(frozen=True)
+class Source:
+    """One side of the pair: what the user typed, where its files are, and where they came from."""
+
+    spec: str
+    resolved: Resolved
+
+    @property
+    def path(self) -> Path:
+        return self.resolved.path
+
+    @property
+    def repo(self) -> str | None:
+        return self.resolved.repo
+
+    @property
+    def commit(self) -> str | None:
+        return self.resolved.commit
+
+    @property
+    def label(self) -> str:
+        """``org/name@commit`` for a repo, the folder path for a local folder."""
+        return self.resolved.label
+
+    @property
+    def repo_spec(self) -> str | None:
+        """``org/name@commit`` for provenance, None for a local folder."""
+        return f"{self.repo}@{self.commit}" if self.repo else None
+
+    def identity(self) -> str:
+        """What decides whether outputs made from this source are still current: the pinned commit of a
+        repo, or a folder's path plus the names, sizes and mtimes of its files."""
+        if self.repo:
+            return f"{self.repo}@{self.commit}"
+        h = hashlib.sha256()
+        for p in sorted(self.path.iterdir()):
+            if p.is_file() and not p.name.startswith("."):
+                st = p.stat()
+                h.update(f"{p.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return f"{self.path.resolve()}#{h.hexdigest()[:16]}"
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"spec": self.spec, "repo": self.repo, "commit": self.commit,
+                "path": None if self.repo else str(self.path.resolve())}
+
+
+def resolve_source(spec: str) -> Source:
+    """Config and model card only (a repo is pinned to its commit here, and that commit is used for every
+    later file).
+
+    Raises:
+        InputError, ResolveError: see :func:`dflash_gguf.hub.resolve`.
+    """
+    return Source(spec, hub.resolve(spec, CARD_AND_CONFIG))
+
+
+def fetch_source(source: Source, patterns: tuple[str, ...], *, progress: bool = True) -> Source:
+    """The files matching ``patterns`` at the pinned commit (a local folder is returned unchanged).
+
+    Raises:
+        ResolveError: the download failed (partial downloads resume on the next run).
+    """
+    if source.repo is None:
+        return source
+    patterns = tuple(dict.fromkeys((*CARD_AND_CONFIG, *patterns)))
+    fetch = getattr(hub, "fetch", None)
+    if fetch is not None:
+        return Source(source.spec, fetch(source.resolved, patterns, progress=progress))
+    return Source(source.spec, hub.resolve(f"{source.repo}@{source.commit}", patterns))
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    path: str
+    size: int | None
+
+
+def list_source_files(source: Source, patterns: tuple[str, ...]) -> list[PlannedFile]:
+    """What :func:`fetch_source` would bring, with sizes (None when the Hub does not say)."""
+    if source.repo is not None and (lister := getattr(hub, "list_files", None)) is not None:
+        return [PlannedFile(f.path, f.size) for f in lister(source.resolved, patterns)]
+    if source.repo is not None:
+        return _list_repo_files(source, patterns)
+    out = []
+    for p in sorted(source.path.iterdir()):
+        if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns):
+            out.append(PlannedFile(p.name, p.stat().st_size))
+    return out
+
+
+def _list_repo_files(source: Source, patterns: tuple[str, ...]) -> list[PlannedFile]:
+    """Fallback for a hub module without ``list_files``: the pinned commit's tree through the official client."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from ..errors import ResolveError
+
+    try:
+        info = HfApi().model_info(source.repo, revision=source.commit, files_metadata=True)
+    except (HfHubHTTPError, OSError) as e:
+        raise ResolveError(f"Listing the files of {source.label} failed: {e}. Retry, or run without --dry-run.") \
+            from None
+    return [PlannedFile(s.rfilename, s.size) for s in info.siblings or []
+            if any(fnmatch.fnmatch(s.rfilename, pat) for pat in patterns)]
+
+
+def cached_size(source: Source, name: str) -> int:
+    """Bytes of ``name`` already in the local Hugging Face cache at the pinned commit (0 when absent)."""
+    if source.repo is None:
+        return 0
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(source.repo, name, revision=source.commit)
+    return os.path.getsize(hit) if isinstance(hit, str) and os.path.isfile(hit) else 0

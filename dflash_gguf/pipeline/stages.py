@@ -1,0 +1,329 @@
+"""The pipeline's stages as plain functions: typed inputs, a small frozen result, logging only.
+
+Each stage does one thing and raises one of ``dflash_gguf.errors``; ``run.run_pipeline`` strings
+them together and decides which can be skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import IncompatiblePairError, InputError, UnsupportedModelError
+from ..jsonfile import read_json
+from ..provenance import Sources
+from ..verify import Report, precheck, read_gguf, verify_files
+from .sources import Source
+
+log = logging.getLogger(__name__)
+
+OnProgress = Callable[[int, int], None] | None
+BLOCK_SIZE_KEY = "dflash.block_size"  # llama.cpp b11434 common/speculative.cpp reads it for the draft length
+DEFAULT_BLOCK_SIZE = 16  # what b11434 assumes when the key is absent
+
+
+class PairRefused(IncompatiblePairError):
+    """The pair cannot work; ``report`` holds the checks that said so."""
+
+    def __init__(self, message: str, report: Report) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def _failures(report: Report) -> str:
+    return " ".join(f"[{r.id}] {r.message}" + (f" Fix: {r.fix}" if r.fix else "") for r in report.errors)
+
+
+# ---------------------------------------------------------------------------------------------- precheck
+
+
+def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: bool = False) -> Report:
+    """The checks of ``dflash-gguf precheck`` on the configs and cards fetched so far.
+
+    Raises:
+        PairRefused: a blocking check failed (nothing but configs and cards has been downloaded).
+        VerifyError: a config.json cannot be read.
+    """
+    def card(src: Source) -> str | None:
+        path = src.path / "README.md"
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    report = precheck(drafter.path / "config.json", target.path / "config.json",
+                      drafter_repo=drafter.repo or drafter.path.name, target_repo=target.repo or target.path.name,
+                      drafter_card=card(drafter), target_card=card(target), allow_derived_target=allow_derived_target)
+    if report.errors:
+        raise PairRefused(
+            f"Precheck refused drafter {drafter.label} with target {target.label} before any weights were "
+            f"downloaded: {_failures(report)} ('dflash-gguf precheck {drafter.spec} {target.spec}' prints the full "
+            "report.)", report)
+    return report
+
+
+# ----------------------------------------------------------------------------------------- target method
+
+
+@dataclass(frozen=True)
+class TargetMethod:
+    """How the target GGUF is obtained: ``gguf`` (--target-gguf), ``llama-cpp`` (--llama-cpp) or ``builtin``."""
+
+    kind: str
+    detail: str = ""
+
+
+def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Path | None) -> TargetMethod:
+    """An explicit flag wins; else the built-in converter when it covers config.json's architecture.
+
+    Raises:
+        UnsupportedModelError: no way to make the target GGUF (names the ways out).
+        InputError: --llama-cpp names no llama.cpp checkout.
+    """
+    if target_gguf:
+        return TargetMethod("gguf", target_gguf)
+    if llama_cpp is not None:
+        from .llama_cpp import converter_script, llama_cpp_version
+
+        converter_script(llama_cpp)
+        return TargetMethod("llama-cpp", llama_cpp_version(llama_cpp))
+    family = _builtin_family(target.path)
+    if family is not None:
+        return TargetMethod("builtin", family)
+    archs = read_json(target.path / "config.json").get("architectures") or ["?"]
+    supported = ", ".join(sorted(_supported_architectures())) or "none yet"
+    raise UnsupportedModelError(
+        f"Target {target.label}: architecture {archs[0]} is not covered by the built-in target converter "
+        f"(it covers: {supported}). Pass --target-gguf PATH|REPO:FILE with an existing GGUF of this target, or "
+        "--llama-cpp DIR to run llama.cpp's own converter from your checkout.")
+
+
+def _builtin_family(model_dir: Path) -> str | None:
+    try:
+        from ..convert.targets import builtin_family
+    except ImportError:
+        return None
+    return builtin_family(model_dir)
+
+
+def _supported_architectures() -> dict[str, str]:
+    try:
+        from ..convert.targets import SUPPORTED_ARCHITECTURES
+    except ImportError:
+        return {}
+    return dict(SUPPORTED_ARCHITECTURES)
+
+
+# -------------------------------------------------------------------------------------------- tokenizer
+
+
+@dataclass(frozen=True)
+class TokenizerStage:
+    """Where converters read the target's tokenizer files, and how tokenizer.model was obtained."""
+
+    dir: Path
+    origin: str  # "original" | "synthesized" | "tokenizer.json only" (GPT-2 style BPE: no tokenizer.model exists)
+    model_sha256: str | None
+    overlay: Path | None
+
+    def provenance(self) -> dict[str, str]:
+        out = {"tokenizer.origin": self.origin} if self.overlay is not None else {}
+        if self.overlay is not None and self.model_sha256:
+            out["tokenizer.model_sha256"] = self.model_sha256
+        return out
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"origin": self.origin, "tokenizer_model_sha256": self.model_sha256,
+                "overlay": str(self.overlay) if self.overlay else None}
+
+
+def needs_overlay(target_dir: Path) -> bool:
+    """No tokenizer.model, and a SentencePiece-derived tokenizer.json (BPE with byte fallback, as Gemma's):
+    then SentencePiece-first consumers (older llama.cpp converters, sentencepiece tools) need one.
+    GPT-2 style BPE (Qwen, Llama-3) never had a tokenizer.model."""
+    if (target_dir / "tokenizer.model").exists() or not (target_dir / "tokenizer.json").is_file():
+        return False
+    try:
+        model = read_json(target_dir / "tokenizer.json").get("model") or {}
+    except (OSError, ValueError):
+        return False  # the converters name a corrupt tokenizer.json themselves
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
+
+
+def prepare_tokenizer(target_dir: Path, overlay: Path) -> TokenizerStage:
+    """Synthesize the missing tokenizer.model into ``overlay`` (never into the target or the Hub cache).
+
+    Raises:
+        TokenizerError: tokenizer.json cannot be turned into a tokenizer.model.
+        OutputError: the overlay cannot be written there.
+    """
+    if not needs_overlay(target_dir):
+        origin = "original" if (target_dir / "tokenizer.model").exists() else "tokenizer.json only"
+        return TokenizerStage(target_dir, origin, None, None)
+    from ..tokenizer_fixups import fix_tokenizer
+
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    result = fix_tokenizer(target_dir, out=overlay)
+    log.info("tokenizer.model %s from tokenizer.json into %s", result.origin, overlay)
+    return TokenizerStage(overlay, result.origin, result.model_sha256, overlay)
+
+
+def existing_overlay(overlay: Path) -> TokenizerStage | None:
+    """An overlay a previous run wrote (for resume), else None."""
+    from ..tokenizer_fixups import overlay_provenance
+
+    record = overlay_provenance(overlay)
+    if not record or not (overlay / "tokenizer.model").is_file():
+        return None
+    return TokenizerStage(overlay, record.get("tokenizer.origin", "synthesized"), record.get("tokenizer.model_sha256"),
+                          overlay)
+
+
+# ------------------------------------------------------------------------------------------ target GGUF
+
+
+def obtain_target_gguf(spec: str) -> Path:
+    """``--target-gguf PATH`` or ``REPO[@REV]:FILE`` -> a local file (downloaded into the Hub cache if remote).
+
+    Raises:
+        InputError, ResolveError: missing file or failed download.
+    """
+    from .. import hub
+
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    fetch_file = getattr(hub, "fetch_file", None)
+    if fetch_file is not None:
+        return Path(fetch_file(spec))
+    repo, sep, name = spec.partition(":")
+    if not sep or not hub.is_repo_id(repo):
+        raise InputError(f"--target-gguf {spec!r} is neither an existing file nor REPO[@REV]:FILE. Check the path.")
+    local = hub.resolve(repo, (name,)).path / name
+    if not local.is_file():
+        raise InputError(f"--target-gguf {spec}: {name} is not in {repo}. Check the file name.")
+    return local
+
+
+def gguf_type(path: Path) -> str:
+    """``quantized`` when any 2-D tensor is quantized, else the (lower-case) type of the matrices."""
+    from gguf import GGMLQuantizationType
+
+    from ..quantize.rules import is_quantized
+
+    meta = read_gguf(path)
+    kinds = [GGMLQuantizationType(t.qtype) for t in meta.tensors.values() if len(t.ne) >= 2]
+    if any(is_quantized(k) for k in kinds):
+        return "quantized"
+    return kinds[0].name.lower() if kinds else "f32"
+
+
+def judge_target_gguf(path: Path, *, allow_derived_target: bool = False) -> Report:
+    """``dflash-verify TARGET.gguf``: the target alone (architecture, QAT/derived names).
+
+    Raises:
+        PairRefused: it cannot feed a DFlash drafter, or it is a derived (QAT...) model.
+        VerifyError: it is not a readable GGUF.
+    """
+    report = verify_files(path, allow_derived_target=allow_derived_target)
+    if report.errors:
+        raise PairRefused(f"--target-gguf {path} was refused by dflash-verify: {_failures(report)}", report)
+    return report
+
+
+def link_into(outdir: Path, path: Path) -> Path:
+    """``outdir/<name>`` pointing at ``path`` (a symlink; the file itself when it already is there)."""
+    dest = outdir / path.name
+    if dest.resolve() == path.resolve():
+        return dest
+    if dest.is_symlink() or dest.exists():
+        dest.unlink()
+    dest.symlink_to(path.resolve())
+    return dest
+
+
+# ----------------------------------------------------------------------------------------- conversions
+
+
+ONE_PASS_TYPES = ("q4_0", "q8_0")
+
+
+def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
+                           sources: Sources, on_progress: OnProgress = None, quant: str | None = None) -> None:
+    """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
+    ``quant``, converted and quantized in one pass."""
+    from ..convert.targets import convert_target
+
+    convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
+                   quant=quant, on_progress=on_progress)
+
+
+def convert_target_llama_cpp(llama_cpp: Path, tokenizer: TokenizerStage, model_dir: Path, outfile: Path,
+                             outtype: str, workdir: Path) -> None:
+    """llama.cpp's converter on the overlay (it mirrors the target, weights symlinked) or the target itself."""
+    from .llama_cpp import run_converter
+
+    run_converter(llama_cpp, tokenizer.overlay or model_dir, outfile, outtype, workdir)
+
+
+def convert_drafter_stage(drafter: Source, target: Source, tokenizer: TokenizerStage, outfile: Path, outtype: str,
+                          target_file: str, on_progress: OnProgress = None, quant: str | None = None) -> None:
+    """The drafter against the target folder (tokenizer from the overlay), recording both sources at their
+    commits and the target GGUF's file name so ``dflash-verify DRAFTER.gguf`` finds the pair; with
+    ``quant``, converted and quantized in one pass."""
+    from ..convert.drafter import convert_drafter
+
+    sources = Sources(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance())
+    convert_drafter(drafter.path, target.path, outfile, outtype, tokenizer_dir=tokenizer.dir,
+                    provenance=sources.keys(), quant=quant, on_progress=on_progress)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    quantizer: str
+    version: str
+
+
+def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int,
+                   on_progress: OnProgress = None) -> Quantized:
+    """llama-quantize when found, else the built-in bit-exact quantizer."""
+    from ..quantize import quantize_gguf
+
+    result = quantize_gguf(infile, outfile, type_name, threads=threads, on_progress=on_progress)
+    return Quantized(result.quantizer, result.quantizer_version)
+
+
+def quantizer_choice() -> str:
+    """Which quantizer ``quantize_gguf(quantizer="auto")`` will take (part of a stage's key)."""
+    from ..quantize import find_llama_quantize
+
+    found = find_llama_quantize(None)
+    return f"llama-quantize {found.path}" if found else "builtin"
+
+
+# ----------------------------------------------------------------------------------------- verify, serve
+
+
+def verify_pair(drafter: Path, target: Path, *, allow_derived_target: bool = False) -> Report:
+    return verify_files(drafter, target, allow_derived_target=allow_derived_target)
+
+
+def draft_n_max(drafter: Path) -> int:
+    """``--spec-draft-n-max``: a DFlash block of ``block_size`` yields at most ``block_size - 1`` drafts
+    (llama.cpp b11434 common/speculative.cpp, the DFlash draft length)."""
+    value = read_gguf(drafter).get(BLOCK_SIZE_KEY)
+    block = int(value) if isinstance(value, int) and value > 1 else DEFAULT_BLOCK_SIZE
+    return block - 1
+
+
+def server_command(target: Path, drafter: Path) -> list[str]:
+    """The llama-server argv that serves the pair (absolute paths; add -c, --host, --port as needed)."""
+    return ["llama-server", "-m", str(target.absolute()), "--model-draft", str(drafter.absolute()),
+            "--spec-type", "draft-dflash", "--spec-draft-n-max", str(draft_n_max(drafter))]
+
+
+def remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)

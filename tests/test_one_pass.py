@@ -1,0 +1,141 @@
+"""Convert and quantize in one pass: the same bytes as converting to BF16 and then quantizing, no intermediate.
+
+Two-step is checked both ways: with our built-in quantizer (always) and with real b11434 llama-quantize.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fixtures as mf
+import numpy as np
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS
+
+from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.quantize import quantize_gguf
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("onepass")
+    return mf.make_drafter(root / "drafters", target="gemma4"), mf.make_gemma4_target(root / "targets")
+
+
+def _to_f16_checkpoint(drafter: Path) -> None:
+    """Rewrite the drafter's weights as F16: then no BF16 output tensor exists on disk and every quantized
+    tensor goes through the spool path (widened and rounded to BF16 first, as the two-step file holds it)."""
+    path = drafter / "model.safetensors"
+    tensors = {}
+    for name, dtype, shape, raw in mf.read_safetensors_raw(path):
+        assert dtype == "BF16"
+        tensors[name] = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    mf.write_safetensors(path, tensors, float_dtype="F16")
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith((".partial", ".spool")))
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("f16_checkpoint", [False, True])
+def test_one_pass_equals_convert_then_builtin_quantize(tmp_path: Path, pair: tuple[Path, Path], quant: str,
+                                                       f16_checkpoint: bool) -> None:
+    drafter, target = pair
+    if f16_checkpoint:
+        drafter = mf.make_drafter(tmp_path / "d16", target="gemma4")
+        _to_f16_checkpoint(drafter)
+    out = tmp_path / "out"
+    out.mkdir()
+    outtype = "bf16"
+    two_step = convert_drafter(drafter, target, tmp_path / "mid.gguf", outtype)
+    quantize_gguf(two_step.outfile, tmp_path / "two.gguf", quant, quantizer="builtin")
+    one = convert_drafter(drafter, target, out / "one.gguf", outtype, quant=quant)
+    assert one.outtype == quant and one.n_bytes == (out / "one.gguf").stat().st_size
+    assert (out / "one.gguf").read_bytes() == (tmp_path / "two.gguf").read_bytes()
+    assert _leftovers(out) == []
+
+
+def test_one_pass_dry_run_writes_nothing_and_sizes_the_output(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+    drafter, target = pair
+    dry = convert_drafter(drafter, target, tmp_path / "x.gguf", quant="q4_0", dry_run=True)
+    real = convert_drafter(drafter, target, tmp_path / "y.gguf", quant="q4_0")
+    assert dry.dry_run and not (tmp_path / "x.gguf").exists()
+    assert dry.n_bytes == real.n_bytes == (tmp_path / "y.gguf").stat().st_size
+
+
+@pytest.mark.reference
+def test_one_pass_equals_convert_then_llama_quantize(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    drafter, target = pair
+    mid = convert_drafter(drafter, target, tmp_path / "mid.gguf", "bf16").outfile
+    proc = reference.run_llama_quantize(mid, tmp_path / "ref.gguf", "Q4_0")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    convert_drafter(drafter, target, tmp_path / "one.gguf", "bf16", quant="q4_0")
+    import gguf_compare
+
+    assert gguf_compare.diff(tmp_path / "one.gguf", tmp_path / "ref.gguf") == []
+    REFERENCE_COMPARISONS.append("one-pass drafter q4_0 vs convert + llama-quantize")
+
+
+def test_cli_quant_with_outfile_is_one_pass(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+    """``dflash-convert --outfile X --quant q4_0`` writes the two-step bytes and nothing else."""
+    from click.testing import CliRunner
+
+    from dflash_gguf.cli import main
+
+    drafter, target = pair
+    out = tmp_path / "out"
+    out.mkdir()
+    res = CliRunner().invoke(main, ["convert", "--drafter", str(drafter), "--target", str(target),
+                                    "--outfile", str(out / "d.gguf"), "--quant", "q4_0"])
+    assert res.exit_code == 0, res.output
+    assert "q4_0" in res.output
+    two = convert_drafter(drafter, target, tmp_path / "mid.gguf", "bf16")
+    quantize_gguf(two.outfile, tmp_path / "two.gguf", "q4_0", quantizer="builtin")
+    assert (out / "d.gguf").read_bytes() == (tmp_path / "two.gguf").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["d.gguf"]
+
+
+@pytest.mark.parametrize("family", ["gemma4", "qwen3"])
+def test_target_one_pass_equals_convert_then_builtin_quantize(tmp_path: Path, targets: dict[str, Path],
+                                                              family: str) -> None:
+    """Targets too, through ``convert-target --quant``: Gemma-4's tied embedding and Qwen3's output take
+    llama-quantize's output rule (Q8_0 here, as the fixture rows are not a multiple of 256)."""
+    from click.testing import CliRunner
+
+    from dflash_gguf.cli import main
+    from dflash_gguf.convert.targets import convert_target
+
+    out = tmp_path / "out"
+    out.mkdir()
+    res = CliRunner().invoke(main, ["convert-target", str(targets[family]), "--outfile", str(out / "t.gguf"),
+                                    "--quant", "q4_0"])
+    assert res.exit_code == 0, res.output
+    convert_target(targets[family], tmp_path / "mid.gguf")
+    quantize_gguf(tmp_path / "mid.gguf", tmp_path / "two.gguf", "q4_0", quantizer="builtin")
+    assert (out / "t.gguf").read_bytes() == (tmp_path / "two.gguf").read_bytes()
+    assert _leftovers(out) == [] and sorted(p.name for p in out.iterdir()) == ["t.gguf"]
+
+
+@pytest.mark.reference
+def test_llama_target_one_pass_spools_the_permuted_tensors(tmp_path: Path) -> None:
+    """Llama's permuted q/k exist nowhere on disk: they are spooled one at a time and removed."""
+    reference.require_or_skip(reference.llama_cpp_src_available())
+    from dflash_gguf.convert.targets import convert_target
+
+    target = mf.make_llama3_target(tmp_path / "t", llama_cpp_src=reference.env.llama_cpp_src(), tied=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    convert_target(target, out / "one.gguf", quant="q8_0")
+    convert_target(target, tmp_path / "mid.gguf")
+    quantize_gguf(tmp_path / "mid.gguf", tmp_path / "two.gguf", "q8_0", quantizer="builtin")
+    assert (out / "one.gguf").read_bytes() == (tmp_path / "two.gguf").read_bytes()
+    assert _leftovers(out) == [] and sorted(p.name for p in out.iterdir()) == ["one.gguf"]
+    proc = reference.run_llama_quantize(tmp_path / "mid.gguf", tmp_path / "ref.gguf", "Q8_0")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    import gguf_compare
+
+    assert gguf_compare.diff(out / "one.gguf", tmp_path / "ref.gguf") == []
+    REFERENCE_COMPARISONS.append("one-pass llama target q8_0 vs convert + llama-quantize")
