@@ -7,6 +7,9 @@
    b11434's llama-quantize.
 3. Convert ~3 GB and ~1.5 GB synthetic targets shaped like Gemma-4 and Qwen3 with
    ``dflash-gguf convert-target`` and with b11434's converter; check parity (``--only-targets``: only these).
+4. The whole pipeline (``dflash-convert --target --drafter --quant q4_0`` from local folders) against the
+   manual workflow (b11434's converter twice, llama-quantize twice): wall time, peak RSS, peak disk
+   (``--only-pipeline``: only these).
 Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
 file pages touched through mmap included); inputs are read once beforehand so both sides start
 from a warm page cache. Not a test: numbers only.
@@ -142,6 +145,12 @@ def timed(cmd: list[str], cwd: Path | None = None, ok_codes: tuple[int, ...] = (
     """Run ``cmd`` under /usr/bin/time -v: (wall seconds, peak RSS in MB)."""
     proc = subprocess.run(["/usr/bin/time", "-v", *cmd], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
+    return _time_v(cmd, proc, ok_codes)
+
+
+def _time_v(cmd: list[str], proc: subprocess.CompletedProcess[str], ok_codes: tuple[int, ...] = (0,)
+            ) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) from /usr/bin/time -v's report; exit when the command failed."""
     if proc.returncode not in ok_codes:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
@@ -305,11 +314,110 @@ def target_rows(work: Path, venv_bin: Path, ref_py: str) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------- the whole pipeline
+
+def timed_disk(cmd: list[str], folder: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+               ) -> tuple[float, float, float]:
+    """Run ``cmd`` under /usr/bin/time -v, polling the size of ``folder``: (wall s, peak RSS MB, peak disk MB)."""
+    import threading
+    import time
+
+    peak = 0
+    stop = threading.Event()
+
+    def poll() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+            peak = max(peak, size)
+            time.sleep(0.05)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], cwd=cwd, capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, stdin=subprocess.DEVNULL)
+    finally:
+        stop.set()
+        thread.join()
+    return (*_time_v(cmd, proc), peak / 1e6)
+
+
+def make_pipeline_drafter(root: Path, target: Path, n_layers: int) -> Path:
+    """A ~1.1 GB DFlash drafter (hidden 3072, 5 layers, 4 taps) for the Gemma-4-shaped bench target."""
+    h, ff, heads, kv, hd, taps = 3072, 6144, 32, 8, 128, [1, 3, 5, n_layers - 2]
+    drafter = fixtures.make_drafter(root, target="gemma4")
+    for p in drafter.glob("model*.safetensors"):
+        p.unlink()
+    dcfg = json.loads((drafter / "config.json").read_text())
+    dcfg.update(hidden_size=h, num_hidden_layers=5, intermediate_size=ff, num_attention_heads=heads,
+                num_key_value_heads=kv, head_dim=hd, num_target_layers=n_layers,
+                layer_types=["sliding_attention"] * 4 + ["full_attention"])
+    dcfg["dflash_config"]["target_layer_ids"] = taps
+    (drafter / "config.json").write_text(json.dumps(dcfg, indent=2))
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, len(taps) * h), "hidden_norm.weight": (h,),
+                                          "norm.weight": (h,)}
+    for i in range(5):
+        p = f"layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+                   p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd),
+                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                   p + "mlp.gate_proj.weight": (ff, h), p + "mlp.up_proj.weight": (ff, h),
+                   p + "mlp.down_proj.weight": (h, ff)}
+    _write_noise_checkpoint(drafter, shapes, n_shards=1)
+    return drafter
+
+
+def pipeline_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path) -> list[str]:
+    """dflash-convert's whole pipeline (local folders) vs the manual workflow: b11434's converter twice, then
+    llama-quantize twice, on the ~3 GB Gemma-4-shaped target and a ~1.1 GB drafter; wall time and peak disk."""
+    layers = 10
+    target, t_mb = make_big_gemma4_target(work / "pt", layers)
+    drafter = make_pipeline_drafter(work / "pd", target, layers)
+    mb = t_mb + sum(p.stat().st_size for p in drafter.glob("*.safetensors")) / 1e6
+    lines = ["| pipeline (local folders) | dflash-gguf | peak RSS | peak disk | manual b11434 workflow | peak RSS | "
+             "peak disk | speed-up | disk ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    manual_dir = work / "manual"
+    manual_dir.mkdir()
+    t_bf16, d_bf16 = manual_dir / "target-BF16.gguf", manual_dir / "drafter-BF16.gguf"
+    steps = [([ref_py, str(reference_env.convert_script()), str(target), "--outfile", str(t_bf16)], {}),
+             ([ref_py, str(reference_env.convert_script()), str(drafter), "--target-model-dir", str(target),
+               "--outfile", str(d_bf16)], {}),
+             ([str(llama_quantize), str(t_bf16), str(manual_dir / "target-Q4_0.gguf"), "Q4_0", "2"], {}),
+             ([str(llama_quantize), str(d_bf16), str(manual_dir / "drafter-Q4_0.gguf"), "Q4_0", "2"], {})]
+    for p in [*target.glob("*.safetensors"), *drafter.glob("*.safetensors")]:
+        warm(p)
+    manual = [timed_disk(cmd, manual_dir, env, cwd=work) for cmd, env in steps]
+    m_wall, m_rss = sum(r[0] for r in manual), max(r[1] for r in manual)
+    m_disk = max(r[2] for r in manual)  # the BF16 files stay until the user deletes them
+    runs = [("built-in quantizer, one pass", {}),
+            ("with llama-quantize", {"LLAMA_QUANTIZE": str(llama_quantize)})]
+    for label, env in runs:
+        out = work / f"pair-{len(env)}"
+        for p in [*target.glob("*.safetensors"), *drafter.glob("*.safetensors")]:
+            warm(p)
+        ours = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
+                           "--quant", "q4_0", "--outdir", str(out)], out, env, cwd=work)
+        lines.append(f"| {label} ({mb:.0f} MB BF16 in) | {ours[0]:.2f} s | {ours[1]:.0f} MB | {ours[2]:.0f} MB | "
+                     f"{m_wall:.2f} s | {m_rss:.0f} MB | {m_disk:.0f} MB | {m_wall / ours[0]:.2f}x | "
+                     f"{ours[2] / m_disk:.2f}x |")
+        shutil.rmtree(out)
+    lines.append(f"|   manual steps: {', '.join(f'{r[0]:.1f} s' for r in manual)} (convert target, convert drafter, "
+                 "quantize target, quantize drafter) | | | | | | | | |")
+    shutil.rmtree(manual_dir)
+    shutil.rmtree(target)
+    shutil.rmtree(drafter)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None, help="where to put the ~4.5 GB of files (default: tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the files")
     ap.add_argument("--only-targets", action="store_true", help="run only the target conversion rows")
+    ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -319,6 +427,9 @@ def main() -> None:
     try:
         if args.only_targets:
             print("\n".join(target_rows(work, venv_bin, ref_py)))
+            return
+        if args.only_pipeline:
+            print("\n".join(pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")))
             return
         drafter, target = make_big_drafter(work)
         st = drafter / "model.safetensors"
@@ -353,6 +464,7 @@ def main() -> None:
         lines.append(f"| verify drafter + {big.stat().st_size / 1e9:.1f} GB target (headers + sampled rows) | "
                      f"{v[0]:.2f} s | | {v[1]:.0f} MB | (no llama.cpp equivalent) | | | | |")
         lines += target_rows(work, venv_bin, ref_py)
+        lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         print("\n".join(lines))
         print(f"\nconvert parity on the synthetic drafter: {'identical' if not problems else problems[:5]}")
     finally:

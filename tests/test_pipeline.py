@@ -392,7 +392,7 @@ def test_resume_after_a_failure_ends_with_identical_outputs(folders: dict[str, P
     weights.write_bytes(good)
     resumed = _convert([*args, "-v"], env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "target.quantize: up to date, skipped" in resumed.stderr
+    assert "target.convert: up to date, skipped" in resumed.stderr  # converted and quantized in one pass
     assert (outdir / "gemma-4-tiny-it-Q4_0.gguf").stat().st_mtime_ns == target_before
     assert _outputs(outdir)["gemma-4-tiny-it-Q4_0.gguf"] == clean_run["gemma-4-tiny-it-Q4_0.gguf"]
     # the drafter records its folder, so the uninterrupted run to compare with reads the same copy
@@ -443,11 +443,11 @@ def _interrupt_when(proc: subprocess.Popen[str], ready: Path) -> tuple[str, str]
 
 
 @pytest.mark.parametrize(("stage", "unfinished", "extra"), [
+    # the built-in converters quantize in the same pass: then the final file is the one being written
     ("convert target", ["gemma-4-tiny-it-BF16.gguf", "gemma-4-tiny-it-Q4_0.gguf"], []),
-    # the built-in converter may quantize in the same pass: then the final file is the one being written
     ("convert drafter", ["gemma4-tiny-it-DFlash-BF16.gguf", "gemma4-tiny-it-DFlash-Q4_0.gguf"], []),
-    ("quantize target", ["gemma-4-tiny-it-Q4_0.gguf"], []),
-    # --keep-intermediate keeps a BF16 file to quantize from, so the drafter has a quantize stage too
+    # --keep-intermediate keeps a BF16 file to quantize from, so each side has a quantize stage of its own
+    ("quantize target", ["gemma-4-tiny-it-Q4_0.gguf"], ["--keep-intermediate"]),
     ("quantize drafter", ["gemma4-tiny-it-DFlash-Q4_0.gguf"], ["--keep-intermediate"]),
 ])
 def test_ctrl_c_mid_stage_leaves_nothing_and_the_rerun_completes(stage: str, unfinished: list[str], extra: list[str],

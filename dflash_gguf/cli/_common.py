@@ -63,3 +63,16 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def echo_conversion(result: Any, json_: bool) -> None:
+    """A converter's result (``convert.result.ConvertResult``): one JSON document, or a line plus its notes."""
+    if json_:
+        echo_json(result.to_dict())
+        return
+    verb = "would write" if result.dry_run else "wrote"
+    click.echo(f"{verb} {result.outfile}: {result.n_tensors} tensors, {result.n_bytes / 1e6:.1f} MB, "
+               f"{result.outtype}, vocab {result.vocab.model} ({result.vocab.n_tokens} tokens) "
+               f"in {result.seconds:.2f} s")
+    for note in result.notes:
+        click.echo(f"note: {note}")

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..provenance import Sources
-from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
+from ._common import Progress, echo_conversion, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 _QUANTS = ("q4_0", "q8_0", "bf16", "f16")
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target")
@@ -105,15 +105,7 @@ def _drafter_only(drafter: Path, target: Path, outfile: Path, outtype: str, toke
                                  tokenizer_dir=tokenizer_dir, provenance=provenance, quant=quant)
     finally:
         progress.close()
-    if json_:
-        echo_json(result.to_dict())
-        return
-    verb = "would write" if result.dry_run else "wrote"
-    click.echo(f"{verb} {result.outfile}: {result.n_tensors} tensors, {result.n_bytes / 1e6:.1f} MB, "
-               f"{result.outtype}, vocab {result.vocab.model} ({result.vocab.n_tokens} tokens) "
-               f"in {result.seconds:.2f} s")
-    for note in result.notes:
-        click.echo(f"note: {note}")
+    echo_conversion(result, json_)
 
 
 def _mb(n: int | None) -> str:

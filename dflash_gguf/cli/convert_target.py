@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..provenance import Sources
-from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
+from ._common import Progress, echo_conversion, handle_errors, json_option, setup_logging, verbose_option
 
 
 @click.command("convert-target")
@@ -49,12 +49,4 @@ def convert_target_cmd(target_dir: Path, outfile: Path, outtype: str, quant: str
                                 on_progress=progress)
     finally:
         progress.close()
-    if json_:
-        echo_json(result.to_dict())
-        return
-    verb = "would write" if result.dry_run else "wrote"
-    click.echo(f"{verb} {result.outfile}: {result.n_tensors} tensors, {result.n_bytes / 1e6:.1f} MB, "
-               f"{result.outtype}, vocab {result.vocab.model} ({result.vocab.n_tokens} tokens) "
-               f"in {result.seconds:.2f} s")
-    for note in result.notes:
-        click.echo(f"note: {note}")
+    echo_conversion(result, json_)
