@@ -7,9 +7,7 @@ tensor into ``<out>.partial`` and rename it. Nothing is written before every che
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -17,8 +15,6 @@ from pathlib import Path
 
 from gguf import LlamaFileType
 
-from .. import LLAMA_CPP_BUILD, __version__
-from .. import fingerprint as efp
 from .. import provenance as prov
 from ..dflash_format import (
     ARCH,
@@ -32,14 +28,14 @@ from ..dflash_format import (
     hf_taps_outside,
     shape_key,
 )
-from ..errors import IncompatiblePairError, InputError, TensorError, UnsupportedModelError
+from ..errors import IncompatiblePairError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
 from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
 from .general import add_general
 from .outtype import OUTTYPES, resolve_outtype, tensor_type
-from .result import ConvertResult, write_plan
+from .result import ConvertResult, finish, target_embedding_fingerprint, target_record
 from .safetensors import TensorRef, index_checkpoint
-from .tensor_io import byte_source, tensor_writer, to_f32
+from .tensor_io import byte_source, tensor_writer
 from .textmodel import add_textmodel_keys, rope_parameters
 from .vocab import add_target_vocab
 
@@ -147,31 +143,6 @@ def _check_pair(cfg: DrafterConfig, target: TargetConfig) -> None:
         )
 
 
-_EMBED_NAMES = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight",
-                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
-
-
-def target_embedding_fingerprint(target_dir: Path) -> str | None:
-    """Fingerprint of the target's token embedding, reading only the sampled rows; None without weights.
-
-    Recorded so dflash-verify can later tell the target this drafter was converted against from a QAT or
-    re-trained one with the same config and tokenizer (see dflash_gguf/fingerprint.py).
-    """
-    try:
-        refs = index_checkpoint(target_dir)
-    except (TensorError, InputError):
-        return None
-    ref = next((refs[n] for n in _EMBED_NAMES if n in refs), None)
-    if ref is None or len(ref.shape) != 2 or ref.dtype not in ("BF16", "F16", "F32"):
-        return None
-    n_vocab, n_embd = ref.shape
-    row_bytes = ref.nbytes // n_vocab
-    ids = efp.sample_rows(n_vocab)
-    with open(ref.path, "rb", buffering=0) as f:
-        raw = b"".join(os.pread(f.fileno(), row_bytes, ref.offset + i * row_bytes) for i in ids)
-    return efp.encode(efp.compute(to_f32(raw, ref.dtype).reshape(len(ids), n_embd), n_vocab))
-
-
 def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype: LlamaFileType) -> None:
     """The keys of TextModel.set_gguf_parameters + DFlashModel.set_gguf_parameters, in their order."""
     hp = cfg.hp
@@ -254,37 +225,10 @@ def convert_drafter(
         )
     plan.add_uint32(Keys.MASK_TOKEN_ID, cfg.mask_token_id)
 
-    recorded = {
-        "converter": f"dflash-gguf {__version__}",
-        "llama_cpp_build": LLAMA_CPP_BUILD,
-        prov.DRAFTER_SOURCE: str(drafter_dir),
-        prov.TARGET_SOURCE: str(target_dir),
-        prov.TARGET_ARCH: target.arch,
-        "target.config_sha256": hashlib.sha256(target.path.read_bytes()).hexdigest(),
-        prov.TARGET_VOCAB_SHA256: vocab.sha256,
-        "tokenizer.origin": "original",
-        **({prov.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
-        **(provenance or {}),  # what the caller knows (provenance.Sources.keys()) wins over our defaults
-    }
-    for name, value in recorded.items():
-        plan.add_string(prov.key(name), value)
-    if notes:
-        plan.add_array(prov.key(prov.NOTES), notes)
-    total = plan.data_bytes
-    if quant is not None:
-        from ..quantize.builtin import quantize_plan
-
-        out = quantize_plan(plan, Path(outfile), quant, dry_run=dry_run, on_progress=on_progress)
-        return ConvertResult(Path(outfile), len(plan.tensors), out.n_bytes, quant, vocab, tuple(notes),
-                             time.perf_counter() - start, dry_run, recorded)
-    if dry_run:
-        return ConvertResult(Path(outfile), len(plan.tensors), total, outtype, vocab, tuple(notes),
-                             time.perf_counter() - start, True, recorded)
-
-    outfile = Path(outfile)
-    size = write_plan(plan, outfile, on_progress)
-    return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, tuple(notes),
-                         time.perf_counter() - start, False, recorded)
+    recorded = target_record(target_dir, target.path, target.arch, vocab.sha256,
+                             {prov.DRAFTER_SOURCE: str(drafter_dir), **(provenance or {})})
+    return finish(plan, Path(outfile), outtype, vocab, tuple(notes), recorded, start, quant=quant, dry_run=dry_run,
+                  on_progress=on_progress)
 
 
 __all__ = ["OUTTYPES", "ConvertResult", "convert_drafter", "target_embedding_fingerprint"]

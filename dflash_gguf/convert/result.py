@@ -1,4 +1,5 @@
-"""What a conversion returns, and the one place a planned GGUF is written (drafter and target alike).
+"""The end of every conversion (drafter and target alike): the provenance record, then the planned GGUF
+written, quantized in one pass, or only sized, and what the conversion returns.
 
 Writing is the same for every converter: size the file, check free space, stream the tensors into
 ``<out>.partial`` with byte progress, fsync and rename (``atomic.atomic_output``).
@@ -6,13 +7,22 @@ Writing is the same for every converter: size the file, check free space, stream
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import LLAMA_CPP_BUILD, __version__
+from .. import fingerprint as efp
+from .. import provenance as prov
 from ..atomic import atomic_output, check_free_space
+from ..errors import InputError, TensorError
 from ..ggufio import GGUFPlan, TensorOut
+from .safetensors import index_checkpoint
+from .tensor_io import to_f32
 from .vocab import VocabInfo
 
 log = logging.getLogger(__name__)
@@ -60,3 +70,72 @@ def write_plan(plan: GGUFPlan, outfile: Path, on_progress: Callable[[int, int], 
         size = plan.write(tmp, on_tensor=tick, header=header)
     log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), size)
     return size
+
+
+_EMBED_NAMES = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight",
+                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
+
+
+def target_embedding_fingerprint(target_dir: Path) -> str | None:
+    """Fingerprint of the target's token embedding, reading only the sampled rows; None without weights.
+
+    Recorded so dflash-verify can later tell the target a file was converted against from a QAT or
+    re-trained one with the same config and tokenizer (see dflash_gguf/fingerprint.py).
+    """
+    try:
+        refs = index_checkpoint(target_dir)
+    except (TensorError, InputError):
+        return None
+    ref = next((refs[n] for n in _EMBED_NAMES if n in refs), None)
+    if ref is None or len(ref.shape) != 2 or ref.dtype not in ("BF16", "F16", "F32"):
+        return None
+    n_vocab, n_embd = ref.shape
+    row_bytes = ref.nbytes // n_vocab
+    ids = efp.sample_rows(n_vocab)
+    with open(ref.path, "rb", buffering=0) as f:
+        raw = b"".join(os.pread(f.fileno(), row_bytes, ref.offset + i * row_bytes) for i in ids)
+    return efp.encode(efp.compute(to_f32(raw, ref.dtype).reshape(len(ids), n_embd), n_vocab))
+
+
+def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: str,
+                  known: dict[str, str] | None) -> dict[str, str]:
+    """Our provenance keys about the target (both converters write them); ``known`` (what the caller knows,
+    ``provenance.Sources.keys()``) wins over these defaults."""
+    return {
+        "converter": f"dflash-gguf {__version__}",
+        "llama_cpp_build": LLAMA_CPP_BUILD,
+        prov.TARGET_SOURCE: str(target_dir),
+        prov.TARGET_ARCH: arch,
+        "target.config_sha256": hashlib.sha256(Path(config_path).read_bytes()).hexdigest(),
+        prov.TARGET_VOCAB_SHA256: vocab_sha256,
+        "tokenizer.origin": "original",
+        **({prov.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
+        **(known or {}),
+    }
+
+
+def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes: tuple[str, ...],
+           recorded: dict[str, str], started: float, *, quant: str | None = None, dry_run: bool = False,
+           on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+    """Write ``recorded`` and ``notes`` as our keys, then write ``plan`` (or quantize it to ``quant`` in one
+    pass, or with ``dry_run`` only size it).
+
+    Raises:
+        OutputError, QuantizeError: as :func:`write_plan` and ``quantize.builtin.quantize_plan``.
+    """
+    for name, value in recorded.items():
+        plan.add_string(prov.key(name), value)
+    if notes:
+        plan.add_array(prov.key(prov.NOTES), list(notes))
+    outfile = Path(outfile)
+    if quant is not None:
+        from ..quantize.builtin import quantize_plan
+
+        size = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress).n_bytes
+        outtype = quant
+    elif dry_run:
+        size = plan.data_bytes
+    else:
+        size = write_plan(plan, outfile, on_progress)
+    return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, notes, time.perf_counter() - started,
+                         dry_run, recorded)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..convert.outtype import resolve_outtype
 from ..convert.safetensors import index_checkpoint
 
 QUANT_TYPES = ("q4_0", "q8_0", "bf16", "f16")
@@ -33,12 +34,9 @@ def model_name(repo: str | None, folder: Path) -> str:
 
 
 def checkpoint_type(model_dir: Path) -> str:
-    """The 16-bit type a conversion with ``--outtype auto`` writes: the checkpoint's own BF16 or F16
-    (F32 and anything else give F16, as llama.cpp's converter and ours do).
+    """The 16-bit type a conversion with ``--outtype auto`` writes (the converters' own rule).
 
     Raises:
         TensorError, InputError: the checkpoint cannot be indexed.
     """
-    refs = index_checkpoint(model_dir)
-    first = next((ref for ref in refs.values() if len(ref.shape) >= 2), None)
-    return {"BF16": "bf16", "F16": "f16"}.get(first.dtype if first else "", "f16")
+    return resolve_outtype("auto", index_checkpoint(model_dir).values())

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__
 from ..errors import InputError
+from ..hub import TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
 from ..verify import Report
@@ -27,7 +28,7 @@ from . import stages
 from .manifest import Manifest, file_record, sha256_file
 from .naming import QUANT_TYPES, checkpoint_type, gguf_name, model_name
 from .plan import Download, Plan, estimate_outputs, make_plan
-from .sources import TOKENIZER_PATTERNS, WEIGHT_PATTERNS, Source, cached_size, fetch_source, list_source_files
+from .sources import Source, cached_size, fetch_source, list_source_files
 from .sources import resolve_source as resolve_spec
 
 log = logging.getLogger(__name__)

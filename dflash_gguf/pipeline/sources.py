@@ -6,20 +6,13 @@ decide whether a stage must run again) and the list of files a fetch would downl
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hub
-from ..hub import CARD_AND_CONFIG, Resolved
-
-# The agreed Hub patterns; the fallbacks keep the pipeline usable against an older hub module.
-TOKENIZER_PATTERNS: tuple[str, ...] = getattr(hub, "TOKENIZER_PATTERNS", (
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
-    "generation_config.json", "chat_template.jinja", "vocab.json", "merges.txt"))
-WEIGHT_PATTERNS: tuple[str, ...] = getattr(hub, "WEIGHT_PATTERNS", ("*.safetensors", "model.safetensors.index.json"))
+from ..hub import CARD_AND_CONFIG, RepoFile, Resolved
 
 
 @dataclass(frozen=True)
@@ -87,45 +80,12 @@ def fetch_source(source: Source, patterns: tuple[str, ...], *, progress: bool = 
     if source.repo is None:
         return source
     patterns = tuple(dict.fromkeys((*CARD_AND_CONFIG, *patterns)))
-    fetch = getattr(hub, "fetch", None)
-    if fetch is not None:
-        return Source(source.spec, fetch(source.resolved, patterns, progress=progress))
-    return Source(source.spec, hub.resolve(f"{source.repo}@{source.commit}", patterns))
+    return Source(source.spec, hub.fetch(source.resolved, patterns, progress=progress))
 
 
-@dataclass(frozen=True)
-class PlannedFile:
-    path: str
-    size: int | None
-
-
-def list_source_files(source: Source, patterns: tuple[str, ...]) -> list[PlannedFile]:
+def list_source_files(source: Source, patterns: tuple[str, ...]) -> list[RepoFile]:
     """What :func:`fetch_source` would bring, with sizes (None when the Hub does not say)."""
-    if source.repo is not None and (lister := getattr(hub, "list_files", None)) is not None:
-        return [PlannedFile(f.path, f.size) for f in lister(source.resolved, patterns)]
-    if source.repo is not None:
-        return _list_repo_files(source, patterns)
-    out = []
-    for p in sorted(source.path.iterdir()):
-        if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns):
-            out.append(PlannedFile(p.name, p.stat().st_size))
-    return out
-
-
-def _list_repo_files(source: Source, patterns: tuple[str, ...]) -> list[PlannedFile]:
-    """Fallback for a hub module without ``list_files``: the pinned commit's tree through the official client."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from ..errors import ResolveError
-
-    try:
-        info = HfApi().model_info(source.repo, revision=source.commit, files_metadata=True)
-    except (HfHubHTTPError, OSError) as e:
-        raise ResolveError(f"Listing the files of {source.label} failed: {e}. Retry, or run without --dry-run.") \
-            from None
-    return [PlannedFile(s.rfilename, s.size) for s in info.siblings or []
-            if any(fnmatch.fnmatch(s.rfilename, pat) for pat in patterns)]
+    return hub.list_files(source.resolved, patterns)
 
 
 def cached_size(source: Source, name: str) -> int:

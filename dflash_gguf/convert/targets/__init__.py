@@ -34,7 +34,6 @@ missing / mis-shaped / non-float tensors refused before writing, the output type
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import time
@@ -42,16 +41,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import LLAMA_CPP_BUILD, __version__
 from ... import provenance as prov
 from ...dflash_format import GGML_QUANT_VERSION
 from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan, TensorOut
 from ..configs import load_json, read_target_config
-from ..drafter import target_embedding_fingerprint
 from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
-from ..result import ConvertResult, write_plan
+from ..result import ConvertResult, finish, target_record
 from ..safetensors import index_checkpoint
 from .base import TargetSource, TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
 from .writers import spec_writer
@@ -173,22 +170,6 @@ def plan_tensors(fam: TextFamily) -> list[TensorSpec]:
     return specs
 
 
-def _provenance(fam: TextFamily, vocab_sha: str, extra: dict[str, str] | None) -> dict[str, str]:
-    src = fam.src
-    fp = target_embedding_fingerprint(src.model_dir)
-    return {
-        "converter": f"dflash-gguf {__version__}",
-        "llama_cpp_build": LLAMA_CPP_BUILD,
-        prov.TARGET_SOURCE: str(src.model_dir),
-        prov.TARGET_ARCH: src.config.arch,
-        "target.config_sha256": hashlib.sha256(src.config.path.read_bytes()).hexdigest(),
-        prov.TARGET_VOCAB_SHA256: vocab_sha,
-        "tokenizer.origin": "original",
-        **({prov.TARGET_EMBD_FINGERPRINT: fp} if fp else {}),
-        **(extra or {}),  # what the caller knows (provenance.Sources.keys()) wins over our defaults
-    }
-
-
 def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    tokenizer_dir: Path | None = None,
                    provenance: dict[str, str] | None = None,
@@ -222,23 +203,9 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     fam.add_hparams(plan, ftype)
     plan.add_uint32("general.quantization_version", GGML_QUANT_VERSION)
     vocab = fam.add_vocab(plan)
-    recorded = _provenance(fam, vocab.sha256, provenance)
-    for name, value in recorded.items():
-        plan.add_string(prov.key(name), value)
-    if fam.notes:
-        plan.add_array(prov.key(prov.NOTES), fam.notes)
-    if quant is not None:
-        from ...quantize.builtin import quantize_plan
-
-        out = quantize_plan(plan, Path(outfile), quant, dry_run=dry_run, on_progress=on_progress)
-        return ConvertResult(Path(outfile), len(plan.tensors), out.n_bytes, quant, vocab, tuple(fam.notes),
-                             time.perf_counter() - start, dry_run, recorded)
-    if dry_run:
-        return ConvertResult(Path(outfile), len(plan.tensors), plan.data_bytes, outtype, vocab, tuple(fam.notes),
-                             time.perf_counter() - start, True, recorded)
-    size = write_plan(plan, Path(outfile), on_progress)
-    return ConvertResult(Path(outfile), len(plan.tensors), size, outtype, vocab, tuple(fam.notes),
-                         time.perf_counter() - start, False, recorded)
+    recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256, provenance)
+    return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
+                  dry_run=dry_run, on_progress=on_progress)
 
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ConvertResult", "TargetSource", "TensorSpec", "TextFamily",
