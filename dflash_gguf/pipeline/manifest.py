@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 MANIFEST_NAME = "pair.json"
 FORMAT = "dflash-gguf-pair/1"
 _CHUNK = 8 << 20
-_ORDER = ("format", "status", "sources", "options", "outputs", "serve", "tokenizer", "tools", "verify", "precheck",
-          "stages")
+_ORDER = ("format", "status", "sources", "options", "outputs", "serve", "tuning", "tokenizer", "tools", "verify",
+          "precheck", "stages")
 
 
 def sha256_file(path: Path) -> str:

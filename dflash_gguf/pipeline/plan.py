@@ -71,30 +71,38 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def estimate_outputs(name_t: str, weights_t: int, src_t: str, name_d: str, weights_d: int, src_d: str, quant: str,
-                     *, keep_intermediate: bool, target_link: str | None = None,
-                     one_pass: tuple[bool, bool] = (False, False)) -> tuple[list[Output], int]:
-    """The output files with estimated sizes, and the peak bytes they occupy at once (``one_pass``: target,
-    drafter converted and quantized in one pass, with no intermediate file)."""
-    from .naming import gguf_name
+@dataclass(frozen=True)
+class SideFiles:
+    """One side's files for the plan: the intermediate at the checkpoint's type and the final file."""
 
+    intermediate: str
+    final: str
+    weights: int  # bytes of 16-bit safetensors
+    src: str
+    quant: str
+    one_pass: bool = False  # converted and quantized in one pass, no intermediate
+    link: str | None = None  # the final is a link to an existing GGUF (--target-gguf)
+
+
+def estimate_outputs(sides: list[SideFiles], *, keep_intermediate: bool) -> tuple[list[Output], int]:
+    """The output files with estimated sizes, and the peak bytes they occupy at once."""
     outputs: list[Output] = []
     peaks: list[int] = []
     finals = 0
-    for i, (name, weights, src) in enumerate(((name_t, weights_t, src_t), (name_d, weights_d, src_d))):
-        if i == 0 and target_link is not None:
-            outputs.append(Output(target_link, 0, "link"))
+    for side in sides:
+        if side.link is not None:
+            outputs.append(Output(side.link, 0, "link"))
             continue
-        inter = int(weights * SIZE_RATIO[src] / SIZE_RATIO["bf16"])
-        final = int(weights * SIZE_RATIO[quant])
-        if src == quant or one_pass[i]:
-            size = inter if src == quant else final
-            outputs.append(Output(gguf_name(name, quant), size, "final"))
+        inter = int(side.weights * SIZE_RATIO[side.src] / SIZE_RATIO["bf16"])
+        final = int(side.weights * SIZE_RATIO[side.quant])
+        if side.src == side.quant or side.one_pass:
+            size = inter if side.src == side.quant else final
+            outputs.append(Output(side.final, size, "final"))
             finals += size
             peaks.append(finals)
             continue
-        outputs.append(Output(gguf_name(name, src), inter, "intermediate"))
-        outputs.append(Output(gguf_name(name, quant), final, "final"))
+        outputs.append(Output(side.intermediate, inter, "intermediate"))
+        outputs.append(Output(side.final, final, "final"))
         peaks.append(finals + inter + final)
         finals += final + (inter if keep_intermediate else 0)
     return outputs, max([finals, *peaks])

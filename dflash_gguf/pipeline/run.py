@@ -11,7 +11,6 @@ import contextlib
 import importlib.metadata
 import logging
 import os
-import shlex
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__
-from ..errors import InputError
+from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
+from ..sidecar import sidecar_name
+from ..tune import TuneOptions, TuneReport, tune
 from ..verify import Report
 from . import stages
 from .manifest import Manifest, file_record, sha256_file
 from .naming import QUANT_TYPES, checkpoint_type, gguf_name, model_name
-from .plan import Download, Plan, estimate_outputs, make_plan
+from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
+from .serve import record_serving
 from .sources import Source, cached_size, fetch_source, list_source_files
 from .sources import resolve_source as resolve_spec
 
@@ -43,7 +45,7 @@ class PipelineOptions:
 
     target: str
     drafter: str
-    quant: str = "q4_0"
+    quant: str = "q4_0"  # the target's type (what users ask for)
     outdir: Path | None = None
     target_gguf: str | None = None
     llama_cpp: Path | None = None
@@ -51,6 +53,12 @@ class PipelineOptions:
     allow_derived_target: bool = False
     dry_run: bool = False
     threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+    # The drafter's own type. Q8_0 by default: ggml-org publishes DFlash drafters only as BF16 and Q8_0, a
+    # 4-bit DFlash2 drafter collapsed to no useful drafts in another engine, and the drafter is small next to
+    # the target, so the safe precision costs little. q4_0 stays available; `tune` decides between them.
+    draft_quant: str = "q8_0"
+    tune: bool = False  # measure with llama-server at the end (when one is found)
+    tune_options: TuneOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,15 @@ class PipelineResult:
     report: Report | None = None
     dry_run: bool = False
 
+    tuning: TuneReport | None = None
+    tuning_skipped: str | None = None  # why --tune measured nothing
+
     @property
     def exit_code(self) -> int:
-        return self.report.exit_code if self.report is not None else 0
+        code = self.report.exit_code if self.report is not None else 0
+        if code == 0 and self.tuning is not None and self.tuning.collapsed:
+            return ACCEPTANCE_COLLAPSED
+        return code
 
     def to_dict(self) -> dict[str, Any]:
         if self.dry_run:
@@ -119,11 +133,11 @@ def _tool_versions(method: stages.TargetMethod) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ plan
 
 
-def _one_pass(opts: PipelineOptions) -> bool:
+def _one_pass(opts: PipelineOptions, quant: str) -> bool:
     """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
     BF16 file on disk. Only when the built-in quantizer is the one that would run, and no intermediate is
     to be kept."""
-    return (opts.quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
+    return (quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
             and stages.quantizer_choice() == "builtin")
 
 
@@ -145,10 +159,12 @@ def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: sta
         link = local.name if local.is_file() else method.detail.rsplit("/", 1)[-1]
         if not local.is_file():
             downloads.append(Download(method.detail, method.detail.partition(":")[2], None, 0))
-    outputs, peak = estimate_outputs(name_t, weights["target"], _config_type(target.path / "config.json"), name_d,
-                                     weights["drafter"], _config_type(drafter.path / "config.json"), opts.quant,
-                                     keep_intermediate=opts.keep_intermediate, target_link=link,
-                                     one_pass=(method.kind == "builtin" and _one_pass(opts), _one_pass(opts)))
+    src_t, src_d = _config_type(target.path / "config.json"), _config_type(drafter.path / "config.json")
+    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
+                       opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant), link),
+             SideFiles(gguf_name(name_d, src_d), sidecar_name(name_t, opts.draft_quant), weights["drafter"], src_d,
+                       opts.draft_quant, _one_pass(opts, opts.draft_quant))]
+    outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     return make_plan(outdir, downloads, outputs, peak)
 
 
@@ -164,8 +180,9 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         ResolveError, InputError, ConfigError, TensorError, TokenizerError, QuantizeError, OutputError: from
             the stage that failed; outputs of finished stages stay and the next run resumes after them.
     """
-    if opts.quant not in QUANT_TYPES:
-        raise InputError(f"--quant {opts.quant!r} is not one of {', '.join(QUANT_TYPES)}.")
+    for flag, value in (("--quant", opts.quant), ("--draft-quant", opts.draft_quant)):
+        if value not in QUANT_TYPES:
+            raise InputError(f"{flag} {value!r} is not one of {', '.join(QUANT_TYPES)}.")
     drafter, target = resolve_spec(opts.drafter), resolve_spec(opts.target)
     log.info("drafter %s, target %s", drafter.label, target.label)
     precheck = stages.precheck_sources(drafter, target, allow_derived_target=opts.allow_derived_target)
@@ -173,7 +190,8 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
     plan = plan_run(opts, drafter, target, method, outdir)
     header = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
-              "options": {"quant": opts.quant, "target_method": method.kind, "target_gguf": opts.target_gguf,
+              "options": {"quant": opts.quant, "draft_quant": opts.draft_quant, "target_method": method.kind,
+                          "target_gguf": opts.target_gguf,
                           "llama_cpp": str(opts.llama_cpp) if opts.llama_cpp else None,
                           "keep_intermediate": opts.keep_intermediate,
                           "allow_derived_target": opts.allow_derived_target},
@@ -200,12 +218,13 @@ class _Run:
         self.outdir = manifest.outdir
         self.work = self.outdir / WORK_DIR
         self.tool = f"dflash-gguf {__version__}"
+        self._tune_bar: Callable[[int, int], None] | None = None
 
     def run(self, drafter: Source, target: Source, header: dict[str, Any], gguf_path: Path | None) -> PipelineResult:
         m = self.manifest
         m.data.update(header)
         m.data["status"] = "in-progress"
-        for done in ("outputs", "serve", "verify"):  # until this run vouches for them again
+        for done in ("outputs", "serve", "verify", "tuning"):  # until this run vouches for them again
             m.data.pop(done, None)
         m.save()
         opts = self.opts
@@ -225,15 +244,31 @@ class _Run:
         final_d, made_d = self.drafter(drafter, target, tok, final_t.name)
 
         report = stages.verify_pair(final_d, final_t, allow_derived_target=opts.allow_derived_target)
-        cmd = stages.server_command(final_t, final_d)
         m.data["outputs"] = {"target": {**self._record_of(final_t), **made_t},
                              "drafter": {**self._record_of(final_d), **made_d}}
         m.data["tools"] = _tool_versions(self.method)
         m.data["verify"] = report.to_dict()
-        m.data["serve"] = {"command": cmd, "shell": shlex.join(cmd)}
         m.data["status"] = "verify-failed" if report.errors else "complete"
-        m.save()
-        return PipelineResult(self.outdir, m.data, None, report, False)
+        record_serving(m, final_t, final_d, None)
+        tuning, skipped = None, None
+        if opts.tune and not report.errors:
+            try:
+                tuning = tune(final_t, [final_d], opts.tune_options, self.tune_progress)
+            except LlamaServerNotFound as e:
+                skipped = str(e)
+                log.warning("--tune: %s", e)
+                m.data["tuning"] = {"status": "skipped", "reason": skipped}
+                m.save()
+            else:
+                record_serving(m, final_t, final_d, tuning)
+        elif opts.tune:
+            skipped = "verify refused the pair; nothing was measured"
+        return PipelineResult(self.outdir, m.data, None, report, False, tuning, skipped)
+
+    def tune_progress(self, done: int, total: int, label: str) -> None:
+        if self._tune_bar is None:
+            self._tune_bar = self.progress("tune")
+        self._tune_bar(done, total)
 
     # -------------------------------------------------------------------------------------------- stages
 
@@ -261,7 +296,8 @@ class _Run:
             key = {"method": "gguf", "source": str(gguf_path.resolve()), "size": gguf_path.stat().st_size,
                    "mtime_ns": gguf_path.stat().st_mtime_ns}
             final = self.outdir / gguf_name(name, quant)
-            return final, self._quantized_side("target", key, lambda out: None, gguf_path, final, keep_input=True)
+            return final, self._quantized_side("target", key, lambda out: None, gguf_path, final, quant,
+                                               keep_input=True)
 
         src = checkpoint_type(target.path)
         key = {"method": self.method.kind, "detail": self.method.detail, "source": target.identity(),
@@ -274,7 +310,7 @@ class _Run:
                 with _bar(self.progress, "convert target") as bar:
                     stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
 
-            one_pass = convert if _one_pass(self.opts) else None
+            one_pass = convert if _one_pass(self.opts, quant) else None
         else:
             def convert(out: Path) -> None:
                 assert self.opts.llama_cpp is not None
@@ -282,11 +318,11 @@ class _Run:
 
         final = self.outdir / gguf_name(name, quant)
         inter = self.outdir / gguf_name(name, src)
-        return final, self._side("target", key, convert, inter, final, one_pass)
+        return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
 
     def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage,
                 target_file: str) -> tuple[Path, dict[str, Any]]:
-        name = model_name(drafter.repo, drafter.path)
+        name, target_name = model_name(drafter.repo, drafter.path), model_name(target.repo, target.path)
         src = checkpoint_type(drafter.path)
         key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
                "target_file": target_file, "outtype": src, "tool": self.tool}
@@ -295,36 +331,38 @@ class _Run:
             with _bar(self.progress, "convert drafter") as bar:
                 stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
 
-        final = self.outdir / gguf_name(name, self.opts.quant)
+        quant = self.opts.draft_quant
+        final = self.outdir / sidecar_name(target_name, quant)  # llama.cpp's sidecar layout
         inter = self.outdir / gguf_name(name, src)
-        one_pass = convert if _one_pass(self.opts) else None
-        return final, self._side("drafter", key, convert, inter, final, one_pass)
+        one_pass = convert if _one_pass(self.opts, quant) else None
+        return final, self._side("drafter", key, convert, inter, final, quant, src, one_pass)
 
     # ------------------------------------------------------------------------------------- bookkeeping
 
     def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
-              final: Path, one_pass: Callable[[Path, str], None] | None = None) -> dict[str, Any]:
+              final: Path, quant: str, src: str,
+              one_pass: Callable[[Path, str], None] | None = None) -> dict[str, Any]:
         """Convert (unless pair.json vouches for the file), then quantize; returns how the final was made."""
-        if one_pass is not None and inter != final:
-            key = {**key, "quant": self.opts.quant, "one_pass": "builtin"}
+        if one_pass is not None and src != quant:
+            key = {**key, "quant": quant, "one_pass": "builtin"}
             if not self.manifest.reusable(f"{side}.convert", key, [final]):
                 log.info("%s: converting and quantizing in one pass to %s", side, final)
-                one_pass(final, self.opts.quant)
+                one_pass(final, quant)
                 self.manifest.record(f"{side}.convert", key, [final])
             if inter.exists():
                 inter.unlink()  # left by an earlier two-step run
-            return {"type": self.opts.quant, "made_by": "built-in converter and quantizer in one pass"}
-        if inter == final:
+            return {"type": quant, "made_by": "built-in converter and quantizer in one pass"}
+        if src == quant:
             if not self.manifest.reusable(f"{side}.convert", key, [final]):
                 log.info("%s: converting to %s", side, final)
                 convert(final)
                 self.manifest.record(f"{side}.convert", key, [final])
-            return {"type": self.opts.quant, "made_by": f"{key.get('method', 'builtin')} converter, not quantized"}
-        return self._quantized_side(side, key, convert, inter, final)
+            return {"type": quant, "made_by": f"{key.get('method', 'builtin')} converter, not quantized"}
+        return self._quantized_side(side, key, convert, inter, final, quant)
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
-                        final: Path, *, keep_input: bool = False) -> dict[str, Any]:
-        q_key = {"input": key, "type": self.opts.quant, "quantizer": stages.quantizer_choice()}
+                        final: Path, quant: str, *, keep_input: bool = False) -> dict[str, Any]:
+        q_key = {"input": key, "type": quant, "quantizer": stages.quantizer_choice()}
         if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
@@ -332,7 +370,7 @@ class _Run:
                 self.manifest.record(f"{side}.convert", key, [inter])
             log.info("%s: quantizing to %s", side, final)
             with _bar(self.progress, f"quantize {side}") as bar:
-                q = stages.quantize_stage(inter, final, self.opts.quant, self.opts.threads, bar)
+                q = stages.quantize_stage(inter, final, quant, self.opts.threads, bar)
             self.manifest.record(f"{side}.quantize", q_key, [final], quantizer=q.quantizer,
                                  quantizer_version=q.version)
         if not keep_input and not self.opts.keep_intermediate and inter.exists():
@@ -340,7 +378,7 @@ class _Run:
             log.info("%s: removed the intermediate %s", side, inter.name)
         rec = self.manifest.data["stages"][f"{side}.quantize"]
         made_by = f"{rec.get('quantizer')} quantizer: {rec.get('quantizer_version', '?')}"
-        made: dict[str, Any] = {"type": self.opts.quant, "made_by": made_by}
+        made: dict[str, Any] = {"type": quant, "made_by": made_by}
         if self.opts.keep_intermediate and not keep_input and inter.exists():
             made["intermediate"] = self._record_of(inter, f"{side}.convert")
         return made

