@@ -10,6 +10,9 @@
 4. The whole pipeline (``dflash-convert --target --drafter --quant q4_0`` from local folders) against the
    manual workflow (b11434's converter twice, llama-quantize twice): wall time, peak RSS, peak disk
    (``--only-pipeline``: only these).
+5. The tuner's own cost: ``dflash-gguf tune`` on the hand-built acceptance fixture (acceptance ~1) against a
+   hand loop that starts b11434's llama-server for the same configurations and sends the same number of
+   requests (``--only-tune``: only these).
 Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
 file pages touched through mmap included); inputs are read once beforehand so both sides start
 from a warm page cache. Not a test: numbers only.
@@ -412,12 +415,94 @@ def pipeline_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path)
     return lines
 
 
+def _hand_loop(server: Path, target: Path, configs: list[dict], n_requests: int, n_predict: int) -> float:
+    """What a user does by hand for the same configurations: start llama-server, wait, send the requests
+    (chat completions of the built-in prompts' first user turn, greedy, n_predict tokens), stop. Seconds."""
+    import socket
+    import time
+    import urllib.request
+
+    t0 = time.monotonic()
+    for cfg in configs:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "LD_LIBRARY_PATH": str(server.parent), "GGML_NO_BACKTRACE": "1"}
+        proc = subprocess.Popen([str(server), "-m", str(target), *cfg["server_args"], "-t", "1", "-c", "4096",
+                                 "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.1)
+            prompts = bench_prompts()
+            for i in range(n_requests + 1):  # + the warm-up tune also sends
+                body = json.dumps({"messages": prompts[i % len(prompts)]["messages"], "max_tokens": n_predict,
+                                   "temperature": 0, "ignore_eos": True, "cache_prompt": False}).encode()
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=600) as r:
+                    r.read()
+        finally:
+            proc.terminate()
+            proc.wait()
+    return time.monotonic() - t0
+
+
+def bench_prompts() -> list[dict]:
+    """The built-in prompt set with the long-context prompt at 6 sections (it fits the fixture's 4096 context
+    with its 512-piece vocabulary), as a prompt file both sides read."""
+    from dflash_gguf.tune.workload import BUILTIN_PROMPTS, _long_context
+
+    return [{"name": p.name, "messages": list(_long_context(6) if p.sections else p.messages)}
+            for p in BUILTIN_PROMPTS]
+
+
+def tune_rows(work: Path, venv_bin: Path, server: Path) -> list[str]:
+    """dflash-gguf tune (quick and the default sweep) on the acceptance fixture vs the same work by hand."""
+    fx = fixtures.make_acceptance_fixture(work / "acceptance")
+    target, drafter = work / "acc-target-BF16.gguf", work / "dflash-acc-BF16.gguf"
+    subprocess.run([str(venv_bin / "dflash-gguf"), "convert-target", str(fx.target), "--outfile", str(target)],
+                   check=True, capture_output=True)
+    subprocess.run([str(venv_bin / "dflash-convert"), "--drafter", str(fx.drafter), "--target", str(fx.target),
+                    "--outfile", str(drafter)], check=True, capture_output=True)
+    lines = ["| tune on the acceptance fixture (1 thread) | configurations | requests | dflash-gguf tune | peak RSS "
+             "| in llama-server requests | same work by hand | speed-up |", "|---|---|---|---|---|---|---|---|"]
+    prompts = work / "prompts.json"
+    prompts.write_text(json.dumps(bench_prompts()))
+    for label, extra in (("--quick", ["--quick"]), ("default sweep", [])):
+        out = work / f"tune{len(extra)}.json"
+        cmd = [str(venv_bin / "dflash-gguf"), "tune", str(target), str(drafter), "--prompts", str(prompts), "--json",
+               *extra, "--", "-t", "1"]
+        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
+                              env={**os.environ, "LLAMA_SERVER": str(server)}, stdin=subprocess.DEVNULL)
+        wall, rss = _time_v(cmd, proc)
+        out.write_text(proc.stdout)
+        doc = json.loads(proc.stdout)
+        rows = [c for c in doc["configurations"] if c["status"] == "ok"]
+        n_req = sum(c["requests"] for c in rows)
+        inside = sum(c["request_seconds"] for c in rows)
+        by_hand = _hand_loop(server, target, rows, rows[0]["requests"], doc["workload"]["n_predict"])
+        lines.append(f"| {label} | {len(rows)} | {n_req} | {wall:.1f} s | {rss:.0f} MB | {inside:.1f} s | "
+                     f"{by_hand:.1f} s | {by_hand / wall:.2f}x |")
+        best = doc["best"]
+        low = min(c["acceptance"] for c in rows if c["drafter"])
+        lines.append(f"|   best: {best['label']} ({best['speedup']}x the target alone); lowest acceptance of a "
+                     f"drafting configuration {low:.2f} | | | | | | | |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None, help="where to put the ~4.5 GB of files (default: tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the files")
     ap.add_argument("--only-targets", action="store_true", help="run only the target conversion rows")
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
+    ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -430,6 +515,9 @@ def main() -> None:
             return
         if args.only_pipeline:
             print("\n".join(pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")))
+            return
+        if args.only_tune:
+            print("\n".join(tune_rows(work, venv_bin, bins / "llama-server")))
             return
         drafter, target = make_big_drafter(work)
         st = drafter / "model.safetensors"
@@ -465,6 +553,7 @@ def main() -> None:
                      f"{v[0]:.2f} s | | {v[1]:.0f} MB | (no llama.cpp equivalent) | | | | |")
         lines += target_rows(work, venv_bin, ref_py)
         lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
+        lines += ["", *tune_rows(work, venv_bin, bins / "llama-server")]
         print("\n".join(lines))
         print(f"\nconvert parity on the synthetic drafter: {'identical' if not problems else problems[:5]}")
     finally:

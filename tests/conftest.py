@@ -13,6 +13,9 @@ Appends from tests without the mark are counted and listed in the summary; with
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +52,20 @@ class Targets(dict):
 def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The standard targets and drafters (Qwen ones only when the b11434 sdist is present)."""
     return mf.make_all(tmp_path_factory.mktemp("fx"), llama_cpp_src=llama_cpp_src())
+
+
+@pytest.fixture(scope="session")
+def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The offline demo's output folder (the Gemma-4 fixture pair, built-in converters and quantizer)."""
+    root = tmp_path_factory.mktemp("demo")
+    target = mf.make_gemma4_target(root / "targets")
+    drafter = mf.make_drafter(root / "drafters", target="gemma4")
+    out = root / "pair"
+    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target", str(target), "--drafter",
+                           str(drafter), "--outdir", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "LLAMA_QUANTIZE": ""})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ What it serves, the way huggingface.co does:
 - ``GET /api/models/{repo}[/revision/{rev}]``: model info with ``sha`` and ``siblings`` (sizes, blob ids and
   LFS data with ``?blobs=true``);
 - ``GET /api/models/{repo}/tree/{rev}[/{path}]``: the file tree at a revision (``recursive``);
+- ``GET /api/models/{repo}/refs``: branches and tags with their ``targetCommit`` (``pullRequests`` too with
+  ``?include_prs=1``), which llama.cpp's ``-hf`` asks first to pin the commit it lists and downloads;
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}``: small files straight away with ``ETag`` (git blob id) and
   ``X-Repo-Commit``; LFS files (weights, GGUF) as a 302 to a second origin (the "CDN", another port) with
   ``X-Linked-Size``, ``X-Linked-Etag`` (sha256) and ``X-Repo-Commit``;
@@ -51,6 +53,7 @@ class FakeRepo:
                  tokens: Iterable[str] = ()) -> None:
         self.commits: dict[str, dict[str, bytes]] = {}
         self.refs: dict[str, str] = {}
+        self.tags: set[str] = set()  # the names in ``refs`` that are tags; the rest are branches
         self.gated, self.private, self.tokens = gated, private, set(tokens)
         self.push(files, sha=sha)
 
@@ -64,10 +67,21 @@ class FakeRepo:
             sha = h.hexdigest()
         self.commits[sha] = dict(files)
         self.refs[branch] = sha
+        self.tags.discard(branch)
         return sha
 
     def tag(self, name: str, commit: str) -> None:
         self.refs[name] = commit
+        self.tags.add(name)
+
+    def git_refs(self, include_prs: bool = False) -> dict[str, list[dict[str, str]]]:
+        """The body of ``GET /api/models/{repo}/refs`` as huggingface.co sends it."""
+        def entries(tags: bool) -> list[dict[str, str]]:
+            kind = "tags" if tags else "heads"
+            return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": c}
+                    for n, c in sorted(self.refs.items()) if (n in self.tags) == tags]
+        out = {"branches": entries(False), "converts": [], "tags": entries(True)}
+        return out | {"pullRequests": []} if include_prs else out
 
     @property
     def sha(self) -> str:
@@ -235,6 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         name, repo = found
         rest = parts[4:]
+        if rest == ["refs"]:
+            include_prs = query.get("include_prs", ["0"])[0].lower() in ("1", "true")
+            return self._json(repo.git_refs(include_prs))
         if rest and rest[0] == "tree" and len(rest) >= 2:
             commit = self._commit(repo, rest[1])
             if commit is None:

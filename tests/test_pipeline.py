@@ -141,7 +141,7 @@ def test_full_run_from_repo_ids(hub_run: dict) -> None:
         "llama-server", "-m", str(outdir / FINAL_T), "--model-draft", str(outdir / FINAL_D), "--spec-type",
         "draft-dflash", "--spec-draft-n-max", "4"]  # untuned: the evidence-backed default, not block_size - 1
     assert manifest["serve"]["measured"] is False and "not measured" in manifest["serve"]["note"]
-    assert (outdir / "models.ini").read_text().splitlines()[2:] == [f"[{outdir.name}]", "spec-draft-n-max = 4"]
+    assert (outdir / "models.ini").read_text().splitlines()[3:] == [f"[{outdir.name}]", "spec-draft-n-max = 4"]
     assert manifest["tools"]["llama_cpp_build"] == "b11434" and manifest["tools"]["gguf"]
     fetched = {r.path.rsplit("/", 1)[-1] for r in hub_run["requests"] if r.method == "GET"}
     assert not fetched & set(DECOYS), fetched  # never *.bin, onnx or repo code
@@ -642,3 +642,18 @@ def test_hub_errors_stop_before_anything_is_written(folders: dict[str, Path], tm
     assert run.returncode == code, run.stdout + run.stderr
     assert words in _error(run.stderr)
     assert weights == [] and list(tmp_path.glob("*-pair")) == []
+
+
+def test_rerun_with_another_drafter_type_keeps_one_sidecar(folders: dict[str, Path], tmp_path: Path) -> None:
+    """llama-server --models-dir takes the first dflash-* file of a folder and its last other GGUF as the model:
+    a re-run that makes other files removes the earlier run's (still unchanged) outputs."""
+    outdir = tmp_path / "pair"
+    first = _cli(_local_args(folders, outdir, "--draft-quant", "q4_0"))
+    assert first.exit_code == 0, first.output
+    assert sorted(_outputs(outdir)) == ["dflash-gemma-4-tiny-it-Q4_0.gguf", "gemma-4-tiny-it-Q4_0.gguf"]
+    again = _cli(_local_args(folders, outdir, "--quant", "q8_0"))
+    assert again.exit_code == 0, again.output
+    assert sorted(_outputs(outdir)) == ["dflash-gemma-4-tiny-it-Q8_0.gguf", "gemma-4-tiny-it-Q8_0.gguf"]
+    doc = json.loads((outdir / "pair.json").read_text())
+    assert doc["options"]["quant"] == "q8_0" and doc["options"]["draft_quant"] == "q8_0"
+    assert doc["outputs"]["drafter"]["type"] == "q8_0" and doc["outputs"]["target"]["type"] == "q8_0"

@@ -194,23 +194,6 @@ def test_inputs_that_name_no_pair(demo_pair: Path, tmp_path: Path) -> None:
         tune(target, [target])
 
 
-@pytest.fixture(scope="module")
-def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The offline demo's output folder (the Gemma-4 fixture pair, built-in converters and quantizer)."""
-    import fixtures as mf
-
-    root = tmp_path_factory.mktemp("demo")
-    target = mf.make_gemma4_target(root / "targets")
-    drafter = mf.make_drafter(root / "drafters", target="gemma4")
-    out = root / "pair"
-    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target", str(target), "--drafter",
-                           str(drafter), "--outdir", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "LLAMA_QUANTIZE": ""})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
-
-
-
 # -- with real llama-server b11434 ------------------------------------------------------------------------------
 
 def _env() -> dict[str, str]:
@@ -326,3 +309,46 @@ def _drafter_llama_cpp_refuses(acceptance: dict[str, Path], out: Path) -> None:
     dcfg["dflash_config"]["target_layer_ids"] = [1, 30]
     (drafter / "config.json").write_text(json.dumps({**dcfg, "num_target_layers": 40}))
     convert_drafter(drafter, deep, out)
+
+
+@pytest.mark.reference
+def test_pipeline_tunes_records_and_serves_in_llama_cpp_layout(acceptance: dict[str, Path], tmp_path: Path) -> None:
+    """dflash-convert --tune: pair.json holds the measurement, the serve command and models.ini the measured n-max,
+    and llama-server --models-dir serves the folder with the sidecar attached and the preset applied."""
+    models = tmp_path / "models"
+    outdir = models / "qwen3-tiny-spm"
+    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target",
+                           str(acceptance["target_dir"]), "--drafter", str(acceptance["drafter_dir"]), "--outdir",
+                           str(outdir), "--tune", "--tune-budget", "12", "--tune-flags", "-t 1"],
+                          capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "configuration" in proc.stdout and "llama.cpp's folder layout" in proc.stdout
+    files = sorted(p.name for p in outdir.iterdir() if p.is_file())
+    assert files == ["dflash-qwen3-tiny-spm-Q8_0.gguf", "models.ini", "pair.json", "qwen3-tiny-spm-Q4_0.gguf"]
+    doc = json.loads((outdir / "pair.json").read_text())
+    tuning, serve = doc["tuning"], doc["serve"]
+    assert tuning["status"] == "measured" and tuning["user_flags"] == ["-t", "1"] and tuning["budget_seconds"] == 12
+    drafting = [c for c in tuning["configurations"] if c["drafter"] and c["status"] == "ok"]
+    assert drafting and all(c["acceptance"] > 0.8 for c in drafting)
+    best_drafting = max(drafting, key=lambda c: c["generation_tokens_per_second"])
+    assert serve["measured"] is True and serve["n_max"] == best_drafting["n_max"]
+    assert f"--spec-draft-n-max {serve['n_max']}" in serve["with_drafter"]
+    assert serve["uses_drafter"] == (tuning["best"]["drafter"] is not None)
+    preset = (outdir / "models.ini").read_text()
+    assert "[qwen3-tiny-spm]" in preset and f"spec-draft-n-max = {serve['n_max']}" in preset
+
+    from dflash_gguf.llama_bin import FoundBinary
+    from dflash_gguf.tune.server import serve as run_server
+
+    binary = FoundBinary(reference.llama_bin("llama-server"), "test")
+    with run_server(binary, ["--models-dir", str(models), "--models-preset", str(outdir / "models.ini"), "-t", "1",
+                             "-c", "1024"]) as router:
+        answer = router.post("/completion", {"model": "qwen3-tiny-spm", "prompt": "hello", "n_predict": 16,
+                                             "temperature": 0}, timeout=300)
+        _, listing = router.request("/models", timeout=30)
+    assert answer["timings"]["draft_n"] > 0 and answer["timings"]["draft_n_accepted"] > 0  # the sidecar drafted
+    (model,) = listing["data"]
+    args = model["status"]["args"]
+    assert model["id"] == "qwen3-tiny-spm" and str(outdir / "dflash-qwen3-tiny-spm-Q8_0.gguf") in args
+    assert args[args.index("--spec-draft-n-max") + 1] == str(serve["n_max"])
+    REFERENCE_COMPARISONS.append("llama-server/pipeline-tune-models-dir")

@@ -445,3 +445,25 @@ def test_drafter_converted_against_qat_target_is_refused_alone(tmp_path: Path) -
         assert result.exit_code == code, result.output
         checks = {c["id"]: c["status"] for c in json.loads(result.output)["checks"]}
         assert checks["lineage.derived_target"] == ("fail" if code else "pass")
+
+
+def test_either_file_of_the_sidecar_layout_finds_the_pair(demo_pair: Path, tmp_path: Path) -> None:
+    """A target given alone is judged with the dflash-* sidecar beside it; a sidecar whose recorded target file
+    is gone (renamed by hand, or a file nobody here wrote) is judged with the folder's one target."""
+    import shutil
+
+    from dflash_gguf.verify import verify_files
+
+    by_target = verify_files(demo_pair / "gemma-4-tiny-it-Q4_0.gguf")
+    assert by_target.result("pair.found").message.startswith("drafter dflash-gemma-4-tiny-it-Q8_0.gguf found")
+    assert by_target.exit_code == 0 and by_target.result("pair.vocab").status == "pass"
+    folder = tmp_path / "renamed"
+    folder.mkdir()
+    shutil.copy(demo_pair / "dflash-gemma-4-tiny-it-Q8_0.gguf", folder)
+    shutil.copy(demo_pair / "gemma-4-tiny-it-Q4_0.gguf", folder / "target.gguf")
+    by_sidecar = verify_files(folder / "dflash-gemma-4-tiny-it-Q8_0.gguf")
+    assert "target target.gguf found beside the sidecar" in by_sidecar.result("pair.found").message
+    assert by_sidecar.exit_code == 0 and by_sidecar.result("pair.hidden_size").status == "pass"
+    (folder / "second.gguf").write_bytes((folder / "target.gguf").read_bytes())  # two targets: ambiguous
+    alone = verify_files(folder / "dflash-gemma-4-tiny-it-Q8_0.gguf")
+    assert alone.result("pair.found") is None and alone.result("pair.target").status == "skip"

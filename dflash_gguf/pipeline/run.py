@@ -224,6 +224,7 @@ class _Run:
         m = self.manifest
         m.data.update(header)
         m.data["status"] = "in-progress"
+        earlier = dict(m.data.get("outputs") or {})
         for done in ("outputs", "serve", "verify", "tuning"):  # until this run vouches for them again
             m.data.pop(done, None)
         m.save()
@@ -249,6 +250,7 @@ class _Run:
         m.data["tools"] = _tool_versions(self.method)
         m.data["verify"] = report.to_dict()
         m.data["status"] = "verify-failed" if report.errors else "complete"
+        self._remove_superseded(earlier, {final_t.name, final_d.name})
         record_serving(m, final_t, final_d, None)
         tuning, skipped = None, None
         if opts.tune and not report.errors:
@@ -338,6 +340,19 @@ class _Run:
         return final, self._side("drafter", key, convert, inter, final, quant, src, one_pass)
 
     # ------------------------------------------------------------------------------------- bookkeeping
+
+    def _remove_superseded(self, earlier: dict[str, Any], current: set[str]) -> None:
+        """Delete an earlier run's outputs this run no longer makes (a drafter under its pre-sidecar name, another
+        --quant), when they are still the files pair.json recorded: llama-server --models-dir wants exactly one
+        target and one sidecar per folder."""
+        for rec in earlier.values():
+            name = rec.get("file") if isinstance(rec, dict) else None
+            path = self.outdir / name if name else None
+            if path is None or name in current or not path.is_file() or path.is_symlink():
+                continue
+            if path.stat().st_size == rec.get("size") and sha256_file(path) == rec.get("sha256"):
+                path.unlink()
+                log.info("removed %s, made by an earlier run and superseded by this one", name)
 
     def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
               final: Path, quant: str, src: str,

@@ -50,9 +50,13 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) ->
     cmd = drafted if with_drafter else ["llama-server", "-m", str(target.absolute())]
     folder = target.absolute().parent
     models_dir = ["llama-server", "--models-dir", str(folder.parent), "--models-preset", str(folder / PRESET_NAME)]
+    # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
+    # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash).
+    hub = ["llama-server", "-hf", "USER/REPO", "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
     return {"command": cmd, "shell": shlex.join(cmd), "n_max": n_max, "p_min": p_min, "measured": measured,
             "uses_drafter": with_drafter, "note": note, "with_drafter": shlex.join(drafted),
-            "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME, "model": folder.name}
+            "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME, "model": folder.name,
+            "hub": " ".join(hub)}
 
 
 def write_models_preset(outdir: Path, serve: dict[str, Any]) -> Path:
@@ -60,6 +64,7 @@ def write_models_preset(outdir: Path, serve: dict[str, Any]) -> Path:
     model, the drafter llama-server attaches from the folder, and the n-max chosen (atomically written)."""
     lines = [f"; written by dflash-gguf: {serve['note']}",
              f"; serve: {serve['models_dir']}",
+             f"; uploaded to a Hub repo: {serve['hub']}",
              f"[{serve['model']}]",
              f"spec-draft-n-max = {serve['n_max']}"]
     if serve.get("p_min") is not None:

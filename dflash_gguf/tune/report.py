@@ -150,6 +150,11 @@ class Measurement:
         return self.accepted / self.draft_steps if self.draft_steps else None
 
     @property
+    def request_seconds(self) -> float:
+        """Time llama-server spent on the measured requests (prompt + generation), by its own timings."""
+        return sum(s.prompt_ms + s.predicted_ms for s in self.samples) / 1000.0
+
+    @property
     def collapsed(self) -> bool:
         a = self.acceptance
         return a is not None and self.drafted >= MIN_DRAFTS_TO_JUDGE and a < COLLAPSE_ACCEPTANCE
@@ -163,7 +168,8 @@ class Measurement:
                 "prompt_tokens_per_second": _r(self.prompt_tps), "acceptance": _r(self.acceptance, 4),
                 "draft_tokens": self.drafted, "draft_tokens_accepted": self.accepted, "draft_steps": self.draft_steps,
                 "mean_accepted_per_step": _r(self.mean_accepted_per_step, 3), "peak_rss_bytes": self.peak_rss,
-                "requests": len(self.samples), "seconds": _r(self.seconds, 1)}
+                "requests": len(self.samples), "request_seconds": _r(self.request_seconds, 2),
+                "seconds": _r(self.seconds, 1)}
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:

@@ -30,14 +30,17 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         VerifyError: an input cannot be read (exit 2).
     """
     d = read_gguf(Path(drafter))
+    found = None
     if target is None and not is_drafter_like(d) and (sidecars := sidecars_beside(Path(drafter))):
         # a target given alone, with llama.cpp's sidecar beside it: judge the pair llama-server would serve
         drafter, target, d = sidecars[0], Path(drafter), read_gguf(sidecars[0])
+        found = f"drafter {sidecars[0].name} found beside the target (llama.cpp's sidecar name)"
     if target is None:
         name = d.get(TARGET_FILE_KEY)
         beside = Path(drafter).parent / name if isinstance(name, str) and name else None
-        if beside is None and is_sidecar(drafter):
+        if (beside is None or not beside.is_file()) and is_sidecar(drafter):
             beside = target_beside(Path(drafter))  # a sidecar nobody here wrote: the folder's one target
+            found = f"target {beside.name} found beside the sidecar (the folder's one target)" if beside else None
         target = beside if beside is not None and beside.is_file() else None
     t = read_gguf(Path(target)) if target is not None else None
     if t is None and not is_drafter_like(d):
@@ -46,6 +49,8 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         report.extend(check_target_alone(d, allow_derived_target))
         return report
     report = Report(inputs={"drafter": str(drafter), "target": str(target) if target else ""})
+    if found:
+        report.info("pair.found", found)
     fmt = check_format(d)
     report.extend(fmt)
     arch = fmt.result("format.arch")
