@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT := out
 
-.PHONY: venv demo pair verify test reference bench lint clean
+.PHONY: venv demo pair verify tune test reference bench lint clean
 QUANT ?= q4_0
 
 $(VENV)/.installed: pyproject.toml
@@ -35,6 +35,11 @@ pair: venv
 verify: venv
 	@test -n "$(DRAFTER)" || { echo "usage: make verify DRAFTER=pair.json|DRAFTER.gguf [TARGET=TARGET.gguf]"; exit 2; }
 	$(VENV)/bin/dflash-verify $(DRAFTER) $(TARGET)
+
+# make tune PAIR=dir/pair.json|dir [FLAGS='-ngl 99 -fa on'] : measure the pair with llama-server on this machine
+tune: venv
+	@test -n "$(PAIR)" || { echo "usage: make tune PAIR=pair.json|DIR [FLAGS='llama-server flags']"; exit 2; }
+	$(VENV)/bin/dflash-gguf tune $(PAIR) $(if $(FLAGS),-- $(FLAGS))
 
 reference: venv
 	$(PY) scripts/reference_env.py setup

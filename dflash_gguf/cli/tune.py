@@ -82,7 +82,7 @@ def render_report(report: object) -> str:
     lines += ["", f"workload: {len(wl.prompts)} prompts ({', '.join(p.name for p in wl.prompts)}; {wl.source}), "
                   f"{wl.n_predict} tokens each, greedy, {wl.repeats} repeat(s) after 1 warm-up; medians over "
                   f"repeats; thinking: {report.thinking}",
-              f"server: {s.path} ({s.source}), build "
+              f"server: {s.path} (found by {s.source}), build "
               f"{s.build or 'unknown'}, threads {s.threads if s.threads is not None else 'server default'}",
               f"flags: {' '.join(report.user_flags) or '(none)'}; measured in {report.seconds:.0f} s"]
     if s.devices:

@@ -45,6 +45,7 @@ _DEFAULT_FLAGS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 _SYSTEM_INFO_RE = re.compile(r"system_info: n_threads = (\d+)[^|\n]*\|\s*(.*)$", re.M)
 _DEVICE_RE = re.compile(r"(using device .*?)$|^\s*(Device \d+: .*)$", re.M)
 _WARMUP_TOKENS = 16
+_LONG_SWEEP = 600.0  # seconds: warn (with the way to bound it) when an unbounded sweep looks longer
 
 OnProgress = Callable[[int, int, str], None]
 
@@ -278,8 +279,19 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
                         f"({base.status}). {base.error} Check that llama-server loads it with these flags: "
                         f"{' '.join(t.flags)}.")
     notes: list[str] = []
+    full = 1 + sum(len(v) + (0 if opts.quick or opts.n_max_values else 4 + len(P_MIN_SWEEP)) for v in per_drafter)
+    if opts.budget is None and base.seconds * full > _LONG_SWEEP:
+        log.warning("the target alone took %.0f s to measure; the sweep is up to %d configurations, about %.0f min. "
+                    "--budget SECONDS or --quick bounds it.", base.seconds, full, base.seconds * full / 60)
     for d, values in zip(found, per_drafter, strict=True):
         _sweep_drafter(t, d, [v for v in values if v <= d.max_n_max], budget, notes)
+    if len(t.measurements) > 2:  # a long sweep: measure the baseline again, so drift shows and is averaged out
+        if budget.allows_another():
+            t.planned += 1
+            t.measure(Configuration(again=True))
+        else:
+            notes.append("target alone, again: not measured, the budget was spent (the baseline is from the start "
+                         "of the sweep only).")
     if opts.n_max_values and any(v > d.max_n_max for d in found for v in opts.n_max_values):
         notes.append("n-max values above a drafter's block_size - 1 were not measured: llama.cpp clamps them.")
     assert t.rendered is not None

@@ -44,11 +44,12 @@ class Configuration:
     drafter: Drafter | None = None
     n_max: int | None = None
     p_min: float | None = None  # None: llama.cpp's default (0.0)
+    again: bool = False  # the target alone measured a second time, after the sweep (drift shows as a difference)
 
     @property
     def label(self) -> str:
         if self.drafter is None:
-            return "target alone"
+            return "target alone, again" if self.again else "target alone"
         p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
         return f"{self.drafter.path.name} n-max {self.n_max}{p}"
 
@@ -209,12 +210,20 @@ class TuneReport:
 
     @property
     def baseline(self) -> Measurement | None:
-        return next((m for m in self.measurements if m.config.drafter is None and m.status == "ok"), None)
+        """The target alone: its measurements before and after the sweep, pooled (every repeat counts)."""
+        runs = [m for m in self.measurements if m.config.drafter is None and m.status == "ok"]
+        if len(runs) <= 1:
+            return runs[0] if runs else None
+        return Measurement(Configuration(), "ok", tuple(s for m in runs for s in m.samples),
+                           sum(m.repeats for m in runs), None, max(m.peak_rss or 0 for m in runs) or None,
+                           sum(m.seconds for m in runs))
 
     @property
     def best(self) -> Measurement | None:
-        """The fastest configuration measured (the baseline included)."""
-        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps]
+        """The fastest configuration measured (the pooled baseline included)."""
+        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps and m.config.drafter is not None]
+        if self.baseline is not None:
+            ok.append(self.baseline)
         return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
 
     @property
@@ -259,19 +268,31 @@ class TuneReport:
         if best.config.drafter is not None:
             s = self.speedup(best) or 0.0
             lines.append(f"Fastest here: {best.config.label}, {best.gen_tps:.1f} tokens/s, {s:.2f}x the target "
-                            f"alone ({base.gen_tps:.1f} tokens/s), acceptance {(best.acceptance or 0) * 100:.1f}%.")
+                         f"alone ({base.gen_tps:.1f} tokens/s), acceptance {(best.acceptance or 0) * 100:.1f}%."
+                         + self._spread_note(best, base))
             return " ".join(lines)
         drafting = self.best_drafting
-        if drafting is None:
-            lines.append(f"The target alone is fastest here ({base.gen_tps:.1f} tokens/s): no drafting "
-                            "configuration could be measured.")
+        if drafting is None or drafting.config.drafter in self.collapsed:
+            reason = "no drafting configuration could be measured" if drafting is None else "no drafter worked"
+            lines.append(f"The target alone is fastest here ({base.gen_tps:.1f} tokens/s): {reason}.")
             return " ".join(lines)
         causes = self._likely_causes(drafting)
         lines.append(f"The target alone is fastest here ({base.gen_tps:.1f} tokens/s). The best drafting "
-                        f"configuration, {drafting.config.label}, reached {drafting.gen_tps:.1f} tokens/s "
-                        f"({self.speedup(drafting) or 0:.2f}x) at acceptance {(drafting.acceptance or 0) * 100:.1f}%"
-                        f". Serve without the drafter on this machine. Likely causes: {causes}")
+                     f"configuration, {drafting.config.label}, reached {drafting.gen_tps:.1f} tokens/s "
+                     f"({self.speedup(drafting) or 0:.2f}x) at acceptance {(drafting.acceptance or 0) * 100:.1f}%."
+                     + self._spread_note(base, drafting) + f" Likely causes: {causes}")
         return " ".join(lines)
+
+    @staticmethod
+    def _spread_note(winner: Measurement, other: Measurement) -> str:
+        """Whether the win is larger than the run-to-run spread: every repeat of one beat every repeat of the other."""
+        a, b = winner.gen_tps_range, other.gen_tps_range
+        if winner.repeats < 2 or other.repeats < 2 or a is None or b is None:
+            return " One repeat each: the spread was not measured (run without --quick to see it)."
+        if a[0] > b[1]:
+            return " Every repeat of it was faster than every repeat of the other."
+        return (f" The repeats overlap ({a[0]:.1f}-{a[1]:.1f} against {b[0]:.1f}-{b[1]:.1f} tokens/s): the margin is "
+                "within this machine's run-to-run noise.")
 
     def _likely_causes(self, m: Measurement) -> str:
         causes = []
@@ -302,6 +323,11 @@ class TuneReport:
                 "server": self.server.to_dict(), "user_flags": list(self.user_flags), "budget_seconds": self.budget,
                 "seconds": round(self.seconds, 1),
                 "configurations": [m.to_dict(base) for m in self.measurements],
+                "baseline": {"generation_tokens_per_second": _r(base),
+                             "generation_tokens_per_second_range": [_r(x) for x in rng] if (rng := (
+                                 self.baseline.gen_tps_range if self.baseline else None)) else None,
+                             "runs": sum(1 for m in self.measurements if m.config.drafter is None and m.status == "ok"),
+                             "repeats": self.baseline.repeats if self.baseline else 0},
                 "best": best.config.to_dict() | {"speedup": _r(self.speedup(best), 3)} if best else None,
                 "collapsed": [d.path.name for d in self.collapsed], "verdict": self.verdict,
                 "notes": list(self.notes)}

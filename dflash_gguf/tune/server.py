@@ -144,8 +144,10 @@ class Server:
 
 @contextlib.contextmanager
 def serve(binary: FoundBinary, model_args: Sequence[str], *, startup_timeout: float = 300,
-          workdir: Path | None = None) -> Iterator[Server]:
+          workdir: Path | None = None, env: dict[str, str] | None = None) -> Iterator[Server]:
     """Run ``llama-server MODEL_ARGS --host 127.0.0.1 --port P`` until ``/health`` answers 200; stop on exit.
+
+    ``env`` replaces the binary's environment (its library path is always added).
 
     Raises:
         ServerFailed: the process exited during start-up, or was not healthy within ``startup_timeout``.
@@ -155,9 +157,9 @@ def serve(binary: FoundBinary, model_args: Sequence[str], *, startup_timeout: fl
         cmd = [str(binary.path), *model_args, "--host", HOST, "--port", str(port)]
         server = Server(cmd=cmd, url=f"http://{HOST}:{port}", log_path=Path(tmp) / "server.log")
         with open(server.log_path, "wb") as log_file:
-            env = binary.env()
-            env.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would otherwise attach gdb and hang the sweep
-            server.process = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log_file,
+            run_env = binary.env(env)
+            run_env.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would otherwise attach gdb and hang the sweep
+            server.process = subprocess.Popen(cmd, cwd=tmp, env=run_env, stdout=log_file,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True)
         try:
