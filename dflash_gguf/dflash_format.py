@@ -13,12 +13,13 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .tensor_names import DECODER_BLOCK, QK_NORM, block_map
+
 ARCH = "dflash"  # src/llama-arch.cpp: { LLM_ARCH_DFLASH, "dflash" }
 
-# Architectures of drafter checkpoints that b11434's DFlashModel (conversion/qwen.py) handles and
-# that this project converts. DFlash2/DSpark need selector/Markov tensors we do not map yet.
-SUPPORTED_DRAFTER_ARCHS = ("DFlashDraftModel",)
-KNOWN_UNSUPPORTED_DRAFTER_ARCHS = ("DFlash2DraftModel", "DSparkDraftModel", "Qwen3DSparkModel")
+# dflash.block_size when a file has none: b11434's converter writes 16 when the config has none
+# (DFlashModel.set_gguf_parameters) and common/speculative.cpp assumes 16 for a file without the key.
+DEFAULT_BLOCK_SIZE = 16
 
 
 class Keys:
@@ -57,8 +58,12 @@ class Keys:
     QUANTIZATION_VERSION = "general.quantization_version"
     MASK_TOKEN_ID = "tokenizer.ggml.mask_token_id"
 
+    @staticmethod
+    def of(arch: str, key: str) -> str:
+        """The same key under another architecture (a target's ``{arch}.embedding_length``)."""
+        return key.replace(f"{ARCH}.", f"{arch}.", 1)
 
-GGML_QUANT_VERSION = 2  # gguf-py constants.GGML_QUANT_VERSION
+
 
 # Prefix of this project's own provenance keys; llama.cpp ignores unknown keys and
 # llama-quantize copies them (llama_model_quantize_impl copies every KV).
@@ -70,24 +75,12 @@ TENSOR_MAP: dict[str, str] = {
     "fc.weight": "fc.weight",
     "hidden_norm.weight": "enc.output_norm.weight",
     "norm.weight": "output_norm.weight",
-    "layers.{i}.input_layernorm.weight": "blk.{i}.attn_norm.weight",
-    "layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight",
-    "layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
-    "layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
-    "layers.{i}.self_attn.o_proj.weight": "blk.{i}.attn_output.weight",
-    "layers.{i}.self_attn.q_norm.weight": "blk.{i}.attn_q_norm.weight",
-    "layers.{i}.self_attn.k_norm.weight": "blk.{i}.attn_k_norm.weight",
-    "layers.{i}.post_attention_layernorm.weight": "blk.{i}.ffn_norm.weight",
-    "layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
-    "layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
-    "layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+    **block_map(DECODER_BLOCK | QK_NORM, "layers.{i}.", "blk.{i}.", ".weight"),
 }
 
 # Tensors b11434 maps but its DFlash loader (src/models/dflash.cpp) would reject or misuse.
 EMBEDDING_TENSORS = {"embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight"}
 
-# Names the reference converter drops silently (ModelBase.prepare_tensors).
-IGNORED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 
 # Per-block tensors of the b11434 DFlash graph (src/models/dflash.cpp); attn_v is optional in the loader.
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
@@ -134,7 +127,7 @@ def gguf_taps_outside(gguf_ids: Sequence[int], n_target_layers: int) -> list[int
     return [i for i in gguf_ids if not 1 <= i <= n_target_layers - 1]
 
 
-VOCAB_HASH_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+VOCAB_HASH_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")  # gguf Keys.Tokenizer
 
 
 def vocab_sha256(get: Callable[[str], Any]) -> str:

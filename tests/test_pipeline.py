@@ -429,14 +429,14 @@ convert_main()
 """
 
 
-def _interrupt_when(proc: subprocess.Popen[str], ready: Path) -> tuple[str, str]:
+def _interrupt_when(proc: subprocess.Popen[str], ready: Path, sig: int = signal.SIGINT) -> tuple[str, str]:
     try:
         deadline = time.monotonic() + 300
         while not ready.exists():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the pipeline never reached the stage"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         return proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -466,6 +466,28 @@ def test_ctrl_c_mid_stage_leaves_nothing_and_the_rerun_completes(stage: str, unf
     assert not [name for name in unfinished if (outdir / name).exists()]
     _assert_no_partials(outdir)
     assert json.loads((outdir / "pair.json").read_text())["status"] == "in-progress"
+    rerun = _convert(args, env)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert {k: v for k, v in _outputs(outdir).items() if k in clean_run} == clean_run
+
+
+@pytest.mark.parametrize(("stage", "unfinished", "extra"), [
+    ("convert target", ["gemma-4-tiny-it-BF16.gguf", "gemma-4-tiny-it-Q4_0.gguf"], []),  # the one pass
+    ("quantize target", ["gemma-4-tiny-it-Q4_0.gguf"], ["--keep-intermediate"]),  # the quantizer
+])
+def test_sigterm_is_handled_like_ctrl_c(stage: str, unfinished: list[str], extra: list[str],
+                                        folders: dict[str, Path], clean_run: dict[str, str], tmp_path: Path) -> None:
+    """kill, docker stop, systemd and CI timeouts send SIGTERM: the partial is removed and the exit code is 143."""
+    outdir, ready = tmp_path / "pair", tmp_path / "ready"
+    args = _local_args(folders, outdir, *extra)
+    env = _env(None, tmp_path / "hf")
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSE_AT, str(ready), stage, *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    stdout, stderr = _interrupt_when(proc, ready, signal.SIGTERM)
+    assert proc.returncode == 143, stdout + stderr
+    assert "Terminated; no output was left behind." in stderr and "Traceback" not in stderr
+    assert not [name for name in unfinished if (outdir / name).exists()]
+    _assert_no_partials(outdir)
     rerun = _convert(args, env)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert {k: v for k, v in _outputs(outdir).items() if k in clean_run} == clean_run

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -27,17 +29,44 @@ def setup_logging(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, docker stop, systemd, a CI timeout), unwound exactly as Ctrl-C is: partial outputs are
+    removed and child processes stopped on the way out."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn our exceptions into one-paragraph messages and the exit code their class names."""
+    """Turn our exceptions into one-paragraph messages and the exit code their class names; Ctrl-C exits 130 and
+    SIGTERM 143 (128 + the signal), each with nothing left behind."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _sigterm_as_interrupt():
+                return fn(*args, **kwargs)
         except DflashGgufError as e:
             if os.environ.get("DFLASH_GGUF_TRACEBACK"):
                 raise
             click.echo(f"Error: {e}", err=True)
             sys.exit(e.exit_code)
+        except Terminated:
+            click.echo("Terminated; no output was left behind.", err=True)
+            sys.exit(128 + signal.SIGTERM)
         except KeyboardInterrupt:
             click.echo("Interrupted; no output was left behind.", err=True)
             sys.exit(130)

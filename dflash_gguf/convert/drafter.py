@@ -15,26 +15,26 @@ from pathlib import Path
 
 from gguf import LlamaFileType
 
+from .. import drafters
 from .. import provenance as prov
 from ..dflash_format import (
     ARCH,
     EMBEDDING_TENSORS,
-    GGML_QUANT_VERSION,
-    IGNORED_SUFFIXES,
     TENSOR_MAP,
     Keys,
     expected_shapes,
     gguf_taps,
-    hf_taps_outside,
     shape_key,
 )
+from ..drafters.dflash import DFlashSpec
 from ..errors import IncompatiblePairError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
-from .configs import DrafterConfig, TargetConfig, read_drafter_config, read_target_config
+from ..ggufio.layout import GGML_QUANT_VERSION
+from .configs import TargetConfig, read_target_config
 from .general import add_general
 from .outtype import OUTTYPES, resolve_outtype, tensor_type
 from .result import ConvertResult, finish, target_embedding_fingerprint, target_record
-from .safetensors import TensorRef, index_checkpoint
+from .safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
 from .tensor_io import byte_source, tensor_writer
 from .textmodel import add_textmodel_keys, rope_parameters
 from .vocab import add_target_vocab
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
-def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str]) -> list[tuple[str, TensorRef]]:
+def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) -> list[tuple[str, TensorRef]]:
     """HF names -> GGUF names in b11434's order; refuse what its DFlash loader cannot take."""
     src = cfg.path.parent
     mapped: list[tuple[str, TensorRef]] = []
@@ -94,7 +94,7 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DrafterConfig, notes: list[str
     return mapped
 
 
-def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DrafterConfig) -> None:
+def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
     hp = cfg.hp
     h, f = cfg.hidden_size, int(hp["intermediate_size"])
     nh, nkv, hd = int(hp["num_attention_heads"]), int(hp["num_key_value_heads"]), int(hp["head_dim"])
@@ -121,29 +121,7 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DrafterConfig) -> No
             )
 
 
-def _check_pair(cfg: DrafterConfig, target: TargetConfig) -> None:
-    if cfg.hidden_size != target.hidden_size:
-        raise IncompatiblePairError(
-            f"Drafter {cfg.path} has hidden_size {cfg.hidden_size} but target {target.path} has "
-            f"{target.hidden_size}. A DFlash drafter must be trained for its target's hidden size (llama.cpp "
-            "aborts with 'ggml_can_repeat'). Pick the drafter made for this target."
-        )
-    bad = hf_taps_outside(cfg.target_layer_ids, target.n_layer)
-    if bad:
-        raise IncompatiblePairError(
-            f"Drafter {cfg.path} taps target layers {bad} (target_layer_ids {cfg.target_layer_ids}), but target "
-            f"{target.path} has {target.n_layer} layers: llama.cpp taps the input of layer id+1, so ids must lie "
-            f"in 0..{target.n_layer - 2}. The drafter was made for a deeper target; pick the matching one."
-        )
-    n_target = cfg.raw.get("num_target_layers")
-    if n_target is not None and int(n_target) != target.n_layer:
-        raise IncompatiblePairError(
-            f"Drafter {cfg.path} says num_target_layers {n_target} but target {target.path} has {target.n_layer} "
-            "layers. Pick the drafter made for this target."
-        )
-
-
-def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype: LlamaFileType) -> None:
+def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: LlamaFileType) -> None:
     """The keys of TextModel.set_gguf_parameters + DFlashModel.set_gguf_parameters, in their order."""
     hp = cfg.hp
     add_textmodel_keys(plan, ARCH, hp, ftype)  # DFlashModel derives from TextModel (via Qwen3Model)
@@ -168,7 +146,7 @@ def _add_hparams(plan: GGUFPlan, cfg: DrafterConfig, target: TargetConfig, ftype
     plan.add_array(Keys.TARGET_LAYERS, gguf_taps(cfg.target_layer_ids))
     if cfg.sliding_window and cfg.swa_pattern:
         plan.add_uint32(Keys.SLIDING_WINDOW, cfg.sliding_window)
-        plan.add_array(Keys.SLIDING_WINDOW_PATTERN, cfg.swa_pattern)
+        plan.add_array(Keys.SLIDING_WINDOW_PATTERN, list(cfg.swa_pattern))
     if cfg.causal is not None:
         plan.add_bool(Keys.CAUSAL, cfg.causal)
     if target.uses_mrope:
@@ -200,10 +178,14 @@ def convert_drafter(
     """
     start = time.perf_counter()
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
-    cfg = read_drafter_config(drafter_dir)
+    reading = drafters.interpret_folder(drafter_dir)
+    cfg = reading.require()
+    for finding in reading.findings:
+        if finding.note and finding.severity == "warning":
+            log.warning("%s: %s", cfg.path, finding.message)
     target = read_target_config(target_dir)
-    _check_pair(cfg, target)
-    notes = list(cfg.notes)
+    drafters.first_error(drafters.pair_findings(reading, target.facts()))
+    notes = list(reading.notes)
     mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes)
     _check_shapes(mapped, cfg)
     outtype = resolve_outtype(outtype, (ref for _, ref in mapped))

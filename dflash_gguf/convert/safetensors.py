@@ -13,6 +13,9 @@ from pathlib import Path
 
 from ..errors import InputError, TensorError
 
+# Tensor names b11434's converters drop silently (ModelBase.prepare_tensors), for drafters and targets alike.
+IGNORED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
+
 DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit

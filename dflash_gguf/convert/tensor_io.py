@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from ..errors import InputError
+from ..ggufio.layout import float_to_f32
 from .safetensors import TensorRef
 
 CHUNK_BYTES = 16 * 1024 * 1024
@@ -34,13 +35,10 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def to_f32(raw: bytes | bytearray | memoryview, dtype: str) -> np.ndarray:
-    if dtype == "BF16":
-        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << np.uint32(16)).view(np.float32)
-    if dtype == "F16":
-        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
-    if dtype == "F32":
-        return np.frombuffer(raw, dtype="<f4")
-    raise ValueError(f"cannot convert {dtype} tensors")
+    """A safetensors float tensor's bytes (``dtype`` BF16, F16 or F32) as float32."""
+    if dtype not in ("BF16", "F16", "F32"):
+        raise ValueError(f"cannot convert {dtype} tensors")
+    return float_to_f32(raw, GGMLQuantizationType[dtype])
 
 
 def encode(x: np.ndarray, qtype: GGMLQuantizationType, row: int) -> np.ndarray:

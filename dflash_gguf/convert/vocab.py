@@ -14,7 +14,6 @@ transformers:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from gguf import TokenType
 from ..dflash_format import vocab_sha256
 from ..errors import TokenizerError, UnsupportedModelError
 from ..ggufio import GGUFPlan
+from ..hf_configs import parse_tokenizer_json
 from ..jsonfile import read_json
 from .configs import TargetConfig
 from .special_vocab import read_special_tokens
@@ -51,6 +51,8 @@ PRE_TOKENIZERS = {
 # Target classes whose b11434 set_vocab tries tokenizer.model (SentencePiece) before tokenizer.json
 # (Qwen2Model.set_vocab, LlamaModel.set_vocab); Qwen3-MoE goes straight to the GPT-2 path.
 SENTENCEPIECE_FIRST = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+# A byte token as b11434 recognises one in a vocabulary (either case; conversion/xverse.py and the tokenizers
+# BPE byte fallback). SentencePiece's own byte pieces are upper case only (tokenizer_fixups.synthesize).
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
@@ -64,21 +66,11 @@ class VocabInfo:
 
 
 def _load_tokenizer_json(tok_dir: Path) -> dict[str, Any]:
-    path = tok_dir / "tokenizer.json"
-    if not path.is_file():
-        has_model = (tok_dir / "tokenizer.model").is_file()
-        raise TokenizerError(
-            f"Target {tok_dir} has no tokenizer.json{' (only tokenizer.model)' if has_model else ''}. The drafter "
-            "GGUF embeds the target's vocabulary, which llama.cpp b11434 reads from tokenizer.json for this "
-            "architecture. Download the target's tokenizer files (tokenizer.json, tokenizer_config.json)."
-        )
-    try:
-        data = read_json(path)
-        data["model"]["vocab"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise TokenizerError(f"{path} is corrupt or not a Hugging Face tokenizers file ({e!r}). "
-                             "Re-download it.") from None
-    return data
+    has_model = (tok_dir / "tokenizer.model").is_file()
+    return parse_tokenizer_json(tok_dir / "tokenizer.json", missing=(
+        f"Target {tok_dir} has no tokenizer.json{' (only tokenizer.model)' if has_model else ''}. The drafter "
+        "GGUF embeds the target's vocabulary, which llama.cpp b11434 reads from tokenizer.json for this "
+        "architecture. Download the target's tokenizer files (tokenizer.json, tokenizer_config.json)."))
 
 
 def _declared_specials(tok_dir: Path) -> set[str]:

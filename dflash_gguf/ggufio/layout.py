@@ -11,12 +11,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 MAGIC = b"GGUF"
 VERSION = 3  # what we write
 SUPPORTED_VERSIONS = (2, 3)  # what llama.cpp b11434 reads
 ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
+GGML_QUANT_VERSION = 2  # general.quantization_version: GGML_QNT_VERSION in ggml/include/ggml.h
 
 VT = GGUFValueType
 # value type -> (struct format, size, numpy dtype); BOOL is one byte
@@ -104,3 +106,14 @@ def tensor_nbytes(ne: Sequence[int], qtype: int) -> int:
     for d in ne[1:]:
         n_rows *= d
     return n_rows * row_bytes(qt, ne[0])
+
+
+def float_to_f32(raw: bytes | bytearray | memoryview, qtype: GGMLQuantizationType) -> np.ndarray:
+    """F32, F16 or BF16 little-endian bytes as float32, widened exactly (as ggml's to_float does)."""
+    if qtype == GGMLQuantizationType.F32:
+        return np.frombuffer(raw, dtype="<f4")
+    if qtype == GGMLQuantizationType.F16:
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
+    if qtype == GGMLQuantizationType.BF16:
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << np.uint32(16)).view(np.float32)
+    raise ValueError(f"{qtype.name} is not a float type")

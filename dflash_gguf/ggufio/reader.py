@@ -22,7 +22,7 @@ from gguf import quants as gguf_quants
 
 from ..errors import InputError
 from . import layout
-from .layout import ALIGNMENT, MAGIC, SCALARS, SUPPORTED_VERSIONS, type_name
+from .layout import ALIGNMENT, MAGIC, SCALARS, SUPPORTED_VERSIONS, float_to_f32, type_name
 
 MAX_TENSORS = 1 << 20  # a 1T-parameter MoE has < 100k tensors
 MAX_KV = 1 << 16  # real files have < 100 keys; token lists are one key each
@@ -272,10 +272,8 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
             if raw.size != row_bytes:
                 raise InputError(f"{meta.path}: tensor {name!r} is truncated.")
             try:
-                if qtype == GGMLQuantizationType.F32:
-                    out[i] = raw.view("<f4")
-                elif qtype == GGMLQuantizationType.F16:
-                    out[i] = raw.view("<f2").astype(np.float32)
+                if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+                    out[i] = float_to_f32(raw, qtype)
                 else:
                     out[i] = gguf_quants.dequantize(raw, qtype).reshape(-1)
             except (NotImplementedError, ValueError, TypeError) as e:

@@ -96,9 +96,6 @@ class Manifest:
         self.save()
         return files
 
-    def stage_outputs(self, stage: str) -> list[dict[str, Any]]:
-        return list(self.data["stages"].get(stage, {}).get("outputs", []))
-
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """A pair.json written by the pipeline, for ``dflash-verify pair.json``.

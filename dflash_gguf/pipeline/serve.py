@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
-from ..dflash_format import Keys
+from ..dflash_format import DEFAULT_BLOCK_SIZE, Keys
 from ..sidecar import PRESET_NAME
 from ..tune import DEFAULT_N_MAX, TuneReport
 from ..verify import read_gguf
 from .manifest import Manifest, read_manifest
-
-DEFAULT_BLOCK_SIZE = 16  # what b11434 assumes when dflash.block_size is absent (common/speculative.cpp)
 
 
 def max_n_max(drafter: Path) -> int:

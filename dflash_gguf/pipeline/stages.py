@@ -7,12 +7,13 @@ them together and decides which can be skipped.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IncompatiblePairError, InputError, UnsupportedModelError
+from .. import drafters, hub
+from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family
+from ..errors import IncompatiblePairError, UnsupportedModelError
 from ..jsonfile import read_json
 from ..provenance import Sources
 from ..verify import Report, precheck, read_gguf, verify_files
@@ -42,9 +43,11 @@ def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: b
     """The checks of ``dflash-gguf precheck`` on the configs and cards fetched so far.
 
     Raises:
-        PairRefused: a blocking check failed (nothing but configs and cards has been downloaded).
-        VerifyError: a config.json cannot be read.
+        ConfigError, UnsupportedModelError: the drafter's config is refused (as the converter refuses it).
+        PairRefused: a blocking pair or lineage check failed (nothing but configs and cards has been downloaded).
     """
+    drafters.interpret_folder(drafter.path).require()  # the drafter's own rules: the converter's error and code
+
     def card(src: Source) -> str | None:
         path = src.path / "README.md"
         return path.read_text(encoding="utf-8") if path.is_file() else None
@@ -85,31 +88,15 @@ def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Pat
 
         converter_script(llama_cpp)
         return TargetMethod("llama-cpp", llama_cpp_version(llama_cpp))
-    family = _builtin_family(target.path)
+    family = builtin_family(target.path)
     if family is not None:
         return TargetMethod("builtin", family)
     archs = read_json(target.path / "config.json").get("architectures") or ["?"]
-    supported = ", ".join(sorted(_supported_architectures())) or "none yet"
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES)) or "none yet"
     raise UnsupportedModelError(
         f"Target {target.label}: architecture {archs[0]} is not covered by the built-in target converter "
         f"(it covers: {supported}). Pass --target-gguf PATH|REPO:FILE with an existing GGUF of this target, or "
         "--llama-cpp DIR to run llama.cpp's own converter from your checkout.")
-
-
-def _builtin_family(model_dir: Path) -> str | None:
-    try:
-        from ..convert.targets import builtin_family
-    except ImportError:
-        return None
-    return builtin_family(model_dir)
-
-
-def _supported_architectures() -> dict[str, str]:
-    try:
-        from ..convert.targets import SUPPORTED_ARCHITECTURES
-    except ImportError:
-        return {}
-    return dict(SUPPORTED_ARCHITECTURES)
 
 
 # -------------------------------------------------------------------------------------------- tokenizer
@@ -186,21 +173,10 @@ def obtain_target_gguf(spec: str) -> Path:
     Raises:
         InputError, ResolveError: missing file or failed download.
     """
-    from .. import hub
-
     path = Path(spec).expanduser()
     if path.is_file():
         return path
-    fetch_file = getattr(hub, "fetch_file", None)
-    if fetch_file is not None:
-        return Path(fetch_file(spec))
-    repo, sep, name = spec.partition(":")
-    if not sep or not hub.is_repo_id(repo):
-        raise InputError(f"--target-gguf {spec!r} is neither an existing file nor REPO[@REV]:FILE. Check the path.")
-    local = hub.resolve(repo, (name,)).path / name
-    if not local.is_file():
-        raise InputError(f"--target-gguf {spec}: {name} is not in {repo}. Check the file name.")
-    return local
+    return Path(hub.fetch_file(spec))
 
 
 def gguf_type(path: Path) -> str:
@@ -305,9 +281,3 @@ def quantizer_choice() -> str:
 def verify_pair(drafter: Path, target: Path, *, allow_derived_target: bool = False) -> Report:
     return verify_files(drafter, target, allow_derived_target=allow_derived_target)
 
-
-def remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)

@@ -39,7 +39,6 @@ from . import kernels
 from .rules import (
     FTYPES,
     OVERRIDE_TYPES,
-    QUANTIZATION_VERSION,
     SUPPORTED_TYPES,
     choose_type,
     is_quantized,
@@ -212,7 +211,7 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
 def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> bytes:
     kvs = [raw for key, raw in gguf.kv_raw.items()
            if key not in _MOVED_KEYS and key not in (KEY_QUANTIZER, KEY_QUANTIZER_VERSION)]
-    kvs.append(layout.pack_kv("general.quantization_version", VT.UINT32, QUANTIZATION_VERSION))
+    kvs.append(layout.pack_kv("general.quantization_version", VT.UINT32, layout.GGML_QUANT_VERSION))
     kvs.append(layout.pack_kv("general.file_type", VT.UINT32, int(FTYPES[type_name][0])))
     kvs.append(layout.pack_kv(KEY_QUANTIZER, VT.STRING, "builtin"))
     kvs.append(layout.pack_kv(KEY_QUANTIZER_VERSION, VT.STRING, BUILTIN_VERSION))
@@ -227,12 +226,8 @@ def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> bytes:
 
 def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
     """Decode rows to float32 exactly as ggml's to_float does (BF16/F16 widen exactly)."""
-    if qtype == Q.F32:
-        return np.frombuffer(raw, dtype=np.float32).reshape(-1, n_per_row)
-    if qtype == Q.F16:
-        return np.frombuffer(raw, dtype=np.float16).astype(np.float32).reshape(-1, n_per_row)
-    if qtype == Q.BF16:
-        return (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, n_per_row)
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        return layout.float_to_f32(raw, qtype).reshape(-1, n_per_row)
     data = np.frombuffer(raw, dtype=np.uint8).reshape(-1, row_bytes(qtype, n_per_row))
     return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(-1, n_per_row)
 

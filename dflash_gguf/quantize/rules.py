@@ -26,7 +26,6 @@ FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
     "f32": (LlamaFileType.ALL_F32, Q.F32),
 }
 SUPPORTED_TYPES = tuple(FTYPES)
-QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION in ggml/include/ggml.h
 
 # Types that are not "quantized" for ggml_is_quantized(); everything else is a block quant.
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.F64)

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import sentencepiece as spm
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2 as pb
+
 from ..errors import TokenizerError
 
 SHOWN_DIFFS = 10
@@ -52,13 +56,6 @@ def load_model_pieces(data: bytes, where: str) -> list[str]:
     Raises:
         TokenizerError: empty, truncated or not a SentencePiece model.
     """
-    try:
-        import sentencepiece as spm
-        from google.protobuf.message import DecodeError
-        from sentencepiece import sentencepiece_model_pb2 as pb
-    except ImportError as e:
-        raise TokenizerError(f"Reading tokenizer.model needs sentencepiece and protobuf ({e}). "
-                             "pip install sentencepiece protobuf") from None
     model = pb.ModelProto()
     problem = None
     try:

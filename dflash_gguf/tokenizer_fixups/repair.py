@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import constants as hf_constants
+
 from ..errors import ConfigError, HubError, InputError, OutputError, ResolveError, TokenizerError
 from ..hub import is_repo_id, resolve
 from ..jsonfile import read_json
@@ -143,12 +145,9 @@ def _guard_overlay(target: Path, out: Path) -> None:
     if real_out == real_target or real_target in real_out.parents or real_out in real_target.parents:
         raise OutputError(f"Overlay dir {out} overlaps the target dir {target}; the target must stay untouched. "
                           "Choose an --out outside it.")
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
-    except ImportError:
-        HF_HUB_CACHE = None
-    if HF_HUB_CACHE and Path(HF_HUB_CACHE).resolve() in (real_out, *real_out.parents):
-        raise OutputError(f"Overlay dir {out} is inside the Hugging Face cache {HF_HUB_CACHE}, which must stay "
+    cache = hf_constants.HF_HUB_CACHE  # read now: HF_HOME may be set after import
+    if Path(cache).resolve() in (real_out, *real_out.parents):
+        raise OutputError(f"Overlay dir {out} is inside the Hugging Face cache {cache}, which must stay "
                           "untouched. Choose an --out outside it.")
     if not out.parent.is_dir():
         raise OutputError(f"Folder {out.parent} does not exist. Create it or choose another --out.")

@@ -49,10 +49,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
+
 from ..errors import TokenizerError
+from ..hf_configs import parse_tokenizer_json
 from ..jsonfile import read_json
 
 WS = "\u2581"  # SentencePiece's visible space
+# SentencePiece names its byte-fallback pieces <0xAB>, upper case only (a lower-case one is an ordinary piece).
 _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
 
 # tokenizer.json model types we refuse, each with the reason a tokenizer.model cannot stand in for it.
@@ -82,24 +87,13 @@ class TokenizerJsonVocab:
 
 
 def load_tokenizer_json(path: Path) -> dict[str, Any]:
-    """Parse tokenizer.json, turning every kind of damage into one TokenizerError.
+    """Parse tokenizer.json, the source tokenizer.model is rebuilt from.
 
     Raises:
         TokenizerError: missing, truncated, not JSON, or not a tokenizers file.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise TokenizerError(f"{path} does not exist. Download the target's tokenizer.json; it is the source "
-                             "tokenizer.model is rebuilt from and compared against.")
-    try:
-        data = read_json(path)
-        if not isinstance(data["model"]["vocab"], (dict, list)):
-            raise TypeError("model.vocab is not a table")
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise TokenizerError(f"{path} is corrupt, truncated or not a Hugging Face tokenizers file ({e!r}). "
-                             "Re-download it (huggingface-cli download REPO tokenizer.json --force-download).") \
-            from None
-    return data
+    return parse_tokenizer_json(path, missing=f"{path} does not exist. Download the target's tokenizer.json; it is "
+                               "the source tokenizer.model is rebuilt from and compared against.")
 
 
 def _normalizer_dummy_prefix(path: Path, normalizer: dict[str, Any] | None) -> bool:
@@ -300,14 +294,8 @@ def build_model_proto(vocab: TokenizerJsonVocab) -> bytes:
     """Serialize ``vocab`` as a SentencePiece ModelProto (BPE, byte fallback, identity normalization).
 
     Raises:
-        TokenizerError: sentencepiece/protobuf missing, or SentencePiece rejects the result.
+        TokenizerError: SentencePiece rejects the result.
     """
-    try:
-        import sentencepiece as spm
-        from sentencepiece import sentencepiece_model_pb2 as pb
-    except ImportError as e:
-        raise TokenizerError(f"Synthesizing tokenizer.model needs sentencepiece and protobuf ({e}). "
-                             "pip install sentencepiece protobuf") from None
     m = pb.ModelProto()
     SP = pb.ModelProto.SentencePiece
     for piece, kind, score in zip(vocab.pieces, vocab.types, vocab.scores, strict=True):

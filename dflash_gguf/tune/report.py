@@ -11,6 +11,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Literal
 
+from ..dflash_format import DEFAULT_BLOCK_SIZE
 from .workload import Workload
 
 # Acceptance below this, over enough drafts, is a collapse: the field report's QAT target drafted 7844 tokens
@@ -34,7 +35,7 @@ class Drafter:
     @property
     def max_n_max(self) -> int:
         """llama.cpp clamps --spec-draft-n-max to block_size - 1 for block drafters."""
-        return max(1, (self.block_size or 16) - 1)
+        return max(1, (self.block_size or DEFAULT_BLOCK_SIZE) - 1)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,17 @@ Sources: format reference sections 2-4 and 7 (``src/models/dflash.cpp``, ``src/l
 from __future__ import annotations
 
 from gguf import GGUFValueType as VT
+from gguf import Keys as GKeys
 
-from ..dflash_format import ARCH, BLOCK_TENSORS, OPTIONAL_BLOCK_TENSORS, OPTIONAL_TENSORS, expected_shapes, shape_key
+from ..dflash_format import (
+    ARCH,
+    BLOCK_TENSORS,
+    OPTIONAL_BLOCK_TENSORS,
+    OPTIONAL_TENSORS,
+    Keys,
+    expected_shapes,
+    shape_key,
+)
 from ..ggufio.layout import type_name
 from ..ggufio.reader import GGUFMeta
 from .report import Report
@@ -16,28 +25,28 @@ RECONVERT = "Reconvert the drafter from its Hugging Face checkpoint with dflash-
 
 # key -> accepted (type, array element type or None); required keys first. llama-model-loader.cpp get_key.
 REQUIRED_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
-    f"{ARCH}.block_count": ((VT.UINT32, None),),
-    f"{ARCH}.context_length": ((VT.UINT32, None),),
-    f"{ARCH}.embedding_length": ((VT.UINT32, None),),
-    f"{ARCH}.attention.layer_norm_rms_epsilon": ((VT.FLOAT32, None),),
-    f"{ARCH}.target_layers": ((VT.ARRAY, VT.INT32), (VT.ARRAY, VT.UINT32)),
-    "tokenizer.ggml.model": ((VT.STRING, None),),
+    Keys.BLOCK_COUNT: ((VT.UINT32, None),),
+    Keys.CONTEXT_LENGTH: ((VT.UINT32, None),),
+    Keys.EMBEDDING_LENGTH: ((VT.UINT32, None),),
+    Keys.RMS_EPS: ((VT.FLOAT32, None),),
+    Keys.TARGET_LAYERS: ((VT.ARRAY, VT.INT32), (VT.ARRAY, VT.UINT32)),
+    GKeys.Tokenizer.MODEL: ((VT.STRING, None),),
 }
 OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
-    f"{ARCH}.feed_forward_length": ((VT.UINT32, None),),
-    f"{ARCH}.attention.head_count": ((VT.UINT32, None),),
-    f"{ARCH}.attention.head_count_kv": ((VT.UINT32, None),),
-    f"{ARCH}.attention.key_length": ((VT.UINT32, None),),
-    f"{ARCH}.attention.value_length": ((VT.UINT32, None),),
-    f"{ARCH}.attention.sliding_window": ((VT.UINT32, None),),
-    f"{ARCH}.attention.sliding_window_pattern": ((VT.ARRAY, VT.BOOL),),
-    f"{ARCH}.attention.causal": ((VT.BOOL, None),),
-    f"{ARCH}.block_size": ((VT.UINT32, None),),
-    f"{ARCH}.embedding_scale": ((VT.FLOAT32, None),),
-    f"{ARCH}.logit_scale": ((VT.FLOAT32, None),),
-    f"{ARCH}.rope.freq_base": ((VT.FLOAT32, None),),
-    f"{ARCH}.rope.dimension_count": ((VT.UINT32, None),),
-    "tokenizer.ggml.mask_token_id": ((VT.UINT32, None),),
+    Keys.FEED_FORWARD_LENGTH: ((VT.UINT32, None),),
+    Keys.HEAD_COUNT: ((VT.UINT32, None),),
+    Keys.HEAD_COUNT_KV: ((VT.UINT32, None),),
+    Keys.KEY_LENGTH: ((VT.UINT32, None),),
+    Keys.VALUE_LENGTH: ((VT.UINT32, None),),
+    Keys.SLIDING_WINDOW: ((VT.UINT32, None),),
+    Keys.SLIDING_WINDOW_PATTERN: ((VT.ARRAY, VT.BOOL),),
+    Keys.CAUSAL: ((VT.BOOL, None),),
+    Keys.BLOCK_SIZE: ((VT.UINT32, None),),
+    Keys.EMBEDDING_SCALE: ((VT.FLOAT32, None),),
+    Keys.LOGIT_SCALE: ((VT.FLOAT32, None),),
+    Keys.ROPE_FREQ_BASE: ((VT.FLOAT32, None),),
+    Keys.ROPE_DIMENSION_COUNT: ((VT.UINT32, None),),
+    Keys.MASK_TOKEN_ID: ((VT.UINT32, None),),
 }
 
 
@@ -50,7 +59,7 @@ def u32(meta: GGUFMeta, key: str) -> int | None:
 
 
 def taps(meta: GGUFMeta) -> list[int] | None:
-    kv = meta.kv.get(f"{ARCH}.target_layers")
+    kv = meta.kv.get(Keys.TARGET_LAYERS)
     if kv is None or kv.vtype != VT.ARRAY or kv.subtype not in (VT.INT32, VT.UINT32, VT.INT64, VT.UINT64):
         return None
     return [int(x) for x in kv.value]
@@ -101,16 +110,16 @@ def check_format(d: GGUFMeta) -> Report:
     else:
         r.ok("format.key_types", "every DFlash key has the GGUF type the loader expects")
 
-    if "tokenizer.ggml.mask_token_id" in d.kv:
+    if Keys.MASK_TOKEN_ID in d.kv:
         r.ok("format.mask_token", f"mask token id {d.get('tokenizer.ggml.mask_token_id')}")
     else:
         r.fail("format.mask_token", "error", "no tokenizer.ggml.mask_token_id: llama-server logs mask_token_id=-1 and "
                "aborts on the first draft ('get_sub_batch: failed to add embedding').",
                "Reconvert with a drafter config that has dflash_config.mask_token_id.")
 
-    n_layer = u32(d, f"{ARCH}.block_count")
-    window = u32(d, f"{ARCH}.attention.sliding_window") or 0
-    pattern = d.get(f"{ARCH}.attention.sliding_window_pattern")
+    n_layer = u32(d, Keys.BLOCK_COUNT)
+    window = u32(d, Keys.SLIDING_WINDOW) or 0
+    pattern = d.get(Keys.SLIDING_WINDOW_PATTERN)
     if window > 0 and pattern is None:
         r.fail("format.sliding_window", "error", f"sliding_window {window} without sliding_window_pattern: b11434 "
                "fails with 'array key not found in model: dflash.attention.sliding_window_pattern'.", RECONVERT)
@@ -159,11 +168,11 @@ def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
 
 
 def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
-    h = u32(d, f"{ARCH}.embedding_length")
-    nh = u32(d, f"{ARCH}.attention.head_count")
-    nkv = u32(d, f"{ARCH}.attention.head_count_kv") or nh
-    hd = u32(d, f"{ARCH}.attention.key_length") or (h // nh if h and nh else None)
-    ff = u32(d, f"{ARCH}.feed_forward_length")
+    h = u32(d, Keys.EMBEDDING_LENGTH)
+    nh = u32(d, Keys.HEAD_COUNT)
+    nkv = u32(d, Keys.HEAD_COUNT_KV) or nh
+    hd = u32(d, Keys.KEY_LENGTH) or (h // nh if h and nh else None)
+    ff = u32(d, Keys.FEED_FORWARD_LENGTH)
     k = len(taps(d) or [])
     per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k)
     want = {name: per_name[shape_key(name)] for name in d.tensors if shape_key(name) in per_name}

@@ -10,11 +10,14 @@ import math
 import re
 from pathlib import Path
 
+from gguf import Keys as GKeys
+
 from .. import fingerprint as efp
 from .. import provenance as prov
-from ..dflash_format import ARCH, gguf_taps_outside, vocab_sha256
+from ..dflash_format import ARCH, DEFAULT_BLOCK_SIZE, VOCAB_HASH_KEYS, Keys, gguf_taps_outside, vocab_sha256
 from ..dflash_format import PROVENANCE_PREFIX as PREFIX
 from ..ggufio.reader import GGUFMeta, read_rows
+from ..target_archs import by_gguf
 from .format_checks import taps, u32
 from .lineage import (
     PICK,
@@ -27,19 +30,16 @@ from .lineage import (
 )
 from .report import Report
 
-# Target architectures whose b11434 graphs (src/models/) publish layer inputs for a DFlash drafter.
-TAPPABLE_ARCHS = {"qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "llama", "gemma4", "gpt-oss",
-                  "nemotron_h", "minimax-m2", "deepseek4", "lfm2"}
-UNTAPPABLE_ARCHS = {"gemma", "gemma2", "gemma3", "gemma3n"}
 SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "eot_token_id")
 FP_KEY = prov.key(prov.TARGET_EMBD_FINGERPRINT)
 
 
 def _check_target_arch(r: Report, tarch: str) -> None:
     """pair.target_arch: can this target's b11434 graph feed a DFlash drafter at all?"""
-    if tarch in TAPPABLE_ARCHS:
+    known = by_gguf(tarch)
+    if known is not None and known.tappable:
         r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
-    elif tarch in UNTAPPABLE_ARCHS or tarch == ARCH:
+    elif (known is not None and known.tappable is False) or tarch == ARCH:
         r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
                "(its graph publishes no layer inputs: 'layer input tensor is null').",
                "Pass the target model GGUF second." if tarch == ARCH else PICK)
@@ -54,8 +54,8 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     tarch = t.arch or "?"
     _check_target_arch(r, tarch)
 
-    h_d, h_t = u32(d, f"{ARCH}.embedding_length"), u32(t, f"{tarch}.embedding_length")
-    n_t = u32(t, f"{tarch}.block_count")
+    h_d, h_t = u32(d, Keys.EMBEDDING_LENGTH), u32(t, Keys.of(tarch, Keys.EMBEDDING_LENGTH))
+    n_t = u32(t, Keys.of(tarch, Keys.BLOCK_COUNT))
     if h_d is None or h_t is None:
         r.skip("pair.hidden_size", "hidden size missing on one side", "error")
     elif h_d != h_t:
@@ -99,10 +99,10 @@ def _first_diff(a: list, b: list) -> str:
 
 def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
     diffs = []
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+    for key in (GKeys.Tokenizer.MODEL, GKeys.Tokenizer.PRE):
         if d.get(key) != t.get(key):
             diffs.append(f"{key} {d.get(key)!r} vs {t.get(key)!r}")
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
+    for key in VOCAB_HASH_KEYS:
         a, b = d.get(key), t.get(key)
         a = a.tolist() if hasattr(a, "tolist") else a
         b = b.tolist() if hasattr(b, "tolist") else b
@@ -113,7 +113,7 @@ def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
                "draft-dflash never compares them: expect 'GGML_ASSERT(i01 >= 0 && i01 < ne01)' or nonsense drafts.",
                "Reconvert the drafter with --target pointing at this target's folder (its tokenizer is embedded).")
     else:
-        n = len(t.get("tokenizer.ggml.tokens") or [])
+        n = len(t.get(GKeys.Tokenizer.LIST) or [])
         r.ok("pair.vocab", f"identical vocabulary ({n} tokens, types, merges)")
     special = []
     for key in (*(f"tokenizer.ggml.{s}" for s in SPECIAL_KEYS), "tokenizer.ggml.add_bos_token"):
@@ -124,8 +124,8 @@ def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
                "Reconvert the drafter against this target's tokenizer files.")
     else:
         r.ok("pair.special_tokens", "bos/eos/pad/unk ids and add_bos agree")
-    mask = u32(d, "tokenizer.ggml.mask_token_id")
-    tokens = t.get("tokenizer.ggml.tokens") or []
+    mask = u32(d, Keys.MASK_TOKEN_ID)
+    tokens = t.get(GKeys.Tokenizer.LIST) or []
     if mask is None:
         r.skip("pair.mask_token", "drafter has no mask token id (see format.mask_token)", "error")
     elif not 0 <= mask < len(tokens):
@@ -137,7 +137,7 @@ def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
 
 def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) -> None:
     gemma = tarch.startswith("gemma") or str(d.get(prov.key(prov.TARGET_ARCH), "")).lower().startswith("gemma")
-    scale = d.get(f"{ARCH}.embedding_scale")
+    scale = d.get(Keys.EMBEDDING_SCALE)
     if gemma and not isinstance(scale, float):
         r.fail("pair.embedding_scale", "error", "the target is a Gemma but the drafter has no dflash.embedding_scale "
                "(a file from before the Gemma embedding scale): drafts see unscaled embeddings and are rarely "
@@ -148,8 +148,8 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
     else:
         r.ok("pair.embedding_scale", f"embedding scale {scale:g}" if isinstance(scale, float)
              else "no embedding scale (not a Gemma target)")
-    bs = u32(d, f"{ARCH}.block_size")
-    size = bs if bs else 16
+    bs = u32(d, Keys.BLOCK_SIZE)
+    size = bs if bs else DEFAULT_BLOCK_SIZE
     src = "" if bs else " (key absent: llama.cpp default)"
     r.info("pair.block_size", f"block_size {size}{src}: --spec-draft-n-max can go up to {size - 1} (llama.cpp's "
            "default is 3); the fastest value depends on the machine: 'dflash-gguf tune' measures it",

@@ -1,7 +1,9 @@
 """Config-level precheck: drafter config.json + target config.json + repo ids/model cards, before any download.
 
 Why: the pipeline fetches only configs and cards first; hidden size, tap range, mask id and lineage
-(QAT/derived targets) can all be judged from them in seconds, before gigabytes of weights arrive.
+(QAT/derived targets) can all be judged from them in seconds, before gigabytes of weights arrive. The drafter's
+own rules and its rules against the target are its family's (``dflash_gguf.drafters``), the same the converter
+applies; this module adds the target architecture and the lineage.
 """
 
 from __future__ import annotations
@@ -9,30 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..dflash_format import hf_taps_outside
-from ..errors import VerifyError
-from ..jsonfile import read_json
+from .. import drafters
+from ..drafters import TargetFacts
+from ..target_archs import by_hf
 from .lineage import PICK, card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
 
-UNTAPPABLE_PREFIXES = ("Gemma3", "Gemma2", "GemmaFor", "Gemma3n")
 
-
-def _load(cfg: dict[str, Any] | Path | str, what: str) -> dict[str, Any]:
+def _load(cfg: dict[str, Any] | Path | str, what: str) -> tuple[dict[str, Any], Path]:
     if isinstance(cfg, dict):
-        return cfg
+        return cfg, Path("config.json")
     path = Path(cfg)
-    try:
-        data = read_json(path)
-    except (OSError, ValueError) as e:
-        raise VerifyError(f"{what} {path}: cannot read it as JSON ({e}).") from e
-    if not isinstance(data, dict):
-        raise VerifyError(f"{what} {path}: not a JSON object.")
-    return data
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return drafters.read_config(path, what), path
 
 
 def precheck(
@@ -48,64 +38,27 @@ def precheck(
     """Judge a pair from configs and cards only; same check ids as the GGUF checks.
 
     Raises:
-        VerifyError: a config cannot be read.
+        ConfigError: a config cannot be read (the message the converter gives for it).
     """
-    d = _load(drafter_config, "drafter config")
-    t_root = _load(target_config, "target config")
-    t = {**t_root, **t_root.get("text_config", {})} if isinstance(t_root.get("text_config"), dict) else t_root
-    dcfg = d.get("dflash_config") if isinstance(d.get("dflash_config"), dict) else {}
+    d, d_path = _load(drafter_config, "Drafter config")
+    t_root, t_path = _load(target_config, "Target config")
+    target = TargetFacts.from_config(t_root, t_path)
     r = Report(inputs={"drafter": drafter_repo or "", "target": target_repo or "", "stage": "precheck"})
 
-    archs = t_root.get("architectures") or t.get("architectures") or []
-    arch = archs[0] if archs and isinstance(archs[0], str) else ""
-    if arch.startswith(UNTAPPABLE_PREFIXES):
-        r.fail("pair.target_arch", "error", f"target architecture {arch} publishes no layer inputs in llama.cpp "
-               "b11434 ('layer input tensor is null').", PICK)
+    arch = by_hf(target.arch)
+    if arch is not None and arch.tappable is False:
+        r.fail("pair.target_arch", "error", f"target architecture {target.arch} publishes no layer inputs in "
+               "llama.cpp b11434 ('layer input tensor is null').", PICK)
     else:
-        r.ok("pair.target_arch", f"target architecture {arch or '?'}")
+        r.ok("pair.target_arch", f"target architecture {target.arch or '?'}")
 
-    h_d, h_t = _int(d.get("hidden_size")), _int(t.get("hidden_size"))
-    if h_d is None or h_t is None:
-        r.skip("pair.hidden_size", "hidden_size missing on one side", "error")
-    elif h_d != h_t:
-        r.fail("pair.hidden_size", "error", f"drafter hidden_size {h_d} != target hidden_size {h_t}.", PICK)
-    else:
-        r.ok("pair.hidden_size", f"hidden size {h_d} on both sides")
-
-    n_t = _int(t.get("num_hidden_layers"))
-    ids = dcfg.get("target_layer_ids", d.get("target_layer_ids"))
-    if not isinstance(ids, list) or not ids or not all(_int(x) is not None for x in ids):
-        r.fail("pair.taps", "error", "the drafter config has no target_layer_ids (dflash_config or top level).",
-               "This checkpoint cannot be converted for llama.cpp b11434.")
-    elif n_t is not None:
-        bad = hf_taps_outside(ids, n_t)
-        if bad:
-            r.fail("pair.taps", "error", f"drafter target_layer_ids {ids} include {bad}, outside 0..{n_t - 2} for a "
-                   f"{n_t}-layer target (llama.cpp taps the input of layer id+1).", PICK)
-        else:
-            r.ok("pair.taps", f"target_layer_ids {ids} fit the {n_t}-layer target")
-    n_decl = _int(d.get("num_target_layers"))
-    if n_decl is not None and n_t is not None and n_decl != n_t:
-        r.fail("pair.num_target_layers", "error", f"drafter num_target_layers {n_decl} != target "
-               f"num_hidden_layers {n_t}.", PICK)
-
-    mask = _int(dcfg.get("mask_token_id"))
-    v_t = _int(t.get("vocab_size"))
-    if mask is None:
-        r.fail("format.mask_token", "error", "no dflash_config.mask_token_id: b11434 writes no drafter mask id.",
-               "Use a drafter revision with dflash_config.mask_token_id.")
-    elif v_t is not None and not 0 <= mask < v_t:
-        r.fail("pair.mask_token", "error", f"mask_token_id {mask} is outside the target vocab_size {v_t}.", PICK)
-    else:
-        r.ok("pair.mask_token", f"mask token id {mask}")
-    v_d = _int(d.get("vocab_size"))
-    if v_d is not None and v_t is not None and v_d != v_t:
-        r.fail("pair.vocab", "warning", f"drafter vocab_size {v_d} != target vocab_size {v_t}: the embedded token "
-               "list is padded to the drafter's size and will differ from the target GGUF's.", PICK)
-
-    bs = _int(dcfg.get("block_size", d.get("block_size"))) or 16
-    r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {bs - 1}; 'dflash-gguf tune' "
-           "measures the fastest")
+    reading = drafters.interpret(d, d_path)
+    for finding in (*reading.findings, *drafters.pair_findings(reading, target)):
+        r.add(finding)
+    if reading.spec is not None:
+        bs = reading.spec.block_size
+        r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {bs - 1}; 'dflash-gguf tune' "
+               "measures the fastest")
 
     drafter_ident = identity_from_card(drafter_repo, drafter_card)
     intended, source = intended_from_identity(drafter_ident) or (None, "")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from ..drafters import Finding
+
 Severity = Literal["error", "warning", "info"]
 Status = Literal["pass", "fail", "skip"]
 
@@ -43,6 +45,10 @@ class Report:
 
     def info(self, id: str, message: str, fix: str = "") -> None:
         self.results.append(CheckResult(id, "info", "pass", message, fix))
+
+    def add(self, finding: Finding) -> None:
+        """A drafter family's finding, under its own id."""
+        self.results.append(CheckResult(finding.id, finding.severity, finding.status, finding.message, finding.fix))
 
     def extend(self, other: Report) -> None:
         self.results += other.results

@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from ... import provenance as prov
-from ...dflash_format import GGML_QUANT_VERSION
 from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan, TensorOut
-from ..configs import load_json, read_target_config
+from ...ggufio.layout import GGML_QUANT_VERSION
+from ...hf_configs import read_config
+from ..configs import read_target_config
 from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
 from ..result import ConvertResult, finish, target_record
@@ -71,7 +72,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = _load_registry()  # HF architectures[0
 
 
 def _architecture(model_dir: Path) -> tuple[str | None, dict[str, Any]]:
-    raw = load_json(Path(model_dir) / "config.json", "Target config")
+    raw = read_config(Path(model_dir) / "config.json", "Target config")
     text = raw.get("text_config") or {}
     archs = text.get("architectures") or raw.get("architectures") or [None]
     return archs[0], raw

@@ -19,7 +19,7 @@ from gguf import LlamaFileType
 
 from ...ggufio import GGUFPlan
 from ..configs import TargetConfig
-from ..safetensors import TensorRef
+from ..safetensors import IGNORED_SUFFIXES, TensorRef
 from ..textmodel import add_textmodel_keys, find_hparam, rope_parameters
 from ..vocab import VocabInfo, add_target_vocab
 
@@ -30,7 +30,6 @@ _MULTIMODAL_PARTS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audi
                      "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
                      "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector.")
 # Buffers b11434's prepare_tensors never writes.
-_UNUSED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 _BLOCK = re.compile(r"\.(\d+)\.")
 
 
@@ -118,7 +117,7 @@ class TextFamily:
     def skip(self, hf_name: str) -> bool:
         """Tensors b11434 leaves out of a text model (TextModel.filter_tensors) or never writes."""
         return (hf_name.startswith(_MULTIMODAL_PREFIXES) or any(p in hf_name for p in _MULTIMODAL_PARTS)
-                or hf_name.endswith(_UNUSED_SUFFIXES))
+                or hf_name.endswith(IGNORED_SUFFIXES))
 
     def normalise_name(self, hf_name: str) -> str:
         """The name b11434 maps (ModelBase.filter_tensors drops ``language_model.``)."""

@@ -26,6 +26,7 @@ from gguf import Keys, LlamaFileType
 from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...jsonfile import read_json
+from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
 from ..vocab import VocabInfo, add_gemma4_vocab
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
 
@@ -34,23 +35,12 @@ SUPPRESS_TOKENS = "tokenizer.ggml.suppress_tokens"  # gguf-py Keys.Tokenizer.SUP
 
 # Normalised HF name (``language_model.`` dropped) -> GGUF name; b11434 gguf-py tensor_mapping.py, GEMMA4.
 TENSOR_MAP = {
-    "model.embed_tokens": "token_embd",
-    "model.norm": "output_norm",
-    "lm_head": "output",
-    "model.layers.{bid}.self_attn.q_proj": "blk.{bid}.attn_q",
-    "model.layers.{bid}.self_attn.k_proj": "blk.{bid}.attn_k",
-    "model.layers.{bid}.self_attn.v_proj": "blk.{bid}.attn_v",
-    "model.layers.{bid}.self_attn.o_proj": "blk.{bid}.attn_output",
-    "model.layers.{bid}.self_attn.q_norm": "blk.{bid}.attn_q_norm",
-    "model.layers.{bid}.self_attn.k_norm": "blk.{bid}.attn_k_norm",
-    "model.layers.{bid}.input_layernorm": "blk.{bid}.attn_norm",
-    "model.layers.{bid}.post_attention_layernorm": "blk.{bid}.post_attention_norm",
-    "model.layers.{bid}.pre_feedforward_layernorm": "blk.{bid}.ffn_norm",
-    "model.layers.{bid}.post_feedforward_layernorm": "blk.{bid}.post_ffw_norm",
-    "model.layers.{bid}.mlp.gate_proj": "blk.{bid}.ffn_gate",
-    "model.layers.{bid}.mlp.up_proj": "blk.{bid}.ffn_up",
-    "model.layers.{bid}.mlp.down_proj": "blk.{bid}.ffn_down",
-    "model.layers.{bid}.layer_scalar": "blk.{bid}.layer_output_scale",
+    **TEXT_MODEL,
+    # Gemma's sandwich norms: post_attention_layernorm is a post-norm here, the FFN pre-norm is its own tensor
+    **block_map(DECODER_BLOCK | QK_NORM | {"post_attention_layernorm": "post_attention_norm",
+                                           "pre_feedforward_layernorm": "ffn_norm",
+                                           "post_feedforward_layernorm": "post_ffw_norm",
+                                           "layer_scalar": "layer_output_scale"}),
     # per-layer embeddings (E2B/E4B)
     "model.embed_tokens_per_layer": "per_layer_token_embd",
     "model.per_layer_model_projection": "per_layer_model_proj",

@@ -23,25 +23,13 @@ from gguf import Keys, LlamaFileType
 
 from ...errors import ConfigError, UnsupportedModelError
 from ...ggufio import GGUFPlan
+from ...tensor_names import DECODER_BLOCK, TEXT_MODEL, block_map
 from .base import TensorSpec, TextFamily, add_text_hparams
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 
 # Normalised HF name -> GGUF name; b11434 gguf-py tensor_mapping.py for MODEL_ARCH.LLAMA.
-TENSOR_MAP = {
-    "model.embed_tokens": "token_embd",
-    "model.norm": "output_norm",
-    "lm_head": "output",
-    "model.layers.{bid}.input_layernorm": "blk.{bid}.attn_norm",
-    "model.layers.{bid}.self_attn.q_proj": "blk.{bid}.attn_q",
-    "model.layers.{bid}.self_attn.k_proj": "blk.{bid}.attn_k",
-    "model.layers.{bid}.self_attn.v_proj": "blk.{bid}.attn_v",
-    "model.layers.{bid}.self_attn.o_proj": "blk.{bid}.attn_output",
-    "model.layers.{bid}.post_attention_layernorm": "blk.{bid}.ffn_norm",
-    "model.layers.{bid}.mlp.gate_proj": "blk.{bid}.ffn_gate",
-    "model.layers.{bid}.mlp.up_proj": "blk.{bid}.ffn_up",
-    "model.layers.{bid}.mlp.down_proj": "blk.{bid}.ffn_down",
-}
+TENSOR_MAP = {**TEXT_MODEL, **block_map(DECODER_BLOCK)}
 
 # transformers 4.57 LlamaConfig defaults: b11434 loads hparams with AutoConfig, so these apply when absent.
 _CONFIG_DEFAULTS: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """Qwen3 dense targets, as b11434's ``Qwen3Model`` (conversion/qwen.py, via ``Qwen2Model``) writes them.
 
 b11434 reads the config through transformers' ``Qwen3Config`` (defaults filled in, see
-``configs.qwen3_hparams``) and writes ``TextModel``'s generic keys only. Tensors map one to one;
+``hf_configs.qwen3_hparams``) and writes ``TextModel``'s generic keys only. Tensors map one to one;
 ``lm_head`` is absent when the embeddings are tied. The vocabulary takes the GPT-2 BPE path (or the
 SentencePiece one when a ``tokenizer.model`` is present), exactly as for a Qwen3 drafter's target.
 Rerankers and sentence-transformers exports (extra pooling/classifier keys) are refused.
@@ -12,28 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import UnsupportedModelError
-from ..configs import qwen3_hparams
+from ...hf_configs import qwen3_hparams
+from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
 from .base import TextFamily
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 
 # HF name -> GGUF name; b11434 gguf-py tensor_mapping.py entries used by MODEL_ARCH.QWEN3.
-TENSOR_MAP = {
-    "model.embed_tokens": "token_embd",
-    "model.norm": "output_norm",
-    "lm_head": "output",
-    "model.layers.{bid}.self_attn.q_proj": "blk.{bid}.attn_q",
-    "model.layers.{bid}.self_attn.k_proj": "blk.{bid}.attn_k",
-    "model.layers.{bid}.self_attn.v_proj": "blk.{bid}.attn_v",
-    "model.layers.{bid}.self_attn.o_proj": "blk.{bid}.attn_output",
-    "model.layers.{bid}.self_attn.q_norm": "blk.{bid}.attn_q_norm",
-    "model.layers.{bid}.self_attn.k_norm": "blk.{bid}.attn_k_norm",
-    "model.layers.{bid}.input_layernorm": "blk.{bid}.attn_norm",
-    "model.layers.{bid}.post_attention_layernorm": "blk.{bid}.ffn_norm",
-    "model.layers.{bid}.mlp.gate_proj": "blk.{bid}.ffn_gate",
-    "model.layers.{bid}.mlp.up_proj": "blk.{bid}.ffn_up",
-    "model.layers.{bid}.mlp.down_proj": "blk.{bid}.ffn_down",
-}
+TENSOR_MAP = {**TEXT_MODEL, **block_map(DECODER_BLOCK | QK_NORM)}
 
 
 class Qwen3Family(TextFamily):

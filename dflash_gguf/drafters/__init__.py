@@ -1,0 +1,175 @@
+"""Drafter families: one module per family, each a pure interpreter of a drafter's ``config.json``.
+
+A raw config goes in; a typed, frozen spec (what the converter writes) and findings (id, status, severity,
+message, fix, and the error class the converter raises) come out. The converter raises on an error finding,
+precheck and the pipeline report the same findings under the same ids, and nothing else reads a drafter
+config, so the commands cannot disagree about a drafter.
+
+A new family is one module here with ``ARCHITECTURES`` (the config's ``architectures[0]`` values),
+``interpret(raw, path) -> Interpretation`` and ``pair_findings(spec, target) -> tuple[Finding, ...]``, plus its
+name in ``_FAMILY_MODULES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import ConfigError, DflashGgufError, UnsupportedModelError
+from ..hf_configs import read_config
+
+Status = Literal["pass", "fail", "skip"]
+Severity = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule's verdict on a drafter (or on a drafter with its target), under a check id verify also uses.
+
+    ``error`` is what the converter raises when an error finding fails; ``note`` findings are recorded in the
+    converted GGUF (``dflash_gguf.notes``) and printed by ``dflash-convert``.
+    """
+
+    id: str
+    status: Status
+    severity: Severity
+    message: str
+    fix: str = ""
+    error: type[DflashGgufError] | None = None
+    note: bool = False
+
+    @property
+    def blocking(self) -> bool:
+        return self.status == "fail" and self.severity == "error"
+
+    def exception(self) -> DflashGgufError:
+        return (self.error or ConfigError)(f"{self.message} {self.fix}".strip())
+
+
+def passed(id: str, message: str, severity: Severity = "error") -> Finding:
+    """A rule that held (``severity``: what a failure of it would have been)."""
+    return Finding(id, "pass", severity, message)
+
+
+def failed(id: str, message: str, fix: str, error: type[DflashGgufError], severity: Severity = "error") -> Finding:
+    return Finding(id, "fail", severity, message, fix, error)
+
+
+def noted(id: str, message: str, severity: Severity = "info") -> Finding:
+    """A note the converter records (and, as a warning, precheck shows as one)."""
+    return Finding(id, "fail" if severity == "warning" else "pass", severity, message, note=True)
+
+
+@dataclass(frozen=True)
+class Interpretation:
+    """A drafter config as one family reads it: the spec (None when an error finding blocks it) and findings."""
+
+    family: str | None
+    spec: Any
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.blocking]
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(f.message for f in self.findings if f.note)
+
+    def require(self) -> Any:
+        """The spec, or the first error finding raised as its exception."""
+        if self.errors:
+            raise self.errors[0].exception()
+        return self.spec
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """What drafter rules need to know of the target, from its config.json (``text_config`` merged in)."""
+
+    arch: str | None
+    hidden_size: int | None
+    n_layers: int | None
+    vocab_size: int | None
+    path: Path | None = None
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any], path: Path | None = None) -> TargetFacts:
+        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+        merged = {**raw, **text}
+        archs = text.get("architectures") or raw.get("architectures") or [None]
+        return cls(archs[0] if isinstance(archs[0], str) else None, _int(merged.get("hidden_size")),
+                   _int(merged.get("num_hidden_layers")), _int(merged.get("vocab_size")), path)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# Drafter kinds b11434 reads that no family here converts yet (named in the refusal).
+KNOWN_UNSUPPORTED_DRAFTER_ARCHS = ("DFlash2DraftModel", "DSparkDraftModel", "Qwen3DSparkModel")
+# Family modules of this package; each declares the ARCHITECTURES it reads.
+_FAMILY_MODULES: tuple[str, ...] = ("dflash",)
+
+
+def _registry() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _FAMILY_MODULES:
+        mod = importlib.import_module(f"{__name__}.{name}")
+        out.update(dict.fromkeys(mod.ARCHITECTURES, mod))
+    return out
+
+
+FAMILIES = _registry()  # architectures[0] -> family module
+SUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = tuple(FAMILIES)
+
+
+def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
+    """The drafter config ``raw`` (read from ``path``) as its family reads it."""
+    archs = raw.get("architectures") or []
+    arch = archs[0] if archs else None
+    family = FAMILIES.get(arch) if isinstance(arch, str) else None
+    if family is None:
+        extra = (" llama.cpp b11434 reads that checkpoint kind too, but this version of dflash-gguf does not "
+                 "convert it yet; use llama.cpp's convert_hf_to_gguf.py." if arch in KNOWN_UNSUPPORTED_DRAFTER_ARCHS
+                 else "")
+        return Interpretation(None, None, (failed(
+            "format.arch", f"{path}: field 'architectures' is {archs!r}, not a DFlash drafter. Supported: "
+            f"{', '.join(SUPPORTED_DRAFTER_ARCHS)}.{extra}", "Check that --drafter points at the DFlash repo (e.g. "
+            "z-lab/Qwen3-8B-DFlash-b16) and --target at the model it drafts for.", UnsupportedModelError),))
+    return family.interpret(raw, path)
+
+
+def interpret_folder(drafter: Path) -> Interpretation:
+    """``interpret`` on a drafter folder's (or file's) config.json.
+
+    Raises:
+        ConfigError: config.json missing or unreadable.
+    """
+    path = Path(drafter) / "config.json" if Path(drafter).is_dir() or not str(drafter).endswith(".json") \
+        else Path(drafter)
+    return interpret(read_config(path, "Drafter config"), path)
+
+
+def pair_findings(interpretation: Interpretation, target: TargetFacts) -> tuple[Finding, ...]:
+    """The family's rules for this drafter with this target (empty when the drafter itself is refused)."""
+    if interpretation.spec is None or interpretation.family is None:
+        return ()
+    return FAMILIES_BY_NAME[interpretation.family].pair_findings(interpretation.spec, target)
+
+
+FAMILIES_BY_NAME = {mod.FAMILY: mod for mod in FAMILIES.values()}
+
+
+def first_error(findings: Iterable[Finding]) -> None:
+    """Raise the first blocking finding as its exception (the converter's way of reading findings)."""
+    for f in findings:
+        if f.blocking:
+            raise f.exception()
+
+
+__all__ = ["FAMILIES", "SUPPORTED_DRAFTER_ARCHS", "Finding", "Interpretation", "TargetFacts", "first_error",
+           "interpret", "interpret_folder", "pair_findings", "read_config"]

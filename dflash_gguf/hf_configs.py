@@ -1,0 +1,85 @@
+"""Hugging Face ``config.json`` and ``tokenizer.json`` files: read with one clear error each, and configs
+normalised as transformers reads them.
+
+b11434 loads configs through ``transformers.AutoConfig``; we never import transformers, so the defaults and
+rewrites it applies to the families we read (Qwen3 targets, and the DFlash drafters that declare
+``model_type: qwen3``) are reproduced here, in one place, for the converters and the drafter rules alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, TokenizerError
+from .jsonfile import read_json
+
+# transformers 4.57.6 Qwen3Config.__init__ defaults (models/qwen3/configuration_qwen3.py).
+QWEN3_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+    "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+}
+
+
+def read_config(path: Path, what: str) -> dict[str, Any]:
+    """A config.json (or the one in folder ``path``) as a dict; one message for every way it can be unreadable.
+
+    Raises:
+        ConfigError: missing, unreadable, not JSON, or not an object (names the file and what to do).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{what}: {path} does not exist. Point at the folder of a Hugging Face checkpoint "
+                          "(it must contain config.json).")
+    try:
+        data = read_json(path)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{what}: {path} is not valid JSON ({e}). Re-download it.") from None
+    except OSError as e:
+        raise ConfigError(f"{what}: {path} cannot be read ({e.strerror or e}).") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: {path} is not a JSON object. Re-download it.")
+    return data
+
+
+def parse_tokenizer_json(path: Path, *, missing: str) -> dict[str, Any]:
+    """A tokenizer.json, every kind of damage turned into one TokenizerError (``missing``: what to say when the
+    file is absent, which depends on why it is read).
+
+    Raises:
+        TokenizerError: missing, truncated, not JSON, or not a Hugging Face tokenizers file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(missing)
+    try:
+        data = read_json(path)
+        if not isinstance(data["model"]["vocab"], (dict, list)):
+            raise TypeError("model.vocab is not a table")
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise TokenizerError(f"{path} is corrupt, truncated or not a Hugging Face tokenizers file ({e!r}). "
+                             "Re-download it (huggingface-cli download REPO tokenizer.json --force-download).") \
+            from None
+    return data
+
+
+def qwen3_hparams(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3 config.json as transformers 4.57.6's ``Qwen3Config(...).to_dict()`` gives it to b11434."""
+    hp = {**QWEN3_DEFAULTS, **raw}
+    if raw.get("num_key_value_heads") is None:
+        hp["num_key_value_heads"] = hp["num_attention_heads"]
+    if not hp.get("use_sliding_window"):
+        hp["sliding_window"] = None
+    if hp.get("layer_types") is None:
+        hp["layer_types"] = [
+            "sliding_attention" if hp["sliding_window"] is not None and i >= hp["max_window_layers"]
+            else "full_attention" for i in range(hp["num_hidden_layers"])
+        ]
+    if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
+        hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
+    return hp
