@@ -21,6 +21,11 @@ TARGET_FILE = "target.file"  # basename of the target GGUF served beside the dra
 TARGET_ARCH = "target.architecture"
 TARGET_VOCAB_SHA256 = "target.vocab_sha256"
 TARGET_EMBD_FINGERPRINT = "target.embd_fingerprint"
+TARGET_CONFIG_SHA256 = "target.config_sha256"
+TOKENIZER_ORIGIN = "tokenizer.origin"  # "original" | "synthesized" | "donor ..."
+TOKENIZER_MODEL_SHA256 = "tokenizer.model_sha256"
+CONVERTER = "converter"  # "dflash-gguf <version>"
+LLAMA_CPP_BUILD = "llama_cpp_build"  # the build whose output the file matches
 NOTES = "notes"
 
 

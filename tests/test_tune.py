@@ -362,3 +362,31 @@ def test_pipeline_tunes_records_and_serves_in_llama_cpp_layout(acceptance: dict[
     assert again["serve"]["n_max"] == 2 and again["tuning"]["configurations"][1]["n_max"] == 2
     assert "spec-draft-n-max = 2" in (outdir / "models.ini").read_text()
     REFERENCE_COMPARISONS.append("llama-server/pipeline-tune-models-dir")
+
+
+def test_pair_json_from_before_the_sidecar_layout_still_reads(demo_pair: Path, tmp_path: Path) -> None:
+    """A pair.json written before the serve plan and the dflash- name: verify and tune still find its two files."""
+    import shutil
+
+    from dflash_gguf.cli.tune import resolve_inputs
+    from dflash_gguf.pipeline import read_manifest
+
+    old = Path(shutil.copytree(demo_pair, tmp_path / "old"))
+    (old / "dflash-gemma-4-tiny-it-Q8_0.gguf").rename(old / "gemma4-tiny-it-DFlash-Q8_0.gguf")
+    (old / "models.ini").unlink()
+    doc = json.loads((old / "pair.json").read_text())
+    doc["outputs"]["drafter"]["file"] = "gemma4-tiny-it-DFlash-Q8_0.gguf"
+    for added in ("serve", "tuning"):
+        doc.pop(added, None)
+    (old / "pair.json").write_text(json.dumps(doc))
+    record = read_manifest(old / "pair.json")
+    assert record.serve is None and record.drafter.file == "gemma4-tiny-it-DFlash-Q8_0.gguf"
+    target, drafters, manifest = resolve_inputs((old,))
+    assert target == old / "gemma-4-tiny-it-Q4_0.gguf" and drafters == [old / "gemma4-tiny-it-DFlash-Q8_0.gguf"]
+    verified = subprocess.run([str(Path(sys.executable).parent / "dflash-verify"), str(old / "pair.json")],
+                              capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout
+    unfinished = tmp_path / "unfinished.json"
+    unfinished.write_text(json.dumps({**doc, "outputs": {}}))
+    with pytest.raises(InputError, match="do not name a target and a drafter file"):
+        read_manifest(unfinished)

@@ -136,7 +136,7 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
               tune_flags: str | None, llama_server: Path | None) -> None:
     import shlex
 
-    from ..pipeline import PipelineOptions, run_pipeline
+    from ..pipeline import MANIFEST_NAME, PipelineOptions, read_manifest, run_pipeline
     from ..tune import TuneOptions
     from .verify import render
 
@@ -180,9 +180,9 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
             click.echo(f"disk: {_mb(need)} needed on {fs}, {_mb(plan.free[fs])} free")
         click.echo("dry run: nothing downloaded or written.")
         return
-    for side in ("target", "drafter"):
-        out = doc["outputs"][side]
-        click.echo(f"{side}: {result.outdir / out['file']} ({_mb(out['size'])}, {out['type']}, {out['made_by']})")
+    record = read_manifest(result.outdir / MANIFEST_NAME)
+    for side, out in (("target", record.target), ("drafter", record.drafter)):
+        click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
     report = result.report
     assert report is not None
     if report.errors or report.warnings:
@@ -196,8 +196,9 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
         click.echo(render_report(result.tuning))
     elif result.tuning_skipped:
         click.echo(f"tune: skipped: {result.tuning_skipped}")
-    serve = doc["serve"]
-    click.echo(f"serve with ({serve['note']}):\n  {serve['shell']}")
-    click.echo(f"or, llama.cpp's folder layout with {serve['models_preset']}:\n  {serve['models_dir']}")
-    click.echo(f"manifest: {result.outdir / 'pair.json'}")
+    serve = record.serve
+    assert serve is not None
+    click.echo(f"serve with ({serve.note}):\n  {serve.shell}")
+    click.echo(f"or, llama.cpp's folder layout with {serve.models_preset}:\n  {serve.models_dir}")
+    click.echo(f"manifest: {record.path}")
     click.get_current_context().exit(result.exit_code)

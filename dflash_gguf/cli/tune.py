@@ -29,10 +29,8 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
         if only.is_dir() and (only / MANIFEST_NAME).is_file():
             only = only / MANIFEST_NAME
         if only.suffix == ".json":
-            data = read_manifest(only)
-            folder = only.parent
-            return (folder / data["outputs"]["target"]["file"], [folder / data["outputs"]["drafter"]["file"]],
-                    only)
+            record = read_manifest(only)
+            return record.file("target"), [record.file("drafter")], only
         if only.is_dir():
             ggufs = sorted(only.glob("*.gguf"))
             targets = [p for p in ggufs if not is_sidecar(p)]

@@ -192,7 +192,7 @@ def convert_drafter(
     ftype, qtype = OUTTYPES[outtype]
 
     plan = GGUFPlan(ARCH)
-    add_general(plan, (provenance or {}).get("drafter.repo") or drafter_dir.name, drafter_dir)
+    add_general(plan, (provenance or {}).get(prov.DRAFTER_REPO) or drafter_dir.name, drafter_dir)
     for name, ref in mapped:
         tq = tensor_type(name, ref.shape, qtype)
         plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq),

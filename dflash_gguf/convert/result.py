@@ -102,13 +102,13 @@ def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: 
     """Our provenance keys about the target (both converters write them); ``known`` (what the caller knows,
     ``provenance.Sources.keys()``) wins over these defaults."""
     return {
-        "converter": f"dflash-gguf {__version__}",
-        "llama_cpp_build": LLAMA_CPP_BUILD,
+        prov.CONVERTER: f"dflash-gguf {__version__}",
+        prov.LLAMA_CPP_BUILD: LLAMA_CPP_BUILD,
         prov.TARGET_SOURCE: str(target_dir),
         prov.TARGET_ARCH: arch,
-        "target.config_sha256": hashlib.sha256(Path(config_path).read_bytes()).hexdigest(),
+        prov.TARGET_CONFIG_SHA256: hashlib.sha256(Path(config_path).read_bytes()).hexdigest(),
         prov.TARGET_VOCAB_SHA256: vocab_sha256,
-        "tokenizer.origin": "original",
+        prov.TOKENIZER_ORIGIN: "original",
         **({prov.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
         **(known or {}),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +98,61 @@ class Manifest:
         return files
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """A pair.json written by the pipeline, for ``dflash-verify pair.json``.
+@dataclass(frozen=True)
+class OutputRecord:
+    """One GGUF the run made, as pair.json records it."""
+
+    file: str
+    size: int | None = None
+    sha256: str | None = None
+    type: str | None = None
+    made_by: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OutputRecord:
+        return cls(str(d["file"]), d.get("size"), d.get("sha256"), d.get("type"), d.get("made_by"))
+
+
+@dataclass(frozen=True)
+class ServeRecord:
+    """How to serve the pair (absent in pair.json files from before the measured serve plan)."""
+
+    command: tuple[str, ...]
+    shell: str
+    n_max: int | None = None
+    measured: bool = False
+    note: str = ""
+    models_dir: str | None = None
+    models_preset: str | None = None
+    hub: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServeRecord:
+        return cls(tuple(d.get("command") or ()), str(d.get("shell", "")), d.get("n_max"), bool(d.get("measured")),
+                   str(d.get("note", "")), d.get("models_dir"), d.get("models_preset"), d.get("hub"))
+
+
+@dataclass(frozen=True)
+class PairRecord:
+    """What a reader of pair.json needs, typed: the two outputs, how the target was made, how to serve them."""
+
+    path: Path
+    status: str
+    target: OutputRecord
+    drafter: OutputRecord
+    target_method: str | None = None
+    serve: ServeRecord | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    def file(self, side: str) -> Path:
+        return self.folder / (self.target if side == "target" else self.drafter).file
+
+
+def read_manifest(path: Path) -> PairRecord:
+    """A pair.json written by the pipeline (any version of this format), typed.
 
     Raises:
         InputError: not readable, or not a pair manifest.
@@ -108,10 +162,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read it as a pair manifest ({e}). Pass the pair.json dflash-convert "
                          "wrote, or the two GGUF files.") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("outputs"), dict):
+    outputs = data.get("outputs") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(outputs, dict):
         raise InputError(f"{path} is not a pair manifest written by dflash-convert (format {FORMAT}). Pass the "
                          "two GGUF files instead.")
-    return data
+    try:
+        sides = {side: OutputRecord.from_dict(outputs[side]) for side in ("target", "drafter")}
+    except (KeyError, TypeError):
+        raise InputError(f"{path}: its 'outputs' do not name a target and a drafter file (the run did not finish). "
+                         "Re-run dflash-convert with the same options to complete it.") from None
+    serve = data.get("serve")
+    return PairRecord(Path(path), str(data.get("status", "")), sides["target"], sides["drafter"],
+                      (data.get("options") or {}).get("target_method"),
+                      ServeRecord.from_dict(serve) if isinstance(serve, dict) else None)
 
 
 def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:
@@ -122,17 +185,17 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
     """
     from ..verify import verify_files
 
-    data = read_manifest(path)
-    folder = Path(path).parent
-    files = {side: folder / data["outputs"][side]["file"] for side in ("drafter", "target")}
+    record = read_manifest(path)
+    folder = record.folder
+    files = {side: record.file(side) for side in ("drafter", "target")}
     for side, f in files.items():
         if not f.is_file():
             raise InputError(f"{path} names the {side} {f.name}, which is not in {folder}. Keep pair.json beside "
                              "its two GGUF files, or re-run dflash-convert to make them again.")
     report = verify_files(files["drafter"], files["target"], allow_derived_target=allow_derived_target)
     for side, f in files.items():
-        want = data["outputs"][side]
-        if f.stat().st_size == want.get("size") and sha256_file(f) == want.get("sha256"):
+        want = record.target if side == "target" else record.drafter
+        if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
             report.ok(f"manifest.{side}", f"{f.name}: size and sha256 as recorded in {Path(path).name}")
         else:
             report.fail(f"manifest.{side}", "error", f"{f.name} is not the file {Path(path).name} recorded (size or "

@@ -304,20 +304,19 @@ class _Run:
         src = checkpoint_type(target.path)
         key = {"method": self.method.kind, "detail": self.method.detail, "source": target.identity(),
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
-        one_pass = None
-        if self.method.kind == "builtin":
-            sources = Sources(None, target.repo_spec, None, tok.provenance())
+        sources = Sources(None, target.repo_spec, None, tok.provenance())
 
-            def convert(out: Path, quant: str | None = None) -> None:
-                with _bar(self.progress, "convert target") as bar:
-                    stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
+        def convert_builtin(out: Path, quant: str | None = None) -> None:
+            with _bar(self.progress, "convert target") as bar:
+                stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
 
-            one_pass = convert if _one_pass(self.opts, quant) else None
-        else:
-            def convert(out: Path) -> None:
-                assert self.opts.llama_cpp is not None
-                stages.convert_target_llama_cpp(self.opts.llama_cpp, tok, target.path, out, src, self.work)
+        def convert_with_llama_cpp(out: Path) -> None:
+            assert self.opts.llama_cpp is not None
+            stages.convert_target_llama_cpp(self.opts.llama_cpp, tok, target.path, out, src, self.work)
 
+        builtin = self.method.kind == "builtin"
+        convert = convert_builtin if builtin else convert_with_llama_cpp
+        one_pass = convert_builtin if builtin and _one_pass(self.opts, quant) else None
         final = self.outdir / gguf_name(name, quant)
         inter = self.outdir / gguf_name(name, src)
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)

@@ -89,9 +89,7 @@ def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
     Raises:
         InputError: the manifest cannot be read, or no longer names the files that were measured.
     """
-    data = read_manifest(manifest_path)
-    manifest = Manifest(Path(manifest_path).parent, data)
-    folder = manifest.outdir
-    target, drafter = (folder / data["outputs"][side]["file"] for side in ("target", "drafter"))
-    record_serving(manifest, target, drafter, report)
+    record = read_manifest(manifest_path)
+    manifest = Manifest.load(record.folder)
+    record_serving(manifest, record.file("target"), record.file("drafter"), report)
     return manifest.data

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import drafters, hub
+from .. import provenance as prov
 from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family
 from ..errors import IncompatiblePairError, UnsupportedModelError
 from ..jsonfile import read_json
@@ -112,9 +113,9 @@ class TokenizerStage:
     overlay: Path | None
 
     def provenance(self) -> dict[str, str]:
-        out = {"tokenizer.origin": self.origin} if self.overlay is not None else {}
+        out = {prov.TOKENIZER_ORIGIN: self.origin} if self.overlay is not None else {}
         if self.overlay is not None and self.model_sha256:
-            out["tokenizer.model_sha256"] = self.model_sha256
+            out[prov.TOKENIZER_MODEL_SHA256] = self.model_sha256
         return out
 
     def to_dict(self) -> dict[str, str | None]:
@@ -160,8 +161,8 @@ def existing_overlay(overlay: Path) -> TokenizerStage | None:
     record = overlay_provenance(overlay)
     if not record or not (overlay / "tokenizer.model").is_file():
         return None
-    return TokenizerStage(overlay, record.get("tokenizer.origin", "synthesized"), record.get("tokenizer.model_sha256"),
-                          overlay)
+    return TokenizerStage(overlay, record.get(prov.TOKENIZER_ORIGIN, "synthesized"),
+                          record.get(prov.TOKENIZER_MODEL_SHA256), overlay)
 
 
 # ------------------------------------------------------------------------------------------ target GGUF

@@ -19,6 +19,7 @@ from typing import Any
 
 from huggingface_hub import constants as hf_constants
 
+from .. import provenance as prov
 from ..errors import ConfigError, HubError, InputError, OutputError, ResolveError, TokenizerError
 from ..hub import is_repo_id, resolve
 from ..jsonfile import read_json
@@ -48,9 +49,9 @@ class FixResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def provenance(self) -> dict[str, str]:
-        out = {"tokenizer.origin": self.origin}
+        out = {prov.TOKENIZER_ORIGIN: self.origin}
         if self.model_sha256:
-            out["tokenizer.model_sha256"] = self.model_sha256
+            out[prov.TOKENIZER_MODEL_SHA256] = self.model_sha256
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,7 +261,7 @@ def fix_tokenizer(target: Path, *, donor: str | None = None, force_donor: bool =
     digest = hashlib.sha256(model if model is not None else (target / "tokenizer.model").read_bytes()).hexdigest()
     overlay = None
     if out is not None:
-        record = {"target": str(target.resolve()), "tokenizer.origin": origin, "tokenizer.model_sha256": digest}
+        record = {"target": str(target.resolve()), prov.TOKENIZER_ORIGIN: origin, prov.TOKENIZER_MODEL_SHA256: digest}
         copied, linked = write_overlay(target, Path(out), model, record)
         overlay = Path(out).absolute()
         log.info("overlay %s: %d files copied, %d symlinked", overlay, copied, linked)
