@@ -12,7 +12,6 @@ name in ``_FAMILY_MODULES``.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError, DflashGgufError, UnsupportedModelError
 from ..hf_configs import read_config
+from ..registry import by_architecture
 
 Status = Literal["pass", "fail", "skip"]
 Severity = Literal["error", "warning", "info"]
@@ -115,15 +115,7 @@ KNOWN_UNSUPPORTED_DRAFTER_ARCHS = ("DFlash2DraftModel", "DSparkDraftModel", "Qwe
 _FAMILY_MODULES: tuple[str, ...] = ("dflash",)
 
 
-def _registry() -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in _FAMILY_MODULES:
-        mod = importlib.import_module(f"{__name__}.{name}")
-        out.update(dict.fromkeys(mod.ARCHITECTURES, mod))
-    return out
-
-
-FAMILIES = _registry()  # architectures[0] -> family module
+FAMILIES = by_architecture(__name__, _FAMILY_MODULES)  # architectures[0] -> family module
 SUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = tuple(FAMILIES)
 
 

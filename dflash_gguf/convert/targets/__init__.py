@@ -46,6 +46,7 @@ from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan, TensorOut
 from ...ggufio.layout import GGML_QUANT_VERSION
 from ...hf_configs import read_config
+from ...registry import by_architecture
 from ..configs import read_target_config
 from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
@@ -60,15 +61,9 @@ log = logging.getLogger(__name__)
 _FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama")
 
 
-def _load_registry() -> dict[str, str]:
-    archs: dict[str, str] = {}
-    for name in _FAMILY_MODULES:
-        mod = importlib.import_module(f"{__name__}.{name}")
-        archs.update(dict.fromkeys(mod.ARCHITECTURES, name))
-    return archs
-
-
-SUPPORTED_ARCHITECTURES: dict[str, str] = _load_registry()  # HF architectures[0] -> family name
+# HF architectures[0] -> family name
+SUPPORTED_ARCHITECTURES: dict[str, str] = {arch: mod.__name__.rsplit(".", 1)[-1]
+                                           for arch, mod in by_architecture(__name__, _FAMILY_MODULES).items()}
 
 
 def _architecture(model_dir: Path) -> tuple[str | None, dict[str, Any]]:
