@@ -390,3 +390,21 @@ def test_pair_json_from_before_the_sidecar_layout_still_reads(demo_pair: Path, t
     unfinished.write_text(json.dumps({**doc, "outputs": {}}))
     with pytest.raises(InputError, match="do not name a target and a drafter file"):
         read_manifest(unfinished)
+
+
+def test_dry_run_lists_the_plan_and_starts_nothing(demo_pair: Path, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    server = tmp_path / "llama-server"
+    server.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    server.chmod(0o755)
+    proc = subprocess.run([GGUF, "tune", str(demo_pair), "--dry-run", "--json", "--llama-server", str(server), "--",
+                           "-t", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["dry_run"] is True and plan["found_by"] == "--llama-server" and not ran.exists()
+    assert plan["flags"] == ["-t", "2", "-c", "4096", "-np", "1", "--metrics"]  # the user's, then the defaults
+    labels = [c["label"] for c in plan["configurations"]]
+    assert labels[0] == "target alone"
+    assert [c["n_max"] for c in plan["configurations"][1:]] == coarse_n_max(15)
+    assert "p-min" in plan["then"]
+    assert not (demo_pair / "pair.json").read_text().count('"tuning"')  # nothing recorded

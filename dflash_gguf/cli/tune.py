@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -113,13 +114,15 @@ def render_report(report: object) -> str:
 @click.option("--thinking", type=click.Choice(["auto", "on", "off"]), default="auto",
               help="The template's enable_thinking switch: auto = as llama-server serves with your flags.")
 @click.option("--no-record", is_flag=True, help="With pair.json: do not write the measurement into it.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the server, the flags and the configurations tune would start with; run nothing.")
 @json_option
 @verbose_option
 @click.pass_context
 @handle_errors
 def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
              n_max: tuple[int, ...], prompts: Path | None, n_predict: int | None, repeats: int | None, thinking: str,
-             no_record: bool, json_: bool, verbose: bool) -> None:
+             no_record: bool, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Measure the pair with llama-server here: the target alone, then each drafter over an n-max sweep.
 
     PAIR is pair.json, the folder dflash-convert wrote, or TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...]
@@ -150,6 +153,23 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
                         source=str(prompts) if prompts else "built-in")
     options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
                           llama_server=llama_server)
+    if dry_run:
+        from ..tune import plan_tune
+
+        plan = plan_tune(target, drafters, options)
+        if json_:
+            echo_json(plan.to_dict())
+            return
+        click.echo(f"server: {plan.server.path} (found by {plan.server.source})")
+        click.echo(f"flags for every configuration: {' '.join(plan.flags)}")
+        click.echo(f"workload: {len(workload.prompts)} prompts, {workload.n_predict} tokens each, {workload.repeats} "
+                   "repeat(s) after 1 warm-up")
+        click.echo("configurations, in order:")
+        for c in plan.first:
+            click.echo(f"  {c.label}: {shlex.join(['llama-server', '-m', str(plan.target), *c.server_args()])}")
+        click.echo(f"then: {plan.later}")
+        click.echo("dry run: no server was started.")
+        return
     from tqdm import tqdm
 
     bar = tqdm(desc="tune", total=0, unit="config", file=sys.stderr, disable=None, leave=False)

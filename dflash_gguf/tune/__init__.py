@@ -255,6 +255,48 @@ def _spec_counters(server: Server) -> dict[str, float] | None:
     return out
 
 
+@dataclass(frozen=True)
+class TunePlan:
+    """What ``tune`` would run, before anything is started (``--dry-run``): the server, the flags every
+    configuration gets, and the configurations known up front (refinement depends on what is measured)."""
+
+    target: Path
+    drafters: tuple[Drafter, ...]
+    server: FoundBinary
+    flags: tuple[str, ...]
+    workload: Workload
+    first: tuple[Configuration, ...]
+    later: str  # what may follow, in words
+
+    def to_dict(self) -> dict[str, object]:
+        return {"dry_run": True, "target": str(self.target), "server": str(self.server.path),
+                "found_by": self.server.source, "flags": list(self.flags), "workload": self.workload.to_dict(),
+                "configurations": [c.to_dict() for c in self.first], "then": self.later}
+
+
+def plan_tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = None) -> TunePlan:
+    """The configurations ``tune`` starts with, and the server and flags it would use; nothing is run.
+
+    Raises:
+        LlamaServerNotFound, TuneError, InputError: as :func:`tune`.
+    """
+    opts = options or TuneOptions()
+    check_target(target)
+    found = [inspect_drafter(d) for d in drafters]
+    binary = find_llama_server(opts.llama_server)
+    first = [Configuration()] + [Configuration(d, n) for d in found
+                                 for n in (opts.n_max_values or coarse_n_max(d.max_n_max)) if n <= d.max_n_max]
+    if opts.quick or opts.n_max_values:
+        later = "the target alone again (when more than two configurations ran)"
+    else:
+        later = (f"per drafter, up to 4 n-max values between the fastest and its neighbours, then --spec-draft-p-min "
+                 f"{' and '.join(f'{p:g}' for p in P_MIN_SWEEP)} at the best n-max; then the target alone again")
+    if opts.budget is not None:
+        later += f"; no configuration starts once {opts.budget:g} s are spent"
+    return TunePlan(Path(target).absolute(), tuple(found), binary, tuple(with_default_flags(opts.user_flags)),
+                    opts.workload, tuple(first), later)
+
+
 def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = None,
          on_progress: OnProgress | None = None) -> TuneReport:
     """Measure the target alone, then every drafter over the sweep; returns the report with its verdict.
@@ -331,5 +373,5 @@ def _sweep_drafter(t: _Tuner, d: Drafter, values: list[int], budget: _Budget, no
         run(Configuration(d, best, p))
 
 
-__all__ = ["DEFAULT_N_MAX", "Configuration", "Drafter", "Measurement", "TuneOptions", "TuneReport", "Workload",
-           "coarse_n_max", "find_llama_server", "inspect_drafter", "refine_n_max", "tune"]
+__all__ = ["DEFAULT_N_MAX", "Configuration", "Drafter", "Measurement", "TuneOptions", "TunePlan", "TuneReport",
+           "Workload", "coarse_n_max", "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "tune"]
