@@ -136,7 +136,8 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
               tune_flags: str | None, llama_server: Path | None) -> None:
     import shlex
 
-    from ..pipeline import MANIFEST_NAME, PipelineOptions, read_manifest, run_pipeline
+    from ..pipeline import MANIFEST_NAME, PipelineOptions, run_pipeline
+    from ..pipeline.manifest import PairRecord
     from ..tune import TuneOptions
     from .verify import render
 
@@ -180,7 +181,7 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
             click.echo(f"disk: {_mb(need)} needed on {fs}, {_mb(plan.free[fs])} free")
         click.echo("dry run: nothing downloaded or written.")
         return
-    record = read_manifest(result.outdir / MANIFEST_NAME)
+    record = PairRecord.from_data(result.outdir / MANIFEST_NAME, doc)  # as written, not read back
     for side, out in (("target", record.target), ("drafter", record.drafter)):
         click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
     report = result.report

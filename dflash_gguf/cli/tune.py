@@ -5,10 +5,14 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import ACCEPTANCE_COLLAPSED, TuneError
+
+if TYPE_CHECKING:  # the tuner is imported when the command runs, not at every CLI start
+    from ..tune import TuneReport
 from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -53,11 +57,8 @@ def _pct(x: float | None) -> str:
     return f"{x * 100:5.1f}%" if x is not None else "    -"
 
 
-def render_report(report: object) -> str:
+def render_report(report: TuneReport) -> str:
     """The measurement as a table, what it was measured with, and the verdict."""
-    from ..tune import TuneReport
-
-    assert isinstance(report, TuneReport)
     wl = report.workload
     base = report.baseline.gen_tps if report.baseline else None
     rows = [("configuration", "gen tok/s", "range", "speed-up", "accept", "mean len", "prompt tok/s", "peak RSS")]

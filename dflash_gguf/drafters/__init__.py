@@ -141,8 +141,7 @@ def interpret_folder(drafter: Path) -> Interpretation:
     Raises:
         ConfigError: config.json missing or unreadable.
     """
-    path = Path(drafter) / "config.json" if Path(drafter).is_dir() or not str(drafter).endswith(".json") \
-        else Path(drafter)
+    path = Path(drafter) if Path(drafter).suffix == ".json" else Path(drafter) / "config.json"
     return interpret(read_config(path, "Drafter config"), path)
 
 

@@ -150,6 +150,11 @@ class PairRecord:
     def file(self, side: str) -> Path:
         return self.folder / (self.target if side == "target" else self.drafter).file
 
+    @classmethod
+    def from_data(cls, path: Path, data: Any) -> PairRecord:
+        """The typed view of a manifest document already in memory (``path``: where it lives)."""
+        return _pair_record(path, data)
+
 
 def read_manifest(path: Path) -> PairRecord:
     """A pair.json written by the pipeline (any version of this format), typed.
@@ -162,6 +167,15 @@ def read_manifest(path: Path) -> PairRecord:
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read it as a pair manifest ({e}). Pass the pair.json dflash-convert "
                          "wrote, or the two GGUF files.") from None
+    return PairRecord.from_data(Path(path), data)
+
+
+def _pair_record(path: Path, data: Any) -> PairRecord:
+    """PairRecord.from_data: the typed view of a manifest document (read from ``path``).
+
+    Raises:
+        InputError: not a pair manifest, or one whose run did not finish.
+    """
     outputs = data.get("outputs") if isinstance(data, dict) else None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(outputs, dict):
         raise InputError(f"{path} is not a pair manifest written by dflash-convert (format {FORMAT}). Pass the "

@@ -11,23 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
-from ..dflash_format import DEFAULT_BLOCK_SIZE, Keys
 from ..sidecar import PRESET_NAME
-from ..tune import DEFAULT_N_MAX, TuneReport
-from ..verify import read_gguf
+from ..tune import DEFAULT_N_MAX, TuneReport, inspect_drafter
 from .manifest import Manifest, read_manifest
-
-
-def max_n_max(drafter: Path) -> int:
-    """A DFlash block of ``block_size`` yields at most ``block_size - 1`` drafts; llama.cpp clamps to it."""
-    value = read_gguf(drafter).get(Keys.BLOCK_SIZE)
-    block = int(value) if isinstance(value, int) and value > 1 else DEFAULT_BLOCK_SIZE
-    return block - 1
 
 
 def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> dict[str, Any]:
     """The ``serve`` section of pair.json: the command, n-max and p-min, and where they came from."""
-    limit = max_n_max(drafter)
+    limit = inspect_drafter(drafter).max_n_max
     if report is None or report.best is None:
         n_max, p_min, with_drafter, measured = min(DEFAULT_N_MAX, limit), None, True, False
         note = (f"not measured on this machine: n-max {n_max}, the small draft length users' measurements favour "

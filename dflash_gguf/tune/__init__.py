@@ -63,10 +63,6 @@ class TuneOptions:
     startup_timeout: float = 300.0
     request_timeout: float = 600.0
 
-    @classmethod
-    def quick_defaults(cls, **kw: object) -> TuneOptions:
-        return cls(workload=Workload(n_predict=64, repeats=1), quick=True, **kw)  # type: ignore[arg-type]
-
 
 def inspect_drafter(path: Path) -> Drafter:
     """The drafter's architecture, block size and tensor type, from its header.

@@ -7,6 +7,7 @@ the server build and hardware it printed, the threads, the user's flags, and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from statistics import median
 from typing import Any, Literal
@@ -209,7 +210,7 @@ class TuneReport:
     seconds: float
     notes: tuple[str, ...] = field(default=())
 
-    @property
+    @cached_property
     def baseline(self) -> Measurement | None:
         """The target alone: its measurements before and after the sweep, pooled (every repeat counts)."""
         runs = [m for m in self.measurements if m.config.drafter is None and m.status == "ok"]

@@ -84,11 +84,6 @@ class Server:
     returncode: int | None = None
     _log: str | None = field(default=None, repr=False)
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
     def log(self) -> str:
         if self._log is not None:
             return self._log
