@@ -55,6 +55,9 @@ def atomic_output(out: Path, *, overwrite: bool = True) -> Iterator[Path]:
     _require_folder(out)
     if out.exists() and not overwrite:
         raise OutputError(f"{out} already exists. Delete it or choose another output name.")
+    if out.is_dir():
+        raise OutputError(f"{out} is a folder, so the output cannot be written under that name. Move the folder "
+                          "away or choose another output name.")
     tmp = partial_path(out)
     try:
         try:

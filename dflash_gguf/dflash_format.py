@@ -49,6 +49,10 @@ class Keys:
     ROPE_SCALING_YARN_BETA_FAST = f"{ARCH}.rope.scaling.yarn_beta_fast"
     ROPE_SCALING_YARN_BETA_SLOW = f"{ARCH}.rope.scaling.yarn_beta_slow"
     BLOCK_SIZE = f"{ARCH}.block_size"  # Keys.LLM.BLOCK_SIZE
+    CONV_KERNEL_SIZE = f"{ARCH}.conv_kernel_size"  # DFlash2 (Keys.LLM.CONV_KERNEL_SIZE ... SELECTOR_TOP_K)
+    CONV_GROUP_SIZE = f"{ARCH}.conv_group_size"
+    SELECTOR_RANK = f"{ARCH}.selector_rank"
+    SELECTOR_TOP_K = f"{ARCH}.selector_top_k"
     TARGET_LAYERS = f"{ARCH}.target_layers"  # Keys.LLM.TARGET_LAYERS; HF ids + 1
     EMBEDDING_SCALE = f"{ARCH}.embedding_scale"  # Keys.LLM.EMBEDDING_SCALE
     LOGIT_SCALE = f"{ARCH}.logit_scale"
@@ -76,6 +80,18 @@ TENSOR_MAP: dict[str, str] = {
     "hidden_norm.weight": "enc.output_norm.weight",
     "norm.weight": "output_norm.weight",
     **block_map(DECODER_BLOCK | QK_NORM, "layers.{i}.", "blk.{i}.", ".weight"),
+}
+
+# DFlash2's extra tensors (b11434 tensor_mapping.py: attention_conv, mlp_conv, candidate_selector; DFlashModel
+# adds ".weight" to the two codebooks). The conv base kernels have no ".weight": b11434 writes them F32.
+DFLASH2_TENSOR_MAP: dict[str, str] = {
+    "layers.{i}.attention_conv.base_kernel": "blk.{i}.attn_conv_base",
+    "layers.{i}.attention_conv.kernel_projection.weight": "blk.{i}.attn_conv_proj.weight",
+    "layers.{i}.mlp_conv.base_kernel": "blk.{i}.ffn_conv_base",
+    "layers.{i}.mlp_conv.kernel_projection.weight": "blk.{i}.ffn_conv_proj.weight",
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
 }
 
 # Tensors b11434 maps but its DFlash loader (src/models/dflash.cpp) would reject or misuse.

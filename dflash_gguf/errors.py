@@ -31,6 +31,13 @@ class UnsupportedModelError(DflashGgufError):
     exit_code = 4
 
 
+class NotCoveredError(UnsupportedModelError):
+    """llama.cpp b11434 converts and serves it, but the built-in converter does not mirror that path: the message
+    names llama.cpp's own converter (the pipeline's ``--llama-cpp DIR``) as the way."""
+
+    exit_code = 18
+
+
 class TensorError(DflashGgufError):
     """Tensors missing, unexpected, unmappable, or of the wrong shape."""
 

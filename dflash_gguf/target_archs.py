@@ -9,6 +9,13 @@ The built-in *target* converter's own coverage is its family registry (``convert
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+# The vocabulary paths of b11434's ``set_vocab`` the drafter converter mirrors (b11434's DFlashModel.set_vocab runs
+# the *target* class's set_vocab): Gemma4Model's own tokenizer.json reader; Qwen2Model/LlamaModel's
+# SentencePiece-first (``_set_vocab_sentencepiece``, then ``_set_vocab_gpt2`` without a tokenizer.model); and
+# TextModel's plain ``_set_vocab_gpt2``.
+VocabPath = Literal["gemma4", "sentencepiece-or-gpt2", "gpt2"]
 
 
 @dataclass(frozen=True)
@@ -16,18 +23,29 @@ class TargetArch:
     gguf: str  # general.architecture
     hf: tuple[str, ...] = ()  # config.json architectures[0] values
     tappable: bool | None = True  # None: not known either way
-    drafter_vocab: str | None = None  # "gemma4" | "bpe": the target vocabulary the drafter converter embeds
+    drafter_vocab: VocabPath | None = None  # the target vocabulary path the drafter converter mirrors
+    drafter_note: str | None = None  # where b11434's drafter conversion for this target differs (recorded)
 
 
 TARGET_ARCHS: tuple[TargetArch, ...] = (
     TargetArch("gemma4", ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration",
                           "Gemma4ForCausalLM"), True, "gemma4"),
-    TargetArch("qwen3", ("Qwen3ForCausalLM",), True, "bpe"),
-    TargetArch("qwen3moe", ("Qwen3MoeForCausalLM",), True, "bpe"),
-    TargetArch("qwen2", ("Qwen2ForCausalLM",), None, "bpe"),
-    TargetArch("llama", ("LlamaForCausalLM",), True, "bpe"),
-    *(TargetArch(name) for name in ("qwen35", "qwen35moe", "qwen3next", "gpt-oss", "nemotron_h", "minimax-m2",
-                                    "deepseek4", "lfm2")),
+    TargetArch("qwen3", ("Qwen3ForCausalLM",), True, "sentencepiece-or-gpt2"),
+    TargetArch("qwen3moe", ("Qwen3MoeForCausalLM",), True, "gpt2", (
+        "llama.cpp b11434's converter cannot convert a DFlash drafter for a Qwen3-MoE target: Qwen3MoeModel.set_vocab "
+        "calls super().set_vocab() on the drafter's converter object, which is no Qwen3MoeModel (TypeError). This "
+        "file embeds what the GPT-2 path that call leads to (TextModel.set_vocab) writes.")),
+    TargetArch("qwen2", ("Qwen2ForCausalLM",), None, "sentencepiece-or-gpt2"),
+    TargetArch("llama", ("LlamaForCausalLM",), True, "sentencepiece-or-gpt2"),
+    # Qwen3_5TextModel / Qwen3_5MoeTextModel / Qwen3NextModel inherit TextModel.set_vocab (conversion/qwen.py)
+    TargetArch("qwen35", ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"), True, "gpt2"),
+    TargetArch("qwen35moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), True, "gpt2"),
+    TargetArch("qwen3next", ("Qwen3NextForCausalLM",), True, "gpt2"),
+    TargetArch("gpt-oss", ("GptOssForCausalLM",), True, "gpt2"),  # GptOssModel.set_vocab: _set_vocab_gpt2
+    TargetArch("minimax-m2", ("MiniMaxM2ForCausalLM",), True, "gpt2"),  # MiniMaxM2Model: TextModel's
+    TargetArch("lfm2", ("Lfm2ForCausalLM", "LFM2ForCausalLM"), True, "gpt2"),  # LFM2Model: TextModel's
+    # NemotronHModel reads its tokenizer through transformers with remote code; DeepSeek-V4 targets are FP8.
+    *(TargetArch(name) for name in ("nemotron_h", "deepseek4")),
     TargetArch("gemma", ("GemmaForCausalLM",), False),
     TargetArch("gemma2", ("Gemma2ForCausalLM",), False),
     TargetArch("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma3TextModel"), False),

@@ -242,7 +242,7 @@ REFUSALS = [
     ("wrong_shape", "gemma4", _wrong_shape, 5, ["layers.0.mlp.down_proj.weight", "[64, 128]", "[64, 96]",
                                                 "do not belong together"]),
     ("fp8_tensor", "gemma4", _fp8_tensor, 5, ["F8_E4M3", "up_proj", "--llama-cpp"]),
-    ("unsupported_arch", "gemma4", _unsupported_arch, 4, ["Olmo2ForCausalLM", "Gemma4ForCausalLM",
+    ("unsupported_arch", "gemma4", _unsupported_arch, 18, ["Olmo2ForCausalLM", "Gemma4ForCausalLM",
                                                           "Qwen3ForCausalLM", "--llama-cpp", "--target-gguf"]),
     ("moe_incomplete", "gemma4", _moe_incomplete, 3, ["enable_moe_block", "'top_k_experts'"]),
     ("per_layer_embeddings_incomplete", "gemma4", _per_layer_embeddings_incomplete, 3,

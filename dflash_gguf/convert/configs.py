@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ..drafters import TargetFacts
-from ..errors import ConfigError, UnsupportedModelError
+from ..errors import ConfigError
 from ..hf_configs import read_config
-from ..target_archs import by_hf, drafter_vocab_archs
+from ..target_archs import VocabPath, by_hf
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,10 @@ class TargetConfig:
         return self.arch.startswith("Gemma")
 
     @property
-    def vocab_family(self) -> str:
+    def vocab_path(self) -> VocabPath | None:
+        """How b11434 reads this architecture's vocabulary, when the converters mirror it (``target_archs``)."""
         arch = by_hf(self.arch)
-        return arch.drafter_vocab if arch is not None and arch.drafter_vocab else "bpe"
+        return arch.drafter_vocab if arch is not None else None
 
     def facts(self) -> TargetFacts:
         return TargetFacts(self.arch, self.hidden_size, self.n_layer, self.vocab_size, self.path)
@@ -47,11 +48,10 @@ class TargetConfig:
 
 
 def read_target_config(target_dir: Path) -> TargetConfig:
-    """Read the target's config.json and check its architecture has a b11434 vocab path we mirror.
+    """Read the target's config.json (whether its architecture can be served is ``drafters.target_findings``).
 
     Raises:
         ConfigError: missing or unparsable config, no architecture or hidden size.
-        UnsupportedModelError: an architecture whose vocabulary path we do not implement.
     """
     path = target_dir / "config.json"
     raw = read_config(path, "Target config")
@@ -60,11 +60,6 @@ def read_target_config(target_dir: Path) -> TargetConfig:
     if arch is None:
         raise ConfigError(f"{path}: no 'architectures' field, so the target's tokenizer path is unknown. "
                           "Use the config.json published with the target model.")
-    if arch not in drafter_vocab_archs():
-        raise UnsupportedModelError(
-            f"{path}: target architecture {arch!r} is not supported. dflash-gguf converts drafters for "
-            f"targets of: {', '.join(drafter_vocab_archs())}."
-        )
     merged = {**raw, **text}
     try:
         hidden, layers = int(merged["hidden_size"]), int(merged["num_hidden_layers"])

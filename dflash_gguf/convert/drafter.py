@@ -19,6 +19,7 @@ from .. import drafters
 from .. import provenance as prov
 from ..dflash_format import (
     ARCH,
+    DFLASH2_TENSOR_MAP,
     EMBEDDING_TENSORS,
     TENSOR_MAP,
     Keys,
@@ -47,6 +48,7 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) -> list[tuple[str, TensorRef]]:
     """HF names -> GGUF names in b11434's order; refuse what its DFlash loader cannot take."""
     src = cfg.path.parent
+    table = {**TENSOR_MAP, **(DFLASH2_TENSOR_MAP if cfg.dflash2 else {})}
     mapped: list[tuple[str, TensorRef]] = []
     unknown: list[str] = []
     for hf_name, ref in refs.items():
@@ -71,25 +73,26 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) 
             continue
         m = _LAYER.match(name)
         key, bid = (f"layers.{{i}}.{m.group(2)}", int(m.group(1))) if m else (name, None)
-        gguf_name = TENSOR_MAP.get(key)
+        gguf_name = table.get(key)
         if gguf_name is None or (bid is not None and bid >= cfg.n_layer):
             unknown.append(hf_name)
             continue
         mapped.append((gguf_name.format(i=bid), ref))
     if unknown:
+        kind = "DFlash2" if cfg.dflash2 else "DFlash1"
         raise TensorError(
             f"{src}: unsupported drafter tensor(s) {unknown[:6]}{' ...' if len(unknown) > 6 else ''}. llama.cpp "
-            "b11434's DFlash loader creates only the DFlash1 tensor set, so a file carrying them fails at load "
-            "with 'wrong number of tensors'. This drafter variant cannot be served by llama.cpp b11434."
+            f"b11434's DFlash loader creates only the {kind} tensor set for this config, so a file carrying them "
+            "fails at load with 'wrong number of tensors'. This drafter variant cannot be served by llama.cpp b11434."
         )
     have = {n for n, _ in mapped}
-    required = {v.format(i=i): k.format(i=i) for k, v in TENSOR_MAP.items()
+    required = {v.format(i=i): k.format(i=i) for k, v in table.items()
                 for i in (range(cfg.n_layer) if "{i}" in k else [None])}
     if missing := sorted(f"{required[n]} ({n})" for n in set(required) - have):
         raise TensorError(
             f"{src}: tensor(s) missing from the checkpoint: {missing[:6]}{' ...' if len(missing) > 6 else ''} "
-            f"(a DFlash1 drafter with {cfg.n_layer} layers has {11 * cfg.n_layer + 3}). llama.cpp would fail with "
-            "'check_tensor_dims: tensor ... not found'. Re-download the complete checkpoint."
+            f"(a {'DFlash2' if cfg.dflash2 else 'DFlash1'} drafter with {cfg.n_layer} layers has {len(required)}). "
+            "llama.cpp would fail with 'check_tensor_dims: tensor ... not found'. Re-download the complete checkpoint."
         )
     return mapped
 
@@ -107,6 +110,13 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
             f"{cfg.path.name} do not belong to these weights: use the matching config.json."
         )
     expect = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=f, n_taps=k)
+    if (v2 := cfg.dflash2) is not None:
+        kernel, rank, n_vocab = v2.conv_kernel_size, v2.selector_rank, int(hp["vocab_size"])
+        projected = 2 * kernel * (h // v2.conv_group_size)
+        expect.update({"attn_conv_base": (h, kernel, 2), "ffn_conv_base": (h, kernel, 2),
+                       "attn_conv_proj.weight": (h, projected), "ffn_conv_proj.weight": (h, projected),
+                       "selector_predecessor.weight": (rank, n_vocab), "selector_successor.weight": (rank, n_vocab),
+                       "selector_hidden.weight": (h, rank)})
     for name, ref in mapped:
         ne = expect.get(shape_key(name)) if name != "fc.weight" else None
         want = tuple(reversed(ne)) if ne is not None else None
@@ -133,6 +143,11 @@ def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: L
     if (value_scale := dflash.get("attention_value_scale")) is not None:
         plan.add_float32(Keys.VALUE_SCALE, value_scale)
     plan.add_uint32(Keys.BLOCK_SIZE, cfg.block_size)
+    if (v2 := cfg.dflash2) is not None:
+        plan.add_uint32(Keys.CONV_KERNEL_SIZE, v2.conv_kernel_size)
+        plan.add_uint32(Keys.CONV_GROUP_SIZE, v2.conv_group_size)
+        plan.add_uint32(Keys.SELECTOR_RANK, v2.selector_rank)
+        plan.add_uint32(Keys.SELECTOR_TOP_K, v2.selector_top_k)
     if (mult := dflash.get("output_multiplier", cfg.raw.get("output_multiplier"))) is not None:
         plan.add_float32(Keys.LOGIT_SCALE, mult)
     softcap = dflash.get("final_logit_softcapping", cfg.raw.get("final_logit_softcapping"))
@@ -184,8 +199,9 @@ def convert_drafter(
         if finding.note and finding.severity == "warning":
             log.warning("%s: %s", cfg.path, finding.message)
     target = read_target_config(target_dir)
-    drafters.first_error(drafters.pair_findings(reading, target.facts()))
-    notes = list(reading.notes)
+    target_rules = drafters.target_findings(target.facts())
+    drafters.first_error((*target_rules, *drafters.pair_findings(reading, target.facts())))
+    notes = [*reading.notes, *(f.message for f in target_rules if f.note)]
     mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes)
     _check_shapes(mapped, cfg)
     outtype = resolve_outtype(outtype, (ref for _, ref in mapped))

@@ -1,14 +1,16 @@
 """The target's vocabulary, embedded in the drafter GGUF as llama.cpp b11434 embeds it.
 
 b11434's DFlash converter runs the *target* architecture's ``set_vocab`` on the target dir with
-the *drafter's* hparams (convert_hf_to_gguf.py DFlashModel.set_vocab). Two families are mirrored here, without
-transformers:
+the *drafter's* hparams (convert_hf_to_gguf.py DFlashModel.set_vocab). Which path an architecture takes is
+``target_archs``'s table; the paths are mirrored here without transformers:
 
 * Gemma-4 (``Gemma4Model.set_vocab``): tokenizer.json only (BPE + byte fallback), model
   ``gemma4``, scores -1000, CONTROL for the tokenizer's declared special tokens, BYTE for
   ``<0xNN>``, seven chat/tool markers forced USER_DEFINED, no padding.
-* GPT-2 BPE (``_set_vocab_gpt2`` for Qwen2/Qwen3/Llama-3): model ``gpt2``, ``pre`` from the
-  pre-tokenizer fingerprint, ``[PAD{i}]`` rows up to the drafter's ``vocab_size``.
+* GPT-2 BPE (``_set_vocab_gpt2``, for Qwen2/Qwen3/Qwen3.5/Llama-3 and the other ``TextModel.set_vocab``
+  targets of ``target_archs``): model ``gpt2``, ``pre`` from b11434's whole fingerprint table
+  (``pre_tokenizers``), ``[PAD{i}]`` rows up to the drafter's ``vocab_size``.
+* SentencePiece (``_set_vocab_sentencepiece``) when a Qwen2/Qwen3/Llama target ships a tokenizer.model.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Any
 from gguf import TokenType
 
 from ..dflash_format import vocab_sha256
-from ..errors import TokenizerError, UnsupportedModelError
+from ..errors import NotCoveredError, TokenizerError
 from ..ggufio import GGUFPlan
 from ..hf_configs import parse_tokenizer_json
 from ..jsonfile import read_json
 from .configs import TargetConfig
+from .pre_tokenizers import PRE_TOKENIZERS
 from .special_vocab import read_special_tokens
 
 # Tokens b11434 forces to USER_DEFINED for Gemma-4 so the chat parser sees them (conversion/gemma.py).
@@ -41,16 +44,6 @@ CHKTXT = (
     "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
     "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
 )
-# sha256(str(token ids of CHKTXT)) -> tokenizer.ggml.pre, for the target families we support
-# (b11434 conversion/base.py, generated table in get_vocab_base_pre).
-PRE_TOKENIZERS = {
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen1.5 .. Qwen3
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3-Embedding
-    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama-3
-}
-# Target classes whose b11434 set_vocab tries tokenizer.model (SentencePiece) before tokenizer.json
-# (Qwen2Model.set_vocab, LlamaModel.set_vocab); Qwen3-MoE goes straight to the GPT-2 path.
-SENTENCEPIECE_FIRST = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 # A byte token as b11434 recognises one in a vocabulary (either case; conversion/xverse.py and the tokenizers
 # BPE byte fallback). SentencePiece's own byte pieces are upper case only (tokenizer_fixups.synthesize).
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -170,9 +163,11 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     pre = PRE_TOKENIZERS.get(chkhsh)
     if pre is None:
         raise TokenizerError(
-            f"Target tokenizer {tok_dir / 'tokenizer.json'} has pre-tokenizer fingerprint {chkhsh}, which is not "
-            "one dflash-gguf supports (Qwen2/Qwen3: qwen2; Llama-3: llama-bpe). llama.cpp b11434 cannot convert "
-            "an unknown pre-tokenizer either."
+            f"Target tokenizer {tok_dir / 'tokenizer.json'} has pre-tokenizer fingerprint {chkhsh}, which is not in "
+            f"llama.cpp b11434's table of {len(PRE_TOKENIZERS)} (TextModel.get_vocab_base_pre): b11434's converter "
+            "stops on it too ('BPE pre-tokenizer was not recognized'), and llama.cpp would not know how to split "
+            "text for it. Re-download the target's tokenizer.json (a modified pre_tokenizer or normalizer changes "
+            "the fingerprint), or use a llama.cpp build that lists this tokenizer."
         )
     added = {t["id"]: dict(t) for t in tj.get("added_tokens", [])}
     cfg_path = tok_dir / "tokenizer_config.json"
@@ -264,22 +259,27 @@ def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafte
 
     Raises:
         TokenizerError: tokenizer files missing, corrupt, or not matching the drafter.
-        UnsupportedModelError: a tokenizer layout b11434 would read by a path we do not mirror.
+        NotCoveredError: a tokenizer layout b11434 would read by a path we do not mirror.
     """
-    if target.vocab_family == "gemma4":
+    path = target.vocab_path
+    if path is None:
+        raise NotCoveredError(f"{target.path}: target architecture {target.arch!r}: dflash-gguf does not mirror the "
+                              "way llama.cpp b11434 reads its vocabulary. Use llama.cpp's own converter.")
+    if path == "gemma4":
         return add_gemma4_vocab(plan, tok_dir)  # reads tokenizer.json only, whatever else is there
     if target.arch == "LlamaForCausalLM":
         cfg = tok_dir / "tokenizer_config.json"
         if cfg.is_file() and (prefix := read_json(cfg).get("add_prefix_space")) \
                 is not None:
             plan.add_bool("tokenizer.ggml.add_space_prefix", bool(prefix))
-    if target.arch in SENTENCEPIECE_FIRST and (tok_dir / "tokenizer.model").is_file():
+    if path == "sentencepiece-or-gpt2" and (tok_dir / "tokenizer.model").is_file():
         return add_sentencepiece_vocab(plan, tok_dir, drafter_vocab_size)
     if target.arch == "LlamaForCausalLM":
         model = _load_tokenizer_json(tok_dir)["model"]
         if not (model.get("type") == "BPE" and model.get("ignore_merges") and not model.get("byte_fallback", True)):
-            raise UnsupportedModelError(
+            raise NotCoveredError(
                 f"{tok_dir / 'tokenizer.json'}: a Llama target whose tokenizer is not Llama-3 style BPE; llama.cpp "
-                "b11434 would read it through a path (LlamaHfVocab) dflash-gguf does not mirror."
+                "b11434 would read it through a path (LlamaHfVocab) dflash-gguf does not mirror. Use llama.cpp's own "
+                "converter (the pipeline's --llama-cpp DIR)."
             )
     return add_bpe_vocab(plan, tok_dir, drafter_vocab_size)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError, DflashGgufError, UnsupportedModelError
+from ..errors import ConfigError, DflashGgufError, NotCoveredError, UnsupportedModelError
 from ..hf_configs import read_config
 from ..registry import by_architecture
+from ..target_archs import by_hf, drafter_vocab_archs
 
 Status = Literal["pass", "fail", "skip"]
 Severity = Literal["error", "warning", "info"]
@@ -110,7 +111,8 @@ def _int(value: Any) -> int | None:
 
 
 # Drafter kinds b11434 reads that no family here converts yet (named in the refusal).
-KNOWN_UNSUPPORTED_DRAFTER_ARCHS = ("DFlash2DraftModel", "DSparkDraftModel", "Qwen3DSparkModel")
+KNOWN_UNSUPPORTED_DRAFTER_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel",
+                                   "LingDSparkModel", "Gemma4DSparkModel", "DeepseekV4DSparkModel")
 # Family modules of this package; each declares the ARCHITECTURES it reads.
 _FAMILY_MODULES: tuple[str, ...] = ("dflash",)
 
@@ -155,6 +157,36 @@ def pair_findings(interpretation: Interpretation, target: TargetFacts) -> tuple[
 FAMILIES_BY_NAME = {mod.FAMILY: mod for mod in FAMILIES.values()}
 
 
+def target_findings(target: TargetFacts) -> tuple[Finding, ...]:
+    """What every drafter family needs of the target's architecture: a b11434 graph that publishes the layer
+    inputs a drafter taps (``pair.target_arch``), and a vocabulary path the converter mirrors
+    (``pair.target_vocab``: b11434's DFlashModel.set_vocab runs the target class's own ``set_vocab``)."""
+    arch = by_hf(target.arch)
+    where = f"{target.path}: " if target.path else ""
+    if arch is not None and arch.tappable is False:
+        return (failed("pair.target_arch", f"{where}target architecture {target.arch} publishes no layer inputs in "
+                       "llama.cpp b11434 ('layer input tensor is null'), so no drafter can run on it.",
+                       "Pick a drafter made for a target llama.cpp can tap (Gemma-4, Qwen3, Qwen3.5, Llama-3...).",
+                       UnsupportedModelError),)
+    out = [passed("pair.target_arch", f"target architecture {target.arch or '?'}"
+                  + (f" (llama.cpp {arch.gguf})" if arch is not None else ""))]
+    if arch is not None and arch.drafter_vocab is not None:
+        out.append(passed("pair.target_vocab", f"target vocabulary read as llama.cpp b11434 reads a {arch.gguf} "
+                          f"target's ({arch.drafter_vocab})"))
+        if arch.drafter_note:
+            out.append(noted("pair.target_vocab.b11434", arch.drafter_note))
+    else:
+        known = "" if arch is not None else " (an architecture dflash-gguf does not know)"
+        out.append(failed(
+            "pair.target_vocab", f"{where}target architecture {target.arch!r}{known}: the drafter GGUF embeds the "
+            "target's vocabulary the way llama.cpp b11434 reads that architecture's tokenizer (DFlashModel.set_vocab "
+            "runs the target class's own set_vocab), and dflash-gguf mirrors that path only for "
+            f"{', '.join(drafter_vocab_archs())}.",
+            "Convert the drafter with llama.cpp's own converter (convert_hf_to_gguf.py DRAFTER --target-model-dir "
+            "TARGET); the pipeline does so when given --llama-cpp DIR.", NotCoveredError))
+    return tuple(out)
+
+
 def first_error(findings: Iterable[Finding]) -> None:
     """Raise the first blocking finding as its exception (the converter's way of reading findings)."""
     for f in findings:
@@ -163,4 +195,4 @@ def first_error(findings: Iterable[Finding]) -> None:
 
 
 __all__ = ["FAMILIES", "SUPPORTED_DRAFTER_ARCHS", "Finding", "Interpretation", "TargetFacts", "first_error",
-           "interpret", "interpret_folder", "pair_findings", "read_config"]
+           "interpret", "interpret_folder", "pair_findings", "read_config", "target_findings"]

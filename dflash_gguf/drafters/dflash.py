@@ -21,8 +21,20 @@ from ..hf_configs import qwen3_hparams
 from . import Finding, Interpretation, TargetFacts, failed, noted, passed
 
 FAMILY = "dflash"
-ARCHITECTURES = ("DFlashDraftModel",)
+ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")  # b11434 DFlashModel converts both
+# DFlash2's dflash_config keys, all written as u32 when conv_kernel_size is present (DFlashModel.set_gguf_parameters)
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 PICK = "Pick the drafter made for this target."
+
+@dataclass(frozen=True)
+class DFlash2Params:
+    """DFlash2's block convolutions and candidate selector (src/models/dflash.cpp, "DFlash2 conv kernel = ...")."""
+
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+
 
 @dataclass(frozen=True)
 class DFlashSpec:
@@ -38,6 +50,7 @@ class DFlashSpec:
     sliding_window: int | None
     swa_pattern: tuple[bool, ...] | None
     causal: bool | None
+    dflash2: DFlash2Params | None = None  # the conv/selector parameters of a DFlash2 drafter
 
     @property
     def n_layer(self) -> int:
@@ -116,17 +129,53 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     if not hp.get("rope_is_neox_style", True):
         return refuse("format.rope", f"{path}: rope_is_neox_style is false (interleaved RoPE); dflash-gguf does not "
                       "permute such checkpoints yet.", "Use llama.cpp's convert_hf_to_gguf.py.", UnsupportedModelError)
-    if "conv_kernel_size" in dflash or "mrope_section" in (hp.get("rope_parameters") or {}):
-        return refuse("format.arch", f"{path}: DFlash2 / M-RoPE drafter fields are not supported yet.",
-                      "Use llama.cpp's convert_hf_to_gguf.py.", UnsupportedModelError)
+    if "mrope_section" in (hp.get("rope_parameters") or {}):
+        return refuse("format.arch", f"{path}: the drafter's own rope_parameters carry mrope_section (M-RoPE); "
+                      "dflash-gguf does not convert such drafters yet.", "Use llama.cpp's convert_hf_to_gguf.py.",
+                      UnsupportedModelError)
+    block_explicit = "block_size" in dflash or "block_size" in raw
+    block = int(dflash.get("block_size", raw.get("block_size", DEFAULT_BLOCK_SIZE)))
+    dflash2: DFlash2Params | None = None
+    is_v2 = (raw.get("architectures") or [None])[0] == "DFlash2DraftModel"
+    if "conv_kernel_size" in dflash or is_v2:
+        if "conv_kernel_size" not in dflash:
+            return refuse(
+                "format.dflash2", f"{path}: a DFlash2DraftModel whose dflash_config has no conv_kernel_size. llama.cpp "
+                "b11434's converter then writes no conv/selector keys, and its loader refuses the file ('DFlash2 "
+                "model is missing conv/selector metadata').", "Use the config.json published with the checkpoint.")
+        if missing := [k for k in DFLASH2_KEYS if k not in dflash]:
+            return refuse(
+                "format.dflash2", f"{path}: dflash_config has conv_kernel_size but not {', '.join(missing)}. llama.cpp "
+                "b11434's converter stops on it with a KeyError, and its loader needs all four of "
+                f"{', '.join(DFLASH2_KEYS)}.", "Use the config.json published with the checkpoint.")
+        values = {k: dflash[k] for k in DFLASH2_KEYS}
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+            return refuse("format.dflash2", f"{path}: dflash_config {values} must be integers.",
+                          "Use the config.json published with the checkpoint.")
+        dflash2 = DFlash2Params(**values)
+        h, top_k, group = int(hp["hidden_size"]), dflash2.selector_top_k, dflash2.conv_group_size
+        if min(*values.values(), block) <= 0:
+            return refuse("format.dflash2", f"{path}: DFlash2 needs positive {', '.join(DFLASH2_KEYS)} and "
+                          f"block_size (got {values}, block_size {block}); llama.cpp b11434's loader refuses the "
+                          "file ('DFlash2 model is missing conv/selector metadata').",
+                          "Use the config.json published with the checkpoint.")
+        if h % group:
+            return refuse("format.dflash2", f"{path}: hidden_size {h} is not divisible by conv_group_size {group}; "
+                          "llama.cpp b11434's loader refuses it ('DFlash2 hidden size must be divisible by "
+                          "conv_group_size').", "Use the config.json published with the checkpoint.")
+        if h < top_k * (top_k + 1):
+            return refuse("format.dflash2", f"{path}: hidden_size {h} is smaller than selector_top_k x "
+                          f"(selector_top_k + 1) = {top_k * (top_k + 1)}; llama.cpp b11434's loader refuses it "
+                          "('DFlash2 hidden size is too small for the selector lattice').",
+                          "Use the config.json published with the checkpoint.")
+        findings.append(passed("format.dflash2", f"DFlash2: conv kernel {dflash2.conv_kernel_size}, group "
+                               f"{group}, selector rank {dflash2.selector_rank}, top-k {top_k}"))
 
     layer_types = raw.get("layer_types")
     if layer_types is not None and len(layer_types) != hp["num_hidden_layers"]:
         return refuse("format.layer_types", f"{path}: layer_types has {len(layer_types)} entries for "
                       f"{hp['num_hidden_layers']} layers.", "Fix config.json so there is one entry per layer.")
 
-    block_explicit = "block_size" in dflash or "block_size" in raw
-    block = int(dflash.get("block_size", raw.get("block_size", DEFAULT_BLOCK_SIZE)))
     if block_explicit:
         findings.append(passed("format.block_size", f"block_size {block}"))
     else:
@@ -161,7 +210,8 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
         causal = dflash.get("causal")
     spec = DFlashSpec(path=path, raw=raw, hp=hp, target_layer_ids=tuple(int(t) for t in taps),
                       mask_token_id=int(mask), block_size=block, block_size_explicit=block_explicit,
-                      sliding_window=window, swa_pattern=pattern, causal=None if causal is None else bool(causal))
+                      sliding_window=window, swa_pattern=pattern, causal=None if causal is None else bool(causal),
+                      dflash2=dflash2)
     return Interpretation(FAMILY, spec, tuple(findings))
 
 

@@ -1,6 +1,7 @@
 """Run llama.cpp's own ``convert_hf_to_gguf.py`` from a checkout the user points at (``--llama-cpp DIR``).
 
-For target architectures the built-in converter does not cover. It runs as a child process with
+For target architectures the built-in converter does not cover, and for drafters of targets whose vocabulary
+path the built-in drafter converter does not mirror (with ``--target-model-dir``). It runs as a child process with
 ``$LLAMA_CPP_PYTHON`` (a venv with torch and llama.cpp's requirements) or this interpreter, offline
 (the model is already local; nothing may be downloaded at convert time), in a scratch cwd, and writes
 ``<out>.partial`` that is renamed only when it succeeded. Only the user's checkout is executed, never
@@ -55,7 +56,8 @@ def llama_cpp_version(llama_cpp: Path) -> str:
     return " ".join(parts)
 
 
-def run_converter(llama_cpp: Path, model_dir: Path, outfile: Path, outtype: str, workdir: Path) -> int:
+def run_converter(llama_cpp: Path, model_dir: Path, outfile: Path, outtype: str, workdir: Path,
+                  extra_args: tuple[str, ...] = ()) -> int:
     """Convert ``model_dir`` with llama.cpp's converter into ``outfile``; returns its size.
 
     Raises:
@@ -69,7 +71,7 @@ def run_converter(llama_cpp: Path, model_dir: Path, outfile: Path, outtype: str,
     tail: deque[str] = deque(maxlen=15)
     with atomic_output(Path(outfile)) as tmp:
         cmd = [converter_python(), str(script), str(Path(model_dir).resolve()), "--outfile", str(tmp.resolve()),
-               "--outtype", outtype]
+               "--outtype", outtype, *extra_args]
         log.info("running %s", " ".join(cmd))
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, errors="replace")

@@ -142,7 +142,7 @@ def _one_pass(opts: PipelineOptions, quant: str) -> bool:
 
 
 def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: stages.TargetMethod,
-             outdir: Path) -> Plan:
+             outdir: Path, drafter_by_llama_cpp: bool = False) -> Plan:
     """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
     name_t, name_d = model_name(target.repo, target.path), model_name(drafter.repo, drafter.path)
     target_patterns = TOKENIZER_PATTERNS + (() if method.kind == "gguf" else WEIGHT_PATTERNS)
@@ -163,7 +163,7 @@ def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: sta
     sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
                        opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant), link),
              SideFiles(gguf_name(name_d, src_d), sidecar_name(name_t, opts.draft_quant), weights["drafter"], src_d,
-                       opts.draft_quant, _one_pass(opts, opts.draft_quant))]
+                       opts.draft_quant, not drafter_by_llama_cpp and _one_pass(opts, opts.draft_quant))]
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     return make_plan(outdir, downloads, outputs, peak)
 
@@ -185,12 +185,15 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
             raise InputError(f"{flag} {value!r} is not one of {', '.join(QUANT_TYPES)}.")
     drafter, target = resolve_spec(opts.drafter), resolve_spec(opts.target)
     log.info("drafter %s, target %s", drafter.label, target.label)
-    precheck = stages.precheck_sources(drafter, target, allow_derived_target=opts.allow_derived_target)
+    drafter_by_llama_cpp = opts.llama_cpp is not None and not stages.drafter_vocab_covered(target)
+    precheck = stages.precheck_sources(drafter, target, allow_derived_target=opts.allow_derived_target,
+                                       drafter_by_llama_cpp=drafter_by_llama_cpp)
     method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
-    plan = plan_run(opts, drafter, target, method, outdir)
+    plan = plan_run(opts, drafter, target, method, outdir, drafter_by_llama_cpp)
     header = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
               "options": {"quant": opts.quant, "draft_quant": opts.draft_quant, "target_method": method.kind,
+                          "drafter_method": "llama-cpp" if drafter_by_llama_cpp else "builtin",
                           "target_gguf": opts.target_gguf,
                           "llama_cpp": str(opts.llama_cpp) if opts.llama_cpp else None,
                           "keep_intermediate": opts.keep_intermediate,
@@ -230,8 +233,14 @@ class _Run:
         m.save()
         opts = self.opts
 
-        target = fetch_source(target, TOKENIZER_PATTERNS + (() if gguf_path else WEIGHT_PATTERNS))
+        # The drafter first, checked against the target's config and tokenizer: a drafter that cannot be converted
+        # stops the run before the target's weights are fetched, converted or quantized.
+        target = fetch_source(target, TOKENIZER_PATTERNS)
         drafter = fetch_source(drafter, WEIGHT_PATTERNS)
+        if m.data["options"]["drafter_method"] == "builtin":
+            stages.check_drafter(drafter, target)
+        if not gguf_path:
+            target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
         m.data["sources"]["target"] = target.to_dict()
         m.data["sources"]["drafter"] = drafter.to_dict()
         m.save()
@@ -328,14 +337,22 @@ class _Run:
         key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
                "target_file": target_file, "outtype": src, "tool": self.tool}
 
+        by_llama_cpp = self.manifest.data["options"]["drafter_method"] == "llama-cpp"
+        if by_llama_cpp:
+            key["method"] = "llama-cpp"
+
         def convert(out: Path, quant: str | None = None) -> None:
+            if by_llama_cpp:
+                assert self.opts.llama_cpp is not None
+                stages.convert_drafter_llama_cpp(self.opts.llama_cpp, drafter, tok, target, out, src, self.work)
+                return
             with _bar(self.progress, "convert drafter") as bar:
                 stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
 
         quant = self.opts.draft_quant
         final = self.outdir / sidecar_name(target_name, quant)  # llama.cpp's sidecar layout
         inter = self.outdir / gguf_name(name, src)
-        one_pass = convert if _one_pass(self.opts, quant) else None
+        one_pass = convert if _one_pass(self.opts, quant) and not by_llama_cpp else None
         return final, self._side("drafter", key, convert, inter, final, quant, src, one_pass)
 
     # ------------------------------------------------------------------------------------- bookkeeping

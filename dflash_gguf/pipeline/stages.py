@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import drafters, hub
 from .. import provenance as prov
 from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family
-from ..errors import IncompatiblePairError, UnsupportedModelError
+from ..errors import IncompatiblePairError, NotCoveredError
 from ..jsonfile import read_json
 from ..provenance import Sources
 from ..verify import Report, precheck, read_gguf, verify_files
@@ -40,14 +40,27 @@ def _failures(report: Report) -> str:
 # ---------------------------------------------------------------------------------------------- precheck
 
 
-def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: bool = False) -> Report:
-    """The checks of ``dflash-gguf precheck`` on the configs and cards fetched so far.
+def drafter_vocab_covered(target: Source) -> bool:
+    """Whether the built-in drafter converter mirrors how b11434 reads this target's vocabulary."""
+    facts = drafters.TargetFacts.from_config(drafters.read_config(target.path / "config.json", "Target config"))
+    return not any(f.blocking for f in drafters.target_findings(facts) if f.id == "pair.target_vocab")
+
+
+def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: bool = False,
+                     drafter_by_llama_cpp: bool = False) -> Report:
+    """The checks of ``dflash-gguf precheck`` on the configs and cards fetched so far. With
+    ``drafter_by_llama_cpp``, llama.cpp's converter makes the drafter, so our vocabulary coverage does not matter.
 
     Raises:
-        ConfigError, UnsupportedModelError: the drafter's config is refused (as the converter refuses it).
+        ConfigError, UnsupportedModelError, NotCoveredError: the drafter's config or the target's architecture
+            is refused, with the converter's error and exit code.
         PairRefused: a blocking pair or lineage check failed (nothing but configs and cards has been downloaded).
     """
     drafters.interpret_folder(drafter.path).require()  # the drafter's own rules: the converter's error and code
+    facts = drafters.TargetFacts.from_config(drafters.read_config(target.path / "config.json", "Target config"),
+                                             target.path / "config.json")
+    drafters.first_error(f for f in drafters.target_findings(facts)
+                         if not (drafter_by_llama_cpp and f.id == "pair.target_vocab"))
 
     def card(src: Source) -> str | None:
         path = src.path / "README.md"
@@ -55,7 +68,8 @@ def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: b
 
     report = precheck(drafter.path / "config.json", target.path / "config.json",
                       drafter_repo=drafter.repo or drafter.path.name, target_repo=target.repo or target.path.name,
-                      drafter_card=card(drafter), target_card=card(target), allow_derived_target=allow_derived_target)
+                      drafter_card=card(drafter), target_card=card(target), allow_derived_target=allow_derived_target,
+                      drafter_by_llama_cpp=drafter_by_llama_cpp)
     if report.errors:
         raise PairRefused(
             f"Precheck refused drafter {drafter.label} with target {target.label} before any weights were "
@@ -79,7 +93,7 @@ def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Pat
     """An explicit flag wins; else the built-in converter when it covers config.json's architecture.
 
     Raises:
-        UnsupportedModelError: no way to make the target GGUF (names the ways out).
+        NotCoveredError: no way to make the target GGUF (names the ways out).
         InputError: --llama-cpp names no llama.cpp checkout.
     """
     if target_gguf:
@@ -94,7 +108,7 @@ def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Pat
         return TargetMethod("builtin", family)
     archs = read_json(target.path / "config.json").get("architectures") or ["?"]
     supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES)) or "none yet"
-    raise UnsupportedModelError(
+    raise NotCoveredError(
         f"Target {target.label}: architecture {archs[0]} is not covered by the built-in target converter "
         f"(it covers: {supported}). Pass --target-gguf PATH|REPO:FILE with an existing GGUF of this target, or "
         "--llama-cpp DIR to run llama.cpp's own converter from your checkout.")
@@ -231,6 +245,28 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
 
     convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
                    quant=quant, on_progress=on_progress)
+
+
+def check_drafter(drafter: Source, target: Source) -> None:
+    """The built-in drafter conversion planned against the target's config and tokenizer (no target weights
+    needed, nothing written), so a drafter that cannot be converted stops the run before any target work.
+
+    Raises:
+        ConfigError, UnsupportedModelError, TensorError, IncompatiblePairError, TokenizerError: as the converter.
+    """
+    from ..convert.drafter import convert_drafter
+
+    convert_drafter(drafter.path, target.path, target.path / "check.gguf", dry_run=True)
+
+
+def convert_drafter_llama_cpp(llama_cpp: Path, drafter: Source, tokenizer: TokenizerStage, target: Source,
+                              outfile: Path, outtype: str, workdir: Path) -> None:
+    """llama.cpp's converter on the drafter, ``--target-model-dir`` the overlay or the target itself: for targets
+    whose vocabulary path the built-in drafter converter does not mirror."""
+    from .llama_cpp import run_converter
+
+    run_converter(llama_cpp, drafter.path, outfile, outtype, workdir,
+                  ("--target-model-dir", str(Path(tokenizer.overlay or target.path).resolve())))
 
 
 def convert_target_llama_cpp(llama_cpp: Path, tokenizer: TokenizerStage, model_dir: Path, outfile: Path,

@@ -41,6 +41,7 @@ from .rules import (
     OVERRIDE_TYPES,
     SUPPORTED_TYPES,
     choose_type,
+    ggml_n_dims,
     is_quantized,
     layer_sort_key,
 )
@@ -218,7 +219,8 @@ def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> bytes:
     out = bytearray(layout.pack_header(len(jobs), kvs))
     offset = 0
     for j in jobs:
-        out += layout.pack_tensor_info(j.src.name, j.src.ne, j.dst_type, offset)
+        # llama-quantize writes each tensor's ne up to ggml_n_dims: a [64, 1] tensor is written as [64]
+        out += layout.pack_tensor_info(j.src.name, j.src.ne[:ggml_n_dims(j.src.ne)], j.dst_type, offset)
         offset += pad(j.dst_nbytes)
     out += bytes(pad(len(out)) - len(out))
     return bytes(out)

@@ -45,6 +45,14 @@ def is_quantized(qtype: GGMLQuantizationType) -> bool:
     return qtype not in FLOAT_TYPES and qtype not in INT_TYPES
 
 
+def ggml_n_dims(ne: tuple[int, ...]) -> int:
+    """ggml_n_dims(): dimensions up to the last one above 1 (a [64, 1] tensor is 1-D, so never quantized)."""
+    n = len(ne)
+    while n > 1 and ne[n - 1] == 1:
+        n -= 1
+    return max(1, n)
+
+
 def allows_quantization(name: str, n_dims: int) -> bool:
     """Whether llama-quantize may change this tensor's type at all (else it is copied as stored)."""
     if n_dims < 2 or not name.endswith("weight"):
@@ -78,7 +86,7 @@ def choose_type(name: str, ne: tuple[int, ...], stored: GGMLQuantizationType, de
     ``--token-embedding-type``. As there, an override on its own tensor is taken as is (no row-length
     fallback), while a tied embedding follows ``output_type`` through the mixture rules.
     """
-    if not allows_quantization(name, len(ne)):
+    if not allows_quantization(name, ggml_n_dims(ne)):
         return TensorChoice(stored)
     if token_embd_type is not None and name in _TOKEN_EMBD:
         return TensorChoice(token_embd_type, "--token-embedding-type", override=True)

@@ -13,8 +13,7 @@ from typing import Any
 
 from .. import drafters
 from ..drafters import TargetFacts
-from ..target_archs import by_hf
-from .lineage import PICK, card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
+from .lineage import card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
 
 
@@ -34,8 +33,10 @@ def precheck(
     drafter_card: str | None = None,
     target_card: str | None = None,
     allow_derived_target: bool = False,
+    drafter_by_llama_cpp: bool = False,
 ) -> Report:
-    """Judge a pair from configs and cards only; same check ids as the GGUF checks.
+    """Judge a pair from configs and cards only; same check ids as the GGUF checks. ``drafter_by_llama_cpp``: the
+    drafter is to be converted by llama.cpp's own converter (our vocabulary coverage is then no error).
 
     Raises:
         ConfigError: a config cannot be read (the message the converter gives for it).
@@ -45,16 +46,12 @@ def precheck(
     target = TargetFacts.from_config(t_root, t_path)
     r = Report(inputs={"drafter": drafter_repo or "", "target": target_repo or "", "stage": "precheck"})
 
-    arch = by_hf(target.arch)
-    if arch is not None and arch.tappable is False:
-        r.fail("pair.target_arch", "error", f"target architecture {target.arch} publishes no layer inputs in "
-               "llama.cpp b11434 ('layer input tensor is null').", PICK)
-    else:
-        r.ok("pair.target_arch", f"target architecture {target.arch or '?'}")
-
     reading = drafters.interpret(d, d_path)
-    for finding in (*reading.findings, *drafters.pair_findings(reading, target)):
-        r.add(finding)
+    for finding in (*drafters.target_findings(target), *reading.findings, *drafters.pair_findings(reading, target)):
+        if finding.id == "pair.target_vocab" and finding.blocking and drafter_by_llama_cpp:
+            r.info(finding.id, "llama.cpp's own converter (--llama-cpp) converts the drafter: " + finding.message)
+        else:
+            r.add(finding)
     if reading.spec is not None:
         bs = reading.spec.block_size
         r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {bs - 1}; 'dflash-gguf tune' "

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import provenance as prov
-from ...errors import ConfigError, TensorError, UnsupportedModelError
+from ...errors import ConfigError, NotCoveredError, TensorError
 from ...ggufio import GGUFPlan, TensorOut
 from ...ggufio.layout import GGML_QUANT_VERSION
 from ...hf_configs import read_config
@@ -58,7 +58,7 @@ from .writers import spec_writer
 log = logging.getLogger(__name__)
 
 # Family modules of this package. A new family: write ``<name>.py`` (contract above), add its name here.
-_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama")
+_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama", "qwen35")
 
 
 # HF architectures[0] -> family name
@@ -104,7 +104,7 @@ def family_for(model_dir: Path, tokenizer_dir: Path | None = None) -> TextFamily
                           "unknown. Use the config.json published with the model.")
     family_name = SUPPORTED_ARCHITECTURES.get(arch)
     if family_name is None:
-        raise UnsupportedModelError(unsupported_message(model_dir / "config.json", arch))
+        raise NotCoveredError(unsupported_message(model_dir / "config.json", arch))
     mod = importlib.import_module(f"{__name__}.{family_name}")
     cls: type[TextFamily] = mod.FAMILY
     config = read_target_config(model_dir)
