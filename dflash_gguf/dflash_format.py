@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .tensor_names import DECODER_BLOCK, QK_NORM, block_map
@@ -105,20 +106,39 @@ OPTIONAL_BLOCK_TENSORS = ("attn_post_norm", "ffn_post_norm", "layer_output_scale
 OPTIONAL_TENSORS = ("token_embd.weight", "output.weight", "fc.scale", "rope_freqs.weight")
 
 
+@dataclass(frozen=True)
+class DFlash2Shape:
+    """What DFlash2's extra tensor shapes follow from: its conv/selector keys and the vocabulary size."""
+
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    n_vocab: int | None
+
+
 def expected_shapes(*, hidden: int | None, heads: int | None, kv_heads: int | None, head_dim: int | None,
-                    ffn: int | None, n_taps: int | None) -> dict[str, tuple[int | None, ...]]:
+                    ffn: int | None, n_taps: int | None,
+                    dflash2: DFlash2Shape | None = None) -> dict[str, tuple[int | None, ...]]:
     """GGUF tensor name (``blk.N.`` stripped) -> ``ne`` (ggml order); ``None`` where a parameter is unknown.
 
-    llama_model::load_tensors for LLM_ARCH_DFLASH (src/llama-model.cpp); a PyTorch shape is the reverse.
+    llama_model::load_tensors for LLM_ARCH_DFLASH (src/models/dflash.cpp); a PyTorch shape is the reverse.
     """
     h = hidden
     q = heads * head_dim if heads and head_dim else None
     kv = kv_heads * head_dim if kv_heads and head_dim else None
-    return {"fc.weight": (n_taps * h if h and n_taps else None, h), "enc.output_norm.weight": (h,),
-            "output_norm.weight": (h,), "attn_norm.weight": (h,), "ffn_norm.weight": (h,),
-            "attn_q.weight": (h, q), "attn_k.weight": (h, kv), "attn_v.weight": (h, kv),
-            "attn_output.weight": (q, h), "attn_q_norm.weight": (head_dim,), "attn_k_norm.weight": (head_dim,),
-            "ffn_gate.weight": (h, ffn), "ffn_up.weight": (h, ffn), "ffn_down.weight": (ffn, h)}
+    out: dict[str, tuple[int | None, ...]] = {
+        "fc.weight": (n_taps * h if h and n_taps else None, h), "enc.output_norm.weight": (h,),
+        "output_norm.weight": (h,), "attn_norm.weight": (h,), "ffn_norm.weight": (h,),
+        "attn_q.weight": (h, q), "attn_k.weight": (h, kv), "attn_v.weight": (h, kv),
+        "attn_output.weight": (q, h), "attn_q_norm.weight": (head_dim,), "attn_k_norm.weight": (head_dim,),
+        "ffn_gate.weight": (h, ffn), "ffn_up.weight": (h, ffn), "ffn_down.weight": (ffn, h)}
+    if dflash2 is not None:
+        k, rank, v = dflash2.conv_kernel_size, dflash2.selector_rank, dflash2.n_vocab
+        projected = 2 * k * (h // dflash2.conv_group_size) if h and dflash2.conv_group_size > 0 else None
+        out.update({"attn_conv_base": (h, k, 2), "ffn_conv_base": (h, k, 2), "attn_conv_proj.weight": (h, projected),
+                    "ffn_conv_proj.weight": (h, projected), "selector_predecessor.weight": (rank, v),
+                    "selector_successor.weight": (rank, v), "selector_hidden.weight": (h, rank)})
+    return out
 
 
 def shape_key(name: str) -> str:

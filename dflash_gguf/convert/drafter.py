@@ -11,8 +11,10 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from gguf import LlamaFileType
 
 from .. import drafters
@@ -22,21 +24,23 @@ from ..dflash_format import (
     DFLASH2_TENSOR_MAP,
     EMBEDDING_TENSORS,
     TENSOR_MAP,
+    DFlash2Shape,
     Keys,
     expected_shapes,
     gguf_taps,
     shape_key,
 )
 from ..drafters.dflash import DFlashSpec
-from ..errors import IncompatiblePairError, TensorError, UnsupportedModelError
+from ..errors import ConfigError, IncompatiblePairError, InputError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
 from ..ggufio.layout import GGML_QUANT_VERSION
+from . import torch_zip
 from .configs import TargetConfig, read_target_config
 from .general import add_general
 from .outtype import OUTTYPES, resolve_outtype, tensor_type
 from .result import ConvertResult, finish, target_embedding_fingerprint, target_record
 from .safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
-from .tensor_io import byte_source, tensor_writer
+from .tensor_io import byte_source, f32_to_bf16, patched_writer, tensor_writer
 from .textmodel import add_textmodel_keys, rope_parameters
 from .vocab import add_target_vocab
 
@@ -97,6 +101,76 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) 
     return mapped
 
 
+MASK_EMBEDDING = "mask_embedding.pt"  # the draft's own vector for the mask row of the target's embeddings
+
+
+@dataclass(frozen=True)
+class MaskRow:
+    """Row ``row`` of ``token_embd`` replaced by ``raw`` (bytes in the embedding's own dtype)."""
+
+    row: int
+    raw: bytes
+
+
+def _cast_row(values: torch_zip.Tensor, dtype: str) -> bytes:
+    """``tensor.to(dtype)`` for one row: exact widening, round-to-nearest-even narrowing (as torch)."""
+    if values.dtype == dtype:
+        return values.data.tobytes()
+    if values.dtype not in ("F32", "F16", "BF16", "F64"):
+        raise ValueError(values.dtype)
+    f32 = (values.data.astype(np.uint32) << 16).view(np.float32) if values.dtype == "BF16" else \
+        values.data.astype(np.float32)
+    if dtype == "BF16":
+        return f32_to_bf16(f32).tobytes()
+    return f32.astype(np.float16 if dtype == "F16" else np.float32).tobytes()
+
+
+def _target_tensor(target_dir: Path, name: str, what: str) -> TensorRef:
+    refs = index_checkpoint(target_dir)
+    if name not in refs:
+        raise TensorError(
+            f"{target_dir}: the target has no tensor {name!r}, which the drafter's {MASK_EMBEDDING} needs ({what}); "
+            "llama.cpp b11434's converter stops the same way ('Target tensor ... was not found'). Point --target at "
+            "the target checkpoint with its weights.")
+    return refs[name]
+
+
+def _mask_embedding(drafter_dir: Path, cfg: DFlashSpec, target_dir: Path, target: TargetConfig,
+                    mapped: list[tuple[str, TensorRef]]) -> tuple[list[tuple[str, TensorRef]], MaskRow]:
+    """b11434 DFlashModel.generate_extra_tensors: the target's output head (unless the drafter has one) and its
+    token embeddings (or the drafter's own) with the mask row replaced, written before every other tensor."""
+    path = drafter_dir / MASK_EMBEDDING
+    mask = torch_zip.load(path)
+    if not (isinstance(mask, dict) and isinstance(mask.get("embedding"), torch_zip.Tensor)
+            and isinstance(mask.get("mask_token_id"), int)):
+        raise InputError(f"{path}: expected a dict with 'mask_token_id' (int) and 'embedding' (a tensor). "
+                         "Re-download it from the drafter's repo.")
+    mask_id, h, vocab = cfg.dflash.get("mask_token_id"), cfg.hidden_size, int(cfg.hp["vocab_size"])
+    if mask_id is None or mask["mask_token_id"] != mask_id:
+        raise ConfigError(f"{path}: mask_token_id {mask['mask_token_id']} does not match dflash_config.mask_token_id "
+                          f"{mask_id} in {cfg.path}; llama.cpp b11434's converter refuses the pair of files too. "
+                          "Use the config.json and mask_embedding.pt published together.")
+    if mask["embedding"].data.shape != (h,):
+        raise TensorError(f"{path}: the embedding has shape {list(mask['embedding'].data.shape)}, not [{h}] "
+                          f"(hidden_size). Re-download it.")
+    if not 0 <= mask_id < vocab:
+        raise ConfigError(f"{path}: mask_token_id {mask_id} is outside the drafter's vocab_size {vocab}.")
+    own = dict(mapped)
+    extra: list[tuple[str, TensorRef]] = []
+    if "output.weight" not in own:
+        merged = {**target.raw, **(target.raw.get("text_config") or {})}
+        head = "model.embed_tokens.weight" if merged.get("tie_word_embeddings", False) else "lm_head.weight"
+        extra.append(("output.weight", _target_tensor(target_dir, head, "the output head")))
+    embd = own.get("token_embd.weight") or _target_tensor(target_dir, "model.embed_tokens.weight",
+                                                         "the token embeddings")
+    if embd.shape != (vocab, h):
+        raise IncompatiblePairError(f"{embd.path}: token embeddings {list(embd.shape)} do not match the drafter's "
+                                    f"[{vocab}, {h}] (vocab_size, hidden_size). Pick the drafter made for this target.")
+    extra.append(("token_embd.weight", embd))
+    rest = [(n, r) for n, r in mapped if n != "token_embd.weight"]
+    return [*extra, *rest], MaskRow(mask_id, _cast_row(mask["embedding"], embd.dtype))
+
+
 def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
     hp = cfg.hp
     h, f = cfg.hidden_size, int(hp["intermediate_size"])
@@ -109,14 +183,10 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
             f"[{h}, {k * h}]. llama.cpp would refuse it ('fc.weight has wrong shape'). target_layer_ids in "
             f"{cfg.path.name} do not belong to these weights: use the matching config.json."
         )
-    expect = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=f, n_taps=k)
-    if (v2 := cfg.dflash2) is not None:
-        kernel, rank, n_vocab = v2.conv_kernel_size, v2.selector_rank, int(hp["vocab_size"])
-        projected = 2 * kernel * (h // v2.conv_group_size)
-        expect.update({"attn_conv_base": (h, kernel, 2), "ffn_conv_base": (h, kernel, 2),
-                       "attn_conv_proj.weight": (h, projected), "ffn_conv_proj.weight": (h, projected),
-                       "selector_predecessor.weight": (rank, n_vocab), "selector_successor.weight": (rank, n_vocab),
-                       "selector_hidden.weight": (h, rank)})
+    v2 = cfg.dflash2
+    expect = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=f, n_taps=k, dflash2=None if v2 is None
+                             else DFlash2Shape(v2.conv_kernel_size, v2.conv_group_size, v2.selector_rank,
+                                               int(hp["vocab_size"])))
     for name, ref in mapped:
         ne = expect.get(shape_key(name)) if name != "fc.weight" else None
         want = tuple(reversed(ne)) if ne is not None else None
@@ -204,6 +274,9 @@ def convert_drafter(
     notes = [*reading.notes, *(f.message for f in target_rules if f.note)]
     mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes)
     _check_shapes(mapped, cfg)
+    patch: MaskRow | None = None
+    if (drafter_dir / MASK_EMBEDDING).is_file():
+        mapped, patch = _mask_embedding(drafter_dir, cfg, target_dir, target, mapped)
     outtype = resolve_outtype(outtype, (ref for _, ref in mapped))
     ftype, qtype = OUTTYPES[outtype]
 
@@ -211,6 +284,10 @@ def convert_drafter(
     add_general(plan, (provenance or {}).get(prov.DRAFTER_REPO) or drafter_dir.name, drafter_dir)
     for name, ref in mapped:
         tq = tensor_type(name, ref.shape, qtype)
+        if patch is not None and name == "token_embd.weight":
+            plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, patched_writer(ref, tq, patch.row,
+                                                                                          patch.raw)))
+            continue
         plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq),
                                   byte_source(ref, tq)))
     _add_hparams(plan, cfg, target, ftype)

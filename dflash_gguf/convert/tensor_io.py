@@ -100,3 +100,27 @@ def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[Bina
                 out.write(encode(to_f32(raw, src.dtype), qtype, row).tobytes())
 
     return write
+
+
+def _rows(src: TensorRef, start: int, stop: int) -> TensorRef:
+    row_bytes = src.nbytes // src.shape[0]
+    return TensorRef(src.name, src.dtype, (stop - start, *src.shape[1:]), src.path, src.offset + start * row_bytes,
+                     (stop - start) * row_bytes)
+
+
+def patched_writer(src: TensorRef, qtype: GGMLQuantizationType, row: int,
+                   row_raw: bytes) -> Callable[[BinaryIO], None]:
+    """A callback writing ``src`` as ``qtype`` with row ``row`` replaced by ``row_raw`` (in ``src``'s dtype):
+    the rows before and after are streamed as :func:`tensor_writer` streams them."""
+    before, after = _rows(src, 0, row), _rows(src, row + 1, src.shape[0])
+    row_len = src.shape[-1] if len(src.shape) > 1 else 1
+
+    def write(out: BinaryIO) -> None:
+        if before.shape[0]:
+            tensor_writer(before, qtype)(out)
+        out.write(row_raw if _NATIVE.get(src.dtype) == qtype else
+                  encode(to_f32(row_raw, src.dtype), qtype, row_len).tobytes())
+        if after.shape[0]:
+            tensor_writer(after, qtype)(out)
+
+    return write

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
-from ..hub import TOKENIZER_PATTERNS, WEIGHT_PATTERNS
+from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
 from ..sidecar import sidecar_name
@@ -148,7 +148,7 @@ def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: sta
     target_patterns = TOKENIZER_PATTERNS + (() if method.kind == "gguf" else WEIGHT_PATTERNS)
     downloads: list[Download] = []
     weights = {}
-    for side, src, patterns in (("target", target, target_patterns), ("drafter", drafter, WEIGHT_PATTERNS)):
+    for side, src, patterns in (("target", target, target_patterns), ("drafter", drafter, DRAFTER_PATTERNS)):
         files = list_source_files(src, patterns)
         weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
         if src.repo is not None:
@@ -235,11 +235,12 @@ class _Run:
 
         # The drafter first, checked against the target's config and tokenizer: a drafter that cannot be converted
         # stops the run before the target's weights are fetched, converted or quantized.
-        target = fetch_source(target, TOKENIZER_PATTERNS)
-        drafter = fetch_source(drafter, WEIGHT_PATTERNS)
+        drafter = fetch_source(drafter, DRAFTER_PATTERNS)
+        reads_target = stages.drafter_reads_target_weights(drafter)  # then the check needs the target's weights
+        target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
         if m.data["options"]["drafter_method"] == "builtin":
             stages.check_drafter(drafter, target)
-        if not gguf_path:
+        if not gguf_path and not reads_target:
             target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
         m.data["sources"]["target"] = target.to_dict()
         m.data["sources"]["drafter"] = drafter.to_dict()

@@ -247,6 +247,14 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
                    quant=quant, on_progress=on_progress)
 
 
+def drafter_reads_target_weights(drafter: Source) -> bool:
+    """A drafter shipping ``mask_embedding.pt`` takes the target's token embeddings and output head into its GGUF
+    (b11434 DFlashModel.generate_extra_tensors), so its conversion needs the target's weights."""
+    from ..convert.drafter import MASK_EMBEDDING
+
+    return (drafter.path / MASK_EMBEDDING).is_file()
+
+
 def check_drafter(drafter: Source, target: Source) -> None:
     """The built-in drafter conversion planned against the target's config and tokenizer (no target weights
     needed, nothing written), so a drafter that cannot be converted stops the run before any target work.

@@ -11,8 +11,10 @@ from gguf import Keys as GKeys
 from ..dflash_format import (
     ARCH,
     BLOCK_TENSORS,
+    DFLASH2_TENSOR_MAP,
     OPTIONAL_BLOCK_TENSORS,
     OPTIONAL_TENSORS,
+    DFlash2Shape,
     Keys,
     expected_shapes,
     shape_key,
@@ -22,6 +24,9 @@ from ..ggufio.reader import GGUFMeta
 from .report import Report
 
 RECONVERT = "Reconvert the drafter from its Hugging Face checkpoint with dflash-convert (llama.cpp b11434 layout)."
+# DFlash2's keys (src/models/dflash.cpp reads them when the file has selector_hidden.weight)
+DFLASH2_KEYS = (Keys.CONV_KERNEL_SIZE, Keys.CONV_GROUP_SIZE, Keys.SELECTOR_RANK, Keys.SELECTOR_TOP_K)
+DFLASH2_MARKER = "selector_hidden.weight"
 
 # key -> accepted (type, array element type or None); required keys first. llama-model-loader.cpp get_key.
 REQUIRED_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
@@ -47,6 +52,7 @@ OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
     Keys.ROPE_FREQ_BASE: ((VT.FLOAT32, None),),
     Keys.ROPE_DIMENSION_COUNT: ((VT.UINT32, None),),
     Keys.MASK_TOKEN_ID: ((VT.UINT32, None),),
+    **{k: ((VT.UINT32, None),) for k in DFLASH2_KEYS},
 }
 
 
@@ -129,8 +135,42 @@ def check_format(d: GGUFMeta) -> Report:
     else:
         r.ok("format.sliding_window", f"sliding window {window or 'off'}")
 
+    if DFLASH2_MARKER in d.tensors:
+        _check_dflash2(d, r)
     _check_tensors(d, r, n_layer)
     return r
+
+
+def _check_dflash2(d: GGUFMeta, r: Report) -> None:
+    """format.dflash2: the conv/selector keys the loader needs once the file has a candidate selector."""
+    values = {k: u32(d, k) for k in (*DFLASH2_KEYS, Keys.BLOCK_SIZE)}
+    h = u32(d, Keys.EMBEDDING_LENGTH) or 0
+    group, top_k = values[Keys.CONV_GROUP_SIZE] or 0, values[Keys.SELECTOR_TOP_K] or 0
+    if any(v is None or v <= 0 for v in values.values()):
+        bad = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in values.items())
+        r.fail("format.dflash2", "error", f"a DFlash2 file (it has {DFLASH2_MARKER}) needs positive conv/selector "
+               f"keys and block size ({bad}): b11434 stops with 'DFlash2 model is missing conv/selector metadata'. "
+               "Files written before b11434's converter wrote these keys are such files.", RECONVERT)
+    elif h % group:
+        r.fail("format.dflash2", "error", f"hidden size {h} is not divisible by conv_group_size {group}: b11434 "
+               "stops with 'DFlash2 hidden size must be divisible by conv_group_size'.", RECONVERT)
+    elif h < top_k * (top_k + 1):
+        r.fail("format.dflash2", "error", f"hidden size {h} < selector_top_k x (selector_top_k + 1) = "
+               f"{top_k * (top_k + 1)}: b11434 stops with 'DFlash2 hidden size is too small for the selector "
+               "lattice'.", RECONVERT)
+    else:
+        r.ok("format.dflash2", f"DFlash2: conv kernel {values[Keys.CONV_KERNEL_SIZE]}, group {group}, selector rank "
+             f"{values[Keys.SELECTOR_RANK]}, top-k {top_k} (served as --spec-type draft-dflash)")
+
+
+def _dflash2_shape(d: GGUFMeta) -> DFlash2Shape | None:
+    if DFLASH2_MARKER not in d.tensors:
+        return None
+    kernel, group, rank = (u32(d, k) for k in DFLASH2_KEYS[:3])
+    if not (kernel and group and rank):
+        return None  # format.dflash2 reports it
+    tokens = d.get("tokenizer.ggml.tokens")
+    return DFlash2Shape(kernel, group, rank, len(tokens) if tokens is not None else None)
 
 
 def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
@@ -152,18 +192,23 @@ def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
     for i in range(n_layer):
         required |= {f"blk.{i}.{t}.weight" for t in BLOCK_TENSORS if t != "attn_v"}
         optional |= {f"blk.{i}.attn_v.weight"} | {f"blk.{i}.{t}.weight" for t in OPTIONAL_BLOCK_TENSORS}
+    kind, n_expected = "DFlash1", 11 * n_layer + 3
+    if DFLASH2_MARKER in names:
+        extra2 = {v.format(i=i) for v in DFLASH2_TENSOR_MAP.values()
+                  for i in (range(n_layer) if "{i}" in v else [None])}
+        required |= extra2
+        kind, n_expected = "DFlash2", n_expected + len(extra2)
     missing = sorted(required - names)
     extra = sorted(names - required - optional - set(biases))
     if missing or extra:
         parts = ([f"missing {', '.join(missing[:5])}" + ("..." if len(missing) > 5 else "")] if missing else []) + \
             ([f"unknown to the b11434 loader: {', '.join(extra[:5])}" + ("..." if len(extra) > 5 else "")]
              if extra else [])
-        r.fail("format.tensors", "error", f"{len(names)} tensors for {n_layer} layers (DFlash1 has "
-               f"{11 * n_layer + 3}): {'; '.join(parts)}. b11434 stops with 'missing tensor' or "
+        r.fail("format.tensors", "error", f"{len(names)} tensors for {n_layer} layers ({kind} has "
+               f"{n_expected}): {'; '.join(parts)}. b11434 stops with 'missing tensor' or "
                "'wrong number of tensors'.", RECONVERT)
     else:
-        r.ok("format.tensors", f"{len(names)} tensors, the DFlash1 set for {n_layer} layers (11*L+3 = "
-             f"{11 * n_layer + 3})")
+        r.ok("format.tensors", f"{len(names)} tensors, the {kind} set for {n_layer} layers ({n_expected})")
     _check_shapes(d, r, n_layer)
 
 
@@ -174,7 +219,8 @@ def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
     hd = u32(d, Keys.KEY_LENGTH) or (h // nh if h and nh else None)
     ff = u32(d, Keys.FEED_FORWARD_LENGTH)
     k = len(taps(d) or [])
-    per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k)
+    per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k,
+                               dflash2=_dflash2_shape(d))
     want = {name: per_name[shape_key(name)] for name in d.tensors if shape_key(name) in per_name}
     bad = []
     for name, shape in want.items():
