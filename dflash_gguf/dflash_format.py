@@ -54,6 +54,10 @@ class Keys:
     CONV_GROUP_SIZE = f"{ARCH}.conv_group_size"
     SELECTOR_RANK = f"{ARCH}.selector_rank"
     SELECTOR_TOP_K = f"{ARCH}.selector_top_k"
+    SAMPLE_FROM_ANCHOR = f"{ARCH}.sample_from_anchor"  # DSpark (Keys.LLM.SAMPLE_FROM_ANCHOR, bool)
+    HAS_CONFIDENCE_HEAD = f"{ARCH}.has_confidence_head"  # DSpark (Keys.LLM.HAS_CONFIDENCE_HEAD, bool)
+    ATTENTION_SCALE = f"{ARCH}.attention.scale"
+    HIDDEN_ACT = f"{ARCH}.hidden_act"
     TARGET_LAYERS = f"{ARCH}.target_layers"  # Keys.LLM.TARGET_LAYERS; HF ids + 1
     EMBEDDING_SCALE = f"{ARCH}.embedding_scale"  # Keys.LLM.EMBEDDING_SCALE
     LOGIT_SCALE = f"{ARCH}.logit_scale"
@@ -95,6 +99,18 @@ DFLASH2_TENSOR_MAP: dict[str, str] = {
     "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
 }
 
+# DSpark's heads (b11434 tensor_mapping.py: markov_head.markov_w1/markov_w2, confidence_head.proj). ``d2t`` is
+# written apart (I64, absolute target ids) and ``t2d`` is dropped (DSparkModel.filter_tensors / prepare_tensors).
+DSPARK_TENSOR_MAP: dict[str, str] = {
+    "markov_head.markov_w1.weight": "markov_w1.weight",
+    "markov_head.markov_w2.weight": "markov_w2.weight",
+    "confidence_head.proj.weight": "conf_proj.weight",
+    "confidence_head.proj.bias": "conf_proj.bias",
+}
+DSPARK_REQUIRED = ("markov_w1.weight", "markov_w2.weight")
+DSPARK_OPTIONAL = ("markov_w2.scale", "conf_proj.weight", "conf_proj.bias", "d2t")
+DSPARK_MARKER = "markov_w1.weight"  # common_speculative_types_from_gguf: this tensor means draft-dspark
+
 # Tensors b11434 maps but its DFlash loader (src/models/dflash.cpp) would reject or misuse.
 EMBEDDING_TENSORS = {"embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight"}
 
@@ -116,9 +132,18 @@ class DFlash2Shape:
     n_vocab: int | None
 
 
+@dataclass(frozen=True)
+class DSparkShape:
+    """What DSpark's head shapes follow from: the Markov rank and the target / draft vocabulary sizes."""
+
+    markov_rank: int | None
+    n_vocab: int | None
+    n_vocab_draft: int | None
+
+
 def expected_shapes(*, hidden: int | None, heads: int | None, kv_heads: int | None, head_dim: int | None,
-                    ffn: int | None, n_taps: int | None,
-                    dflash2: DFlash2Shape | None = None) -> dict[str, tuple[int | None, ...]]:
+                    ffn: int | None, n_taps: int | None, dflash2: DFlash2Shape | None = None,
+                    dspark: DSparkShape | None = None) -> dict[str, tuple[int | None, ...]]:
     """GGUF tensor name (``blk.N.`` stripped) -> ``ne`` (ggml order); ``None`` where a parameter is unknown.
 
     llama_model::load_tensors for LLM_ARCH_DFLASH (src/models/dflash.cpp); a PyTorch shape is the reverse.
@@ -138,6 +163,11 @@ def expected_shapes(*, hidden: int | None, heads: int | None, kv_heads: int | No
         out.update({"attn_conv_base": (h, k, 2), "ffn_conv_base": (h, k, 2), "attn_conv_proj.weight": (h, projected),
                     "ffn_conv_proj.weight": (h, projected), "selector_predecessor.weight": (rank, v),
                     "selector_successor.weight": (rank, v), "selector_hidden.weight": (h, rank)})
+    if dspark is not None:  # load_arch_tensors, "DSpark = DFlash + a semi-autoregressive Markov head"
+        r, v, vd = dspark.markov_rank, dspark.n_vocab, dspark.n_vocab_draft
+        out.update({"markov_w1.weight": (r, v), "markov_w2.weight": (r, vd), "markov_w2.scale": (1,),
+                    "conf_proj.weight": (h + r if h and r else None, 1), "conf_proj.bias": (1,), "d2t": (vd,),
+                    "output.weight": (h, vd)})
     return out
 
 

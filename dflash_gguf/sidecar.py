@@ -5,11 +5,19 @@ folder: ``llama-server --models-dir DIR`` serves each ``DIR/<name>/`` as model `
 attached (common/preset.cpp ``draft_prefixes``, ``load_from_models_dir``), and ``llama-server -hf user/repo``
 fetches a repo's ``dflash-`` file with the model (common/download.cpp ``find_best_dflash``). The spec type
 is inferred from the drafter's metadata (``common_speculative_types_from_gguf``).
+
+A DSpark drafter keeps ``general.architecture`` dflash; its ``markov_w1.weight`` tensor is what makes it one
+(and what llama.cpp infers ``draft-dspark`` from), so its prefix ``dspark-`` comes from the file's tensors or,
+before the file exists, from the drafter family that writes that tensor.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from .dflash_format import DSPARK_MARKER
+from .errors import DflashGgufError
+from .ggufio.reader import GGUFMeta
 
 # general.architecture of a drafter -> its file-name prefix (eagle3- is excluded from targets by
 # gguf_filename_is_model, the other three are preset.cpp's draft_prefixes).
@@ -20,6 +28,22 @@ PRESET_NAME = "models.ini"  # beside the pair; --models-preset reads it (common/
 def is_sidecar(path: Path | str) -> bool:
     name = Path(path).name
     return name.endswith(".gguf") and name.startswith(tuple(PREFIXES.values()))
+
+
+def drafter_kind(meta: GGUFMeta) -> str:
+    """The prefix key of a drafter GGUF: ``dspark`` when it carries the Markov head, else its architecture."""
+    return "dspark" if DSPARK_MARKER in meta.tensors else (meta.arch or "dflash")
+
+
+def drafter_kind_of_checkpoint(drafter_dir: Path) -> str:
+    """The prefix key of the GGUF a Hugging Face drafter checkpoint converts to (its family decides the tensors)."""
+    from . import drafters
+
+    try:
+        family = drafters.interpret_folder(Path(drafter_dir)).family
+    except DflashGgufError:
+        return "dflash"
+    return "dspark" if family == "dspark" else "dflash"
 
 
 def sidecar_name(target_model: str, type_name: str, arch: str = "dflash") -> str:

@@ -476,8 +476,11 @@ def start_llama_server(
     extra_args: Sequence[str] = (),
     n_max: int = 15,
     startup_timeout: float = 180,
+    spec_type: str = "draft-dflash",
 ) -> Iterator[LlamaServer]:
     """Run llama-server on 127.0.0.1 with the DFlash drafter; yield once /health answers or it died.
+
+    ``spec_type``: the --spec-type given with the drafter (``draft-dspark`` for a DSpark drafter).
 
     The yielded LlamaServer has `ready` False when the process exited (or never became healthy)
     during startup: assert on `server.output` then, it holds llama.cpp's abort message. The process
@@ -486,7 +489,7 @@ def start_llama_server(
     port = port or free_port()
     cmd = [str(llama_bin("llama-server")), "-m", str(target)]
     if draft is not None:
-        cmd += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
+        cmd += ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
     cmd += ["-c", "256", "-t", "2", "--host", "127.0.0.1", "--port", str(port), *extra_args]
     with tempfile.TemporaryDirectory(prefix="dflash-llama-server-") as tmp:
         server = LlamaServer(url=f"http://127.0.0.1:{port}", cmd=cmd, log_path=Path(tmp) / "server.log")

@@ -15,16 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from .. import drafters
 from .. import provenance as prov
 from ..dflash_format import (
     ARCH,
     DFLASH2_TENSOR_MAP,
+    DSPARK_REQUIRED,
+    DSPARK_TENSOR_MAP,
     EMBEDDING_TENSORS,
     TENSOR_MAP,
     DFlash2Shape,
+    DSparkShape,
     Keys,
     expected_shapes,
     gguf_taps,
@@ -47,18 +50,36 @@ from .vocab import add_target_vocab
 log = logging.getLogger(__name__)
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_INT_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1"}
 
 
-def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) -> list[tuple[str, TensorRef]]:
-    """HF names -> GGUF names in b11434's order; refuse what its DFlash loader cannot take."""
+def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str],
+                 dspark_extra: dict[str, TensorRef] | None = None) -> list[tuple[str, TensorRef]]:
+    """HF names -> GGUF names in b11434's order; refuse what its DFlash loader cannot take.
+
+    For a DSpark drafter ``dspark_extra`` receives ``d2t`` and a full-vocabulary ``lm_head`` (the converter
+    decides about them once every tensor is known)."""
     src = cfg.path.parent
-    table = {**TENSOR_MAP, **(DFLASH2_TENSOR_MAP if cfg.dflash2 else {})}
+    table = {**TENSOR_MAP, **(DFLASH2_TENSOR_MAP if cfg.dflash2 else {}), **(DSPARK_TENSOR_MAP if cfg.dspark else {})}
     mapped: list[tuple[str, TensorRef]] = []
     unknown: list[str] = []
     for hf_name, ref in refs.items():
         name = hf_name.removeprefix("model.")
         if name.endswith(IGNORED_SUFFIXES):
             continue
+        if cfg.dspark is not None and dspark_extra is not None:
+            if name == "t2d":  # DSparkModel.filter_tensors: not used at runtime
+                continue
+            if name == "d2t":
+                dspark_extra["d2t"] = ref
+                continue
+            if name == "lm_head.weight" and not cfg.dspark.reduced_vocab:
+                dspark_extra["lm_head"] = ref  # kept or dropped by _dspark_heads
+                mapped.append(("output.weight", ref))
+                continue
+            if name in table:
+                mapped.append((table[name], ref))
+                continue
         if name.endswith(".bias"):
             raise UnsupportedModelError(
                 f"{src}: tensor {hf_name!r} is an attention/projection bias. llama.cpp b11434's DFlash loader has "
@@ -83,7 +104,7 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) 
             continue
         mapped.append((gguf_name.format(i=bid), ref))
     if unknown:
-        kind = "DFlash2" if cfg.dflash2 else "DFlash1"
+        kind = _kind(cfg)
         raise TensorError(
             f"{src}: unsupported drafter tensor(s) {unknown[:6]}{' ...' if len(unknown) > 6 else ''}. llama.cpp "
             f"b11434's DFlash loader creates only the {kind} tensor set for this config, so a file carrying them "
@@ -91,14 +112,93 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str]) 
         )
     have = {n for n, _ in mapped}
     required = {v.format(i=i): k.format(i=i) for k, v in table.items()
-                for i in (range(cfg.n_layer) if "{i}" in k else [None])}
+                for i in (range(cfg.n_layer) if "{i}" in k else [None])
+                if k not in DSPARK_TENSOR_MAP or v in DSPARK_REQUIRED}
     if missing := sorted(f"{required[n]} ({n})" for n in set(required) - have):
         raise TensorError(
             f"{src}: tensor(s) missing from the checkpoint: {missing[:6]}{' ...' if len(missing) > 6 else ''} "
-            f"(a {'DFlash2' if cfg.dflash2 else 'DFlash1'} drafter with {cfg.n_layer} layers has {len(required)}). "
+            f"(a {_kind(cfg)} drafter with {cfg.n_layer} layers has {len(required)}). "
             "llama.cpp would fail with 'check_tensor_dims: tensor ... not found'. Re-download the complete checkpoint."
         )
     return mapped
+
+
+def _kind(cfg: DFlashSpec) -> str:
+    return "DSpark" if cfg.dspark is not None else "DFlash2" if cfg.dflash2 else "DFlash1"
+
+
+def _same_bytes(a: TensorRef, b: TensorRef) -> bool:
+    """Whether two checkpoint tensors hold the same values in the same encoding (read in bounded chunks)."""
+    if (a.dtype, a.shape, a.nbytes) != (b.dtype, b.shape, b.nbytes):
+        return False
+    step = 16 * 1024 * 1024
+    with open(a.path, "rb") as fa, open(b.path, "rb") as fb:
+        for start in range(0, a.nbytes, step):
+            n = min(step, a.nbytes - start)
+            fa.seek(a.offset + start)
+            fb.seek(b.offset + start)
+            if fa.read(n) != fb.read(n):
+                return False
+    return True
+
+
+def _d2t_tensor(ref: TensorRef, cfg: DFlashSpec) -> TensorOut:
+    """DSparkModel.prepare_tensors: ``d2t`` offsets turned into absolute target ids (``d2t + arange``), written I64,
+    after every range and uniqueness check a wrong table would fail at draft time."""
+    ds = cfg.dspark
+    src = cfg.path.parent
+    if ref.dtype not in _INT_DTYPES:
+        raise TensorError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; a d2t table holds integer offsets "
+                          "(I64 or I32). Re-download the checkpoint.")
+    with open(ref.path, "rb") as f:
+        f.seek(ref.offset)
+        raw = np.frombuffer(f.read(ref.nbytes), dtype=_INT_DTYPES[ref.dtype])
+    ids = raw.astype(np.int64).reshape(-1) + np.arange(raw.size, dtype=np.int64)
+    if ids.size != ds.draft_vocab_size:
+        raise TensorError(f"{src}: d2t has {ids.size} entries but draft_vocab_size is {ds.draft_vocab_size} in "
+                          f"{cfg.path.name}; llama.cpp b11434's converter stops with 'd2t size ... does not match "
+                          "draft_vocab_size'. The config and weights do not belong together: re-download them.")
+    if bad := np.flatnonzero((ids < 0) | (ids >= ds.vocab_size))[:5].tolist():
+        raise TensorError(f"{src}: d2t maps draft rows {bad} to target ids outside 0..{ds.vocab_size - 1} (d2t + "
+                          "row index); llama.cpp b11434's converter stops with 'd2t target ids out of range', and a "
+                          "drafted id outside the vocabulary would crash the target's sampler. Re-download the "
+                          "checkpoint, or pick the drafter made for this vocabulary.")
+    uniq, counts = np.unique(ids, return_counts=True)
+    if uniq.size != ids.size:
+        dup = uniq[counts > 1][:5].tolist()
+        raise TensorError(f"{src}: d2t maps several draft rows to the same target ids {dup}; llama.cpp b11434's "
+                          "converter stops with 'd2t contains duplicate target ids' (the draft vocabulary must be a "
+                          "set of distinct target tokens). Re-download the checkpoint.")
+    data = ids.astype("<i8").tobytes()
+    return TensorOut("d2t", (int(ids.size),), GGMLQuantizationType.I64, lambda out: out.write(data))
+
+
+def _dspark_heads(cfg: DFlashSpec, mapped: list[tuple[str, TensorRef]], extra: dict[str, TensorRef],
+                  notes: list[str]) -> tuple[list[tuple[str, TensorRef]], TensorOut | None]:
+    """The output head and d2t of a DSpark drafter (b11434 DSparkModel.modify_tensors / prepare_tensors).
+
+    A full-vocabulary draft's ``lm_head`` is dropped by b11434, and the loader then uses the drafter's own
+    ``token_embd`` as the output head (or, without one, the target's). That is right only when the two tables are
+    equal, so a head that differs from the drafter's embeddings is kept as ``output.weight`` (the loader takes it)."""
+    src = cfg.path.parent
+    lm_head = extra.get("lm_head")
+    if lm_head is not None:
+        embd = dict(mapped).get("token_embd.weight")
+        if embd is not None and not _same_bytes(embd, lm_head):
+            notes.append(f"{lm_head.name} kept as output.weight: it differs from the drafter's embed_tokens, and "
+                         "llama.cpp b11434's converter would drop it (DSparkModel.modify_tensors), leaving the loader "
+                         "to use token_embd as the output head, which would change every draft")
+        else:
+            mapped = [(n, r) for n, r in mapped if r is not lm_head]
+            if embd is None:
+                notes.append(f"{lm_head.name} dropped as llama.cpp b11434 does for a full-vocabulary DSpark draft: "
+                             "the drafter uses the target's output head")
+    if (d2t := extra.get("d2t")) is None and cfg.dspark.reduced_vocab:
+        raise TensorError(f"{src}: draft_vocab_size {cfg.dspark.draft_vocab_size} < vocab_size "
+                          f"{cfg.dspark.vocab_size} in {cfg.path.name}, but the checkpoint has no d2t table mapping "
+                          "draft rows to target tokens; llama.cpp b11434's converter stops with 'no d2t table found'. "
+                          "Re-download the complete checkpoint.")
+    return mapped, None if d2t is None else _d2t_tensor(d2t, cfg)
 
 
 MASK_EMBEDDING = "mask_embedding.pt"  # the draft's own vector for the mask row of the target's embeddings
@@ -183,10 +283,13 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
             f"[{h}, {k * h}]. llama.cpp would refuse it ('fc.weight has wrong shape'). target_layer_ids in "
             f"{cfg.path.name} do not belong to these weights: use the matching config.json."
         )
-    v2 = cfg.dflash2
+    v2, ds = cfg.dflash2, cfg.dspark
+    w1 = dict(mapped).get("markov_w1.weight")
     expect = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=f, n_taps=k, dflash2=None if v2 is None
                              else DFlash2Shape(v2.conv_kernel_size, v2.conv_group_size, v2.selector_rank,
-                                               int(hp["vocab_size"])))
+                                               int(hp["vocab_size"])),
+                             dspark=None if ds is None or w1 is None or len(w1.shape) != 2
+                             else DSparkShape(w1.shape[1], ds.vocab_size, ds.draft_vocab_size))
     for name, ref in mapped:
         ne = expect.get(shape_key(name)) if name != "fc.weight" else None
         want = tuple(reversed(ne)) if ne is not None else None
@@ -201,7 +304,8 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
             )
 
 
-def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: LlamaFileType) -> None:
+def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: LlamaFileType,
+                 has_confidence_head: bool = False) -> None:
     """The keys of TextModel.set_gguf_parameters + DFlashModel.set_gguf_parameters, in their order."""
     hp = cfg.hp
     add_textmodel_keys(plan, ARCH, hp, ftype)  # DFlashModel derives from TextModel (via Qwen3Model)
@@ -236,6 +340,9 @@ def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: L
         plan.add_bool(Keys.CAUSAL, cfg.causal)
     if target.uses_mrope:
         plan.add_array(Keys.ROPE_DIMENSION_SECTIONS, [int(hp["head_dim"]) // 2, 0, 0, 0])
+    if cfg.dspark is not None:  # DSparkModel.set_gguf_parameters, after DFlashModel's
+        plan.add_bool(Keys.SAMPLE_FROM_ANCHOR, cfg.dspark.sample_from_anchor)
+        plan.add_bool(Keys.HAS_CONFIDENCE_HEAD, has_confidence_head)
 
 
 def convert_drafter(
@@ -272,7 +379,11 @@ def convert_drafter(
     target_rules = drafters.target_findings(target.facts())
     drafters.first_error((*target_rules, *drafters.pair_findings(reading, target.facts())))
     notes = [*reading.notes, *(f.message for f in target_rules if f.note)]
-    mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes)
+    extra: dict[str, TensorRef] = {}
+    mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes, extra)
+    d2t: TensorOut | None = None
+    if cfg.dspark is not None:
+        mapped, d2t = _dspark_heads(cfg, mapped, extra, notes)
     _check_shapes(mapped, cfg)
     patch: MaskRow | None = None
     if (drafter_dir / MASK_EMBEDDING).is_file():
@@ -290,7 +401,9 @@ def convert_drafter(
             continue
         plan.add_tensor(TensorOut(name, tuple(reversed(ref.shape)), tq, tensor_writer(ref, tq),
                                   byte_source(ref, tq)))
-    _add_hparams(plan, cfg, target, ftype)
+    if d2t is not None:
+        plan.add_tensor(d2t)  # written last, after every checkpoint tensor (DSparkModel.prepare_tensors)
+    _add_hparams(plan, cfg, target, ftype, any(n.startswith("conf_proj.") for n, _ in mapped))
     plan.add_uint32(Keys.QUANTIZATION_VERSION, GGML_QUANT_VERSION)
     vocab = add_target_vocab(plan, tokenizer_dir or target_dir, target, int(cfg.hp["vocab_size"]))
     if cfg.mask_token_id >= vocab.n_tokens:

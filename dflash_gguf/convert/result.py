@@ -20,7 +20,7 @@ from .. import fingerprint as efp
 from .. import provenance as prov
 from ..atomic import atomic_output, check_free_space
 from ..errors import InputError, TensorError
-from ..ggufio import GGUFPlan, TensorOut
+from ..ggufio import GGUFPlan, TensorOut, Written
 from .safetensors import index_checkpoint
 from .tensor_io import to_f32
 from .vocab import VocabInfo
@@ -39,6 +39,7 @@ class ConvertResult:
     seconds: float
     dry_run: bool = False
     provenance: dict[str, str] = field(default_factory=dict)
+    sha256: str | None = None  # of the file written, hashed while writing (None for a dry run)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready description for ``--json``."""
@@ -48,8 +49,8 @@ class ConvertResult:
                 "dry_run": self.dry_run, "provenance": self.provenance}
 
 
-def write_plan(plan: GGUFPlan, outfile: Path, on_progress: Callable[[int, int], None] | None = None) -> int:
-    """Write ``plan`` atomically to ``outfile``; return the file size.
+def write_plan(plan: GGUFPlan, outfile: Path, on_progress: Callable[[int, int], None] | None = None) -> Written:
+    """Write ``plan`` atomically to ``outfile``; return the file size and its sha256 (hashed while writing).
 
     Raises:
         OutputError: the folder is missing, there is not enough free space, or the disk fills up.
@@ -67,9 +68,9 @@ def write_plan(plan: GGUFPlan, outfile: Path, on_progress: Callable[[int, int], 
             on_progress(done, total)
 
     with atomic_output(outfile) as tmp:
-        size = plan.write(tmp, on_tensor=tick, header=header)
-    log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), size)
-    return size
+        written = plan.write_hashed(tmp, on_tensor=tick, header=header)
+    log.info("wrote %s: %d tensors, %d bytes", outfile, len(plan.tensors), written.n_bytes)
+    return written
 
 
 _EMBED_NAMES = ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight",
@@ -128,14 +129,17 @@ def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes:
     if notes:
         plan.add_array(prov.key(prov.NOTES), list(notes))
     outfile = Path(outfile)
+    sha256 = None
     if quant is not None:
         from ..quantize.builtin import quantize_plan
 
-        size = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress).n_bytes
+        outcome = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress)
+        size, sha256 = outcome.n_bytes, outcome.sha256
         outtype = quant
     elif dry_run:
         size = plan.data_bytes
     else:
-        size = write_plan(plan, outfile, on_progress)
+        written = write_plan(plan, outfile, on_progress)
+        size, sha256 = written.n_bytes, written.sha256
     return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, notes, time.perf_counter() - started,
-                         dry_run, recorded)
+                         dry_run, recorded, sha256)

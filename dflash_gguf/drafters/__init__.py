@@ -111,10 +111,9 @@ def _int(value: Any) -> int | None:
 
 
 # Drafter kinds b11434 reads that no family here converts yet (named in the refusal).
-KNOWN_UNSUPPORTED_DRAFTER_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel",
-                                   "LingDSparkModel", "Gemma4DSparkModel", "DeepseekV4DSparkModel")
+KNOWN_UNSUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = ()
 # Family modules of this package; each declares the ARCHITECTURES it reads.
-_FAMILY_MODULES: tuple[str, ...] = ("dflash",)
+_FAMILY_MODULES: tuple[str, ...] = ("dflash", "dspark")
 
 
 FAMILIES = by_architecture(__name__, _FAMILY_MODULES)  # architectures[0] -> family module

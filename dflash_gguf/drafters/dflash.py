@@ -51,6 +51,7 @@ class DFlashSpec:
     swa_pattern: tuple[bool, ...] | None
     causal: bool | None
     dflash2: DFlash2Params | None = None  # the conv/selector parameters of a DFlash2 drafter
+    dspark: Any = None  # a DSpark drafter's Markov-head parameters (drafters.dspark.DSparkParams)
 
     @property
     def n_layer(self) -> int:
@@ -67,15 +68,23 @@ class DFlashSpec:
 
 def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     """Every DFlash config rule; the spec is None when an error finding blocks conversion."""
-    findings: list[Finding] = []
+    if raw.get("model_type", "qwen3") != "qwen3":
+        return Interpretation(FAMILY, None, (failed(
+            "format.arch", f"{path}: model_type is {raw.get('model_type')!r}; every published DFlash drafter "
+            "declares 'qwen3' and llama.cpp b11434 reads it as a Qwen3 config.",
+            "Use the config.json published with the checkpoint.", UnsupportedModelError),))
+    return interpret_backbone(raw, path)
+
+
+def interpret_backbone(raw: dict[str, Any], path: Path, *, hp: dict[str, Any] | None = None, family: str = FAMILY,
+                       findings: list[Finding] | None = None, dspark: Any = None) -> Interpretation:
+    """The rules of b11434's DFlashModel on ``raw`` (``hp``: its transformers-normalised view, by default the
+    Qwen3Config one); DSpark, whose b11434 class derives from DFlashModel, passes its own normalisation."""
+    findings = [] if findings is None else findings
 
     def refuse(id: str, message: str, fix: str, error: type = ConfigError) -> Interpretation:
-        return Interpretation(FAMILY, None, (*findings, failed(id, message, fix, error)))
+        return Interpretation(family, None, (*findings, failed(id, message, fix, error)))
 
-    if raw.get("model_type", "qwen3") != "qwen3":
-        return refuse("format.arch", f"{path}: model_type is {raw.get('model_type')!r}; every published DFlash "
-                      "drafter declares 'qwen3' and llama.cpp b11434 reads it as a Qwen3 config.",
-                      "Use the config.json published with the checkpoint.", UnsupportedModelError)
     dflash = raw.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         return refuse("format.config", f"{path}: field 'dflash_config' must be an object, got "
@@ -84,7 +93,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
         if key not in raw:
             return refuse("format.config", f"{path}: field '{key}' is missing. The drafter's geometry cannot be "
                           "guessed;", "use the config.json published with the checkpoint.")
-    hp = qwen3_hparams(raw)
+    hp = qwen3_hparams(raw) if hp is None else hp
 
     taps = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
     if not taps:
@@ -211,8 +220,8 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     spec = DFlashSpec(path=path, raw=raw, hp=hp, target_layer_ids=tuple(int(t) for t in taps),
                       mask_token_id=int(mask), block_size=block, block_size_explicit=block_explicit,
                       sliding_window=window, swa_pattern=pattern, causal=None if causal is None else bool(causal),
-                      dflash2=dflash2)
-    return Interpretation(FAMILY, spec, tuple(findings))
+                      dflash2=dflash2, dspark=dspark)
+    return Interpretation(family, spec, tuple(findings))
 
 
 def pair_findings(spec: DFlashSpec, target: TargetFacts) -> tuple[Finding, ...]:

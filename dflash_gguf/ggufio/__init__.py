@@ -3,7 +3,7 @@
 
 from .layout import ALIGNMENT, pad, row_bytes, tensor_nbytes
 from .reader import KV, GGUFMeta, TensorInfo, read_gguf, read_rows
-from .writer import GGUFPlan, TensorOut
+from .writer import GGUFPlan, TensorOut, Written
 
 __all__ = ["ALIGNMENT", "KV", "GGUFMeta", "GGUFPlan", "TensorInfo", "TensorOut", "pad", "read_gguf", "read_rows",
-           "row_bytes", "tensor_nbytes"]
+           "row_bytes", "tensor_nbytes", "Written"]

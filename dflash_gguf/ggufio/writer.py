@@ -18,9 +18,19 @@ from typing import Any, BinaryIO
 
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from .hashing import FollowingHasher
 from .layout import pack_header, pack_kv, pack_tensor_info, pad, tensor_nbytes
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :meth:`GGUFPlan.write_hashed` wrote: the size and the sha256 of the file's bytes."""
+
+    n_bytes: int
+    sha256: str
+
 
 @dataclass(frozen=True)
 class KeyValue:
@@ -114,15 +124,33 @@ class GGUFPlan:
 
         ``header`` is :meth:`header_bytes`, when the caller already packed it (e.g. to size the output).
         """
+        return self._write(path, on_tensor, header, None)
+
+    def write_hashed(self, path: Path, on_tensor: Callable[[TensorOut], None] | None = None,
+                     header: bytes | None = None) -> Written:
+        """:meth:`write`, hashing the file as it is written (a thread follows the writer through the page
+        cache), so whoever records the output's sha256 need not read it again."""
+        with open(path, "wb", buffering=0) as f, FollowingHasher(path) as hasher:
+            size = self._write_to(f, on_tensor, header, hasher)
+            return Written(size, hasher.finish(size))
+
+    def _write(self, path: Path, on_tensor: Callable[[TensorOut], None] | None, header: bytes | None,
+               hasher: FollowingHasher | None) -> int:
         with open(path, "wb", buffering=0) as f:
-            f.write(header if header is not None else self.header_bytes())
-            for t in self.tensors:
-                start = f.tell()
-                t.write(f)
-                written = f.tell() - start
-                if written != t.nbytes:
-                    raise RuntimeError(f"tensor {t.name} wrote {written} bytes, expected {t.nbytes}")
-                f.write(bytes(pad(written) - written))
-                if on_tensor is not None:
-                    on_tensor(t)
-            return f.tell()
+            return self._write_to(f, on_tensor, header, hasher)
+
+    def _write_to(self, f: BinaryIO, on_tensor: Callable[[TensorOut], None] | None, header: bytes | None,
+                  hasher: FollowingHasher | None) -> int:
+        f.write(header if header is not None else self.header_bytes())
+        for t in self.tensors:
+            start = f.tell()
+            t.write(f)
+            written = f.tell() - start
+            if written != t.nbytes:
+                raise RuntimeError(f"tensor {t.name} wrote {written} bytes, expected {t.nbytes}")
+            f.write(bytes(pad(written) - written))
+            if hasher is not None:
+                hasher.advance(f.tell())
+            if on_tensor is not None:
+                on_tensor(t)
+        return f.tell()

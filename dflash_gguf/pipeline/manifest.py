@@ -35,9 +35,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_record(path: Path) -> dict[str, Any]:
-    """Name (relative to the manifest), size and sha256 of an output."""
-    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)}
+def file_record(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """Name (relative to the manifest), size and sha256 of an output; ``sha256`` when the writer hashed it while
+    writing (the built-in converter and quantizer do), else the file is read to hash it."""
+    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
 
 
 class Manifest:
@@ -90,9 +91,11 @@ class Manifest:
         log.info("%s: up to date, skipped", stage)
         return True
 
-    def record(self, stage: str, key: dict[str, Any], outputs: list[Path], **extra: Any) -> list[dict[str, Any]]:
-        """Note that ``stage`` made ``outputs`` from ``key``, and save the manifest."""
-        files = [file_record(p) for p in outputs]
+    def record(self, stage: str, key: dict[str, Any], outputs: list[Path], *,
+               hashes: dict[Path, str | None] | None = None, **extra: Any) -> list[dict[str, Any]]:
+        """Note that ``stage`` made ``outputs`` from ``key``, and save the manifest. ``hashes``: the sha256 of
+        outputs whose writer hashed them while writing; the others are read to hash them."""
+        files = [file_record(p, (hashes or {}).get(p)) for p in outputs]
         self.data["stages"][stage] = {"key": json.loads(json.dumps(key, default=str)), "outputs": files, **extra}
         self.save()
         return files

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import LLAMA_CPP_BUILD, __version__
+from .. import LLAMA_CPP_BUILD, __version__, jsonfile
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
-from ..sidecar import sidecar_name
+from ..sidecar import drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
 from ..verify import Report
 from . import stages
@@ -160,9 +160,10 @@ def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: sta
         if not local.is_file():
             downloads.append(Download(method.detail, method.detail.partition(":")[2], None, 0))
     src_t, src_d = _config_type(target.path / "config.json"), _config_type(drafter.path / "config.json")
+    sidecar_d = sidecar_name(name_t, opts.draft_quant, drafter_kind_of_checkpoint(drafter.path))  # dflash-/dspark-
     sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
                        opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant), link),
-             SideFiles(gguf_name(name_d, src_d), sidecar_name(name_t, opts.draft_quant), weights["drafter"], src_d,
+             SideFiles(gguf_name(name_d, src_d), sidecar_d, weights["drafter"], src_d,
                        opts.draft_quant, not drafter_by_llama_cpp and _one_pass(opts, opts.draft_quant))]
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     return make_plan(outdir, downloads, outputs, peak)
@@ -240,6 +241,7 @@ class _Run:
         target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
         if m.data["options"]["drafter_method"] == "builtin":
             stages.check_drafter(drafter, target)
+            jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
         if not gguf_path and not reads_target:
             target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
         m.data["sources"]["target"] = target.to_dict()
@@ -247,12 +249,15 @@ class _Run:
         m.save()
 
         tok = self.tokenizer(target)
+        jsonfile.forget()
         m.data["tokenizer"] = tok.to_dict() | {"overlay": os.path.relpath(tok.overlay, self.outdir)
                                                if tok.overlay else None}
         m.save()
 
         final_t, made_t = self.target(target, tok, gguf_path)
+        jsonfile.forget()
         final_d, made_d = self.drafter(drafter, target, tok, final_t.name)
+        jsonfile.forget()
 
         report = stages.verify_pair(final_d, final_t, allow_derived_target=opts.allow_derived_target)
         m.data["outputs"] = {"target": {**self._record_of(final_t), **made_t},
@@ -316,13 +321,14 @@ class _Run:
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
         sources = Sources(None, target.repo_spec, None, tok.provenance())
 
-        def convert_builtin(out: Path, quant: str | None = None) -> None:
+        def convert_builtin(out: Path, quant: str | None = None) -> str | None:
             with _bar(self.progress, "convert target") as bar:
-                stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
+                return stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
 
-        def convert_with_llama_cpp(out: Path) -> None:
+        def convert_with_llama_cpp(out: Path) -> str | None:
             assert self.opts.llama_cpp is not None
             stages.convert_target_llama_cpp(self.opts.llama_cpp, tok, target.path, out, src, self.work)
+            return None  # an external tool's output: hashed by reading it
 
         builtin = self.method.kind == "builtin"
         convert = convert_builtin if builtin else convert_with_llama_cpp
@@ -342,16 +348,16 @@ class _Run:
         if by_llama_cpp:
             key["method"] = "llama-cpp"
 
-        def convert(out: Path, quant: str | None = None) -> None:
+        def convert(out: Path, quant: str | None = None) -> str | None:
             if by_llama_cpp:
                 assert self.opts.llama_cpp is not None
                 stages.convert_drafter_llama_cpp(self.opts.llama_cpp, drafter, tok, target, out, src, self.work)
-                return
+                return None  # an external tool's output: hashed by reading it
             with _bar(self.progress, "convert drafter") as bar:
-                stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
+                return stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
 
         quant = self.opts.draft_quant
-        final = self.outdir / sidecar_name(target_name, quant)  # llama.cpp's sidecar layout
+        final = self.outdir / sidecar_name(target_name, quant, drafter_kind_of_checkpoint(drafter.path))
         inter = self.outdir / gguf_name(name, src)
         one_pass = convert if _one_pass(self.opts, quant) and not by_llama_cpp else None
         return final, self._side("drafter", key, convert, inter, final, quant, src, one_pass)
@@ -371,40 +377,42 @@ class _Run:
                 path.unlink()
                 log.info("removed %s, made by an earlier run and superseded by this one", name)
 
-    def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
+    def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
               final: Path, quant: str, src: str,
-              one_pass: Callable[[Path, str], None] | None = None) -> dict[str, Any]:
-        """Convert (unless pair.json vouches for the file), then quantize; returns how the final was made."""
+              one_pass: Callable[[Path, str], str | None] | None = None) -> dict[str, Any]:
+        """Convert (unless pair.json vouches for the file), then quantize; returns how the final was made.
+        The converters return the sha256 they computed while writing (None for external tools), so recording
+        an output does not read it again."""
         if one_pass is not None and src != quant:
             key = {**key, "quant": quant, "one_pass": "builtin"}
             if not self.manifest.reusable(f"{side}.convert", key, [final]):
                 log.info("%s: converting and quantizing in one pass to %s", side, final)
-                one_pass(final, quant)
-                self.manifest.record(f"{side}.convert", key, [final])
+                sha = one_pass(final, quant)
+                self.manifest.record(f"{side}.convert", key, [final], hashes={final: sha})
             if inter.exists():
                 inter.unlink()  # left by an earlier two-step run
             return {"type": quant, "made_by": "built-in converter and quantizer in one pass"}
         if src == quant:
             if not self.manifest.reusable(f"{side}.convert", key, [final]):
                 log.info("%s: converting to %s", side, final)
-                convert(final)
-                self.manifest.record(f"{side}.convert", key, [final])
+                sha = convert(final)
+                self.manifest.record(f"{side}.convert", key, [final], hashes={final: sha})
             return {"type": quant, "made_by": f"{key.get('method', 'builtin')} converter, not quantized"}
         return self._quantized_side(side, key, convert, inter, final, quant)
 
-    def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], None], inter: Path,
+    def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
                         final: Path, quant: str, *, keep_input: bool = False) -> dict[str, Any]:
         q_key = {"input": key, "type": quant, "quantizer": stages.quantizer_choice()}
         if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
-                convert(inter)
-                self.manifest.record(f"{side}.convert", key, [inter])
+                sha = convert(inter)
+                self.manifest.record(f"{side}.convert", key, [inter], hashes={inter: sha})
             log.info("%s: quantizing to %s", side, final)
             with _bar(self.progress, f"quantize {side}") as bar:
                 q = stages.quantize_stage(inter, final, quant, self.opts.threads, bar)
-            self.manifest.record(f"{side}.quantize", q_key, [final], quantizer=q.quantizer,
-                                 quantizer_version=q.version)
+            self.manifest.record(f"{side}.quantize", q_key, [final], hashes={final: q.sha256},
+                                 quantizer=q.quantizer, quantizer_version=q.version)
         if not keep_input and not self.opts.keep_intermediate and inter.exists():
             inter.unlink()
             log.info("%s: removed the intermediate %s", side, inter.name)

@@ -12,13 +12,14 @@ from typing import Any
 
 from ..atomic import atomic_output
 from ..sidecar import PRESET_NAME
-from ..tune import DEFAULT_N_MAX, TuneReport, inspect_drafter
+from ..tune import DEFAULT_N_MAX, TuneReport, inspect_drafter, required_p_min
 from .manifest import Manifest, read_manifest
 
 
 def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> dict[str, Any]:
     """The ``serve`` section of pair.json: the command, n-max and p-min, and where they came from."""
-    limit = inspect_drafter(drafter).max_n_max
+    info = inspect_drafter(drafter)
+    limit, spec_type = info.max_n_max, info.spec_type or "draft-dflash"  # draft-dspark for a Markov-head drafter
     if report is None or report.best is None:
         n_max, p_min, with_drafter, measured = min(DEFAULT_N_MAX, limit), None, True, False
         note = (f"not measured on this machine: n-max {n_max}, the small draft length users' measurements favour "
@@ -32,16 +33,20 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) ->
         speed = report.speedup(best)
         note = (f"measured by tune: {best.config.label} was fastest ({speed:.2f}x the target alone)" if with_drafter
                 else f"measured by tune: the target alone was fastest; the drafter's best was n-max {n_max}")
+    if p_min is None:
+        p_min = required_p_min(info)  # a DSpark drafter without a confidence head needs p-min 0
     drafted = ["llama-server", "-m", str(target.absolute()), "--model-draft", str(drafter.absolute()),
-               "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
+               "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
     if p_min is not None:
         drafted += ["--spec-draft-p-min", f"{p_min:g}"]
     cmd = drafted if with_drafter else ["llama-server", "-m", str(target.absolute())]
     folder = target.absolute().parent
     models_dir = ["llama-server", "--models-dir", str(folder.parent), "--models-preset", str(folder / PRESET_NAME)]
     # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
-    # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash).
-    hub = ["llama-server", "-hf", "USER/REPO", "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
+    # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark).
+    hub = ["llama-server", "-hf", "USER/REPO", "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
+    if (needed := required_p_min(info)) is not None:
+        hub += ["--spec-draft-p-min", f"{needed:g}"]
     return {"command": cmd, "shell": shlex.join(cmd), "n_max": n_max, "p_min": p_min, "measured": measured,
             "uses_drafter": with_drafter, "note": note, "with_drafter": shlex.join(drafted),
             "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME, "model": folder.name,

@@ -238,13 +238,13 @@ ONE_PASS_TYPES = ("q4_0", "q8_0")
 
 
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
-                           sources: Sources, on_progress: OnProgress = None, quant: str | None = None) -> None:
+                           sources: Sources, on_progress: OnProgress = None, quant: str | None = None) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
-    ``quant``, converted and quantized in one pass."""
+    ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing."""
     from ..convert.targets import convert_target
 
-    convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
-                   quant=quant, on_progress=on_progress)
+    return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
+                          quant=quant, on_progress=on_progress).sha256
 
 
 def drafter_reads_target_weights(drafter: Source) -> bool:
@@ -286,21 +286,23 @@ def convert_target_llama_cpp(llama_cpp: Path, tokenizer: TokenizerStage, model_d
 
 
 def convert_drafter_stage(drafter: Source, target: Source, tokenizer: TokenizerStage, outfile: Path, outtype: str,
-                          target_file: str, on_progress: OnProgress = None, quant: str | None = None) -> None:
+                          target_file: str, on_progress: OnProgress = None, quant: str | None = None
+                          ) -> str | None:
     """The drafter against the target folder (tokenizer from the overlay), recording both sources at their
     commits and the target GGUF's file name so ``dflash-verify DRAFTER.gguf`` finds the pair; with
-    ``quant``, converted and quantized in one pass."""
+    ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing."""
     from ..convert.drafter import convert_drafter
 
     sources = Sources(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance())
-    convert_drafter(drafter.path, target.path, outfile, outtype, tokenizer_dir=tokenizer.dir,
-                    provenance=sources.keys(), quant=quant, on_progress=on_progress)
+    return convert_drafter(drafter.path, target.path, outfile, outtype, tokenizer_dir=tokenizer.dir,
+                           provenance=sources.keys(), quant=quant, on_progress=on_progress).sha256
 
 
 @dataclass(frozen=True)
 class Quantized:
     quantizer: str
     version: str
+    sha256: str | None = None  # hashed while writing by the built-in quantizer; None from llama-quantize
 
 
 def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int,
@@ -309,7 +311,7 @@ def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int,
     from ..quantize import quantize_gguf
 
     result = quantize_gguf(infile, outfile, type_name, threads=threads, on_progress=on_progress)
-    return Quantized(result.quantizer, result.quantizer_version)
+    return Quantized(result.quantizer, result.quantizer_version, result.sha256)
 
 
 def quantizer_choice() -> str:

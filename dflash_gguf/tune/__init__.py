@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..dflash_format import ARCH as DFLASH_ARCH
-from ..dflash_format import Keys
+from ..dflash_format import DEFAULT_BLOCK_SIZE, DSPARK_MARKER, Keys
 from ..errors import TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
@@ -36,6 +36,8 @@ P_MIN_SWEEP = (0.5, 0.75)  # llama.cpp's default is 0.0 (common.h); one report r
 # Drafter architectures and the --spec-type that serves them (common/arg.cpp names); llama-server infers the
 # same from the metadata when -md is given alone (common_speculative_types_from_gguf).
 SPEC_TYPES = {DFLASH_ARCH: "draft-dflash"}
+# A DSpark drafter is a dflash file with a Markov head (markov_w1.weight): llama-server serves it as draft-dspark.
+DSPARK_SPEC_TYPE = "draft-dspark"
 # Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and
 # the counters that give the number of verification steps.
 _DEFAULT_FLAGS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -64,6 +66,26 @@ class TuneOptions:
     request_timeout: float = 600.0
 
 
+@dataclass(frozen=True)
+class DSparkDrafter(Drafter):
+    """A DSpark drafter: its n-max limit and the p-min its confidence head (or lack of one) needs."""
+
+    sample_from_anchor: bool = True
+    has_confidence_head: bool = True
+
+    @property
+    def max_n_max(self) -> int:
+        """common/speculative.cpp: draft-dspark drafts a full block when it samples from the anchor."""
+        block = self.block_size or DEFAULT_BLOCK_SIZE
+        return max(1, block if self.sample_from_anchor else block - 1)
+
+
+def required_p_min(d: Drafter) -> float | None:
+    """The --spec-draft-p-min a drafter must be served with: 0 for a DSpark drafter without a confidence head
+    (llama-server stops with 'DSpark draft has no confidence head' at any other value), else None (free)."""
+    return 0.0 if isinstance(d, DSparkDrafter) and not d.has_confidence_head else None
+
+
 def inspect_drafter(path: Path) -> Drafter:
     """The drafter's architecture, block size and tensor type, from its header.
 
@@ -77,8 +99,13 @@ def inspect_drafter(path: Path) -> Drafter:
         raise TuneError(f"{path} has general.architecture {arch!r}, which is not a drafter tune can serve "
                         f"({', '.join(SPEC_TYPES)}). Pass the target GGUF first, then its drafter GGUFs.")
     block = meta.get(Keys.BLOCK_SIZE)
-    return Drafter(Path(path).absolute(), arch, SPEC_TYPES[arch], int(block) if isinstance(block, int) else None,
-                   file_type_name(meta.get(Keys.FILE_TYPE)))
+    fields = (Path(path).absolute(), arch, SPEC_TYPES[arch], int(block) if isinstance(block, int) else None,
+              file_type_name(meta.get(Keys.FILE_TYPE)))
+    if DSPARK_MARKER in meta.tensors:
+        return DSparkDrafter(fields[0], arch, DSPARK_SPEC_TYPE, *fields[3:],
+                             sample_from_anchor=meta.get(Keys.SAMPLE_FROM_ANCHOR, True) is not False,
+                             has_confidence_head=meta.get(Keys.HAS_CONFIDENCE_HEAD, True) is not False)
+    return Drafter(*fields)
 
 
 def file_type_name(ftype: object) -> str:
@@ -280,7 +307,7 @@ def plan_tune(target: Path, drafters: Sequence[Path], options: TuneOptions | Non
     check_target(target)
     found = [inspect_drafter(d) for d in drafters]
     binary = find_llama_server(opts.llama_server)
-    first = [Configuration()] + [Configuration(d, n) for d in found
+    first = [Configuration()] + [Configuration(d, n, required_p_min(d)) for d in found
                                  for n in (opts.n_max_values or coarse_n_max(d.max_n_max)) if n <= d.max_n_max]
     if opts.quick or opts.n_max_values:
         later = "the target alone again (when more than two configurations ran)"
@@ -348,8 +375,9 @@ def _sweep_drafter(t: _Tuner, d: Drafter, values: list[int], budget: _Budget, no
         budget.spent(m)
         return m
 
+    fixed_p_min = required_p_min(d)
     for i, n in enumerate(values):
-        m = run(Configuration(d, n), mandatory=i == 0)
+        m = run(Configuration(d, n, fixed_p_min), mandatory=i == 0)
         if m is not None and m.status == "ok" and m.gen_tps:
             speed[n] = m.gen_tps
             if m.collapsed and i == 0 and len(values) > 1:
@@ -359,15 +387,17 @@ def _sweep_drafter(t: _Tuner, d: Drafter, values: list[int], budget: _Budget, no
     if t.opts.quick or t.opts.n_max_values or not speed:
         return
     extra = refine_n_max(speed, d.max_n_max)
-    t.planned += len(extra) + len(P_MIN_SWEEP)
+    p_sweep = P_MIN_SWEEP if fixed_p_min is None else ()  # no confidence head: p-min must stay 0
+    t.planned += len(extra) + len(p_sweep)
     for n in extra:
-        m = run(Configuration(d, n))
+        m = run(Configuration(d, n, fixed_p_min))
         if m is not None and m.status == "ok" and m.gen_tps:
             speed[n] = m.gen_tps
     best = max(speed, key=lambda n: speed[n])
-    for p in P_MIN_SWEEP:
+    for p in p_sweep:
         run(Configuration(d, best, p))
 
 
-__all__ = ["DEFAULT_N_MAX", "Configuration", "Drafter", "Measurement", "TuneOptions", "TunePlan", "TuneReport",
-           "Workload", "coarse_n_max", "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "tune"]
+__all__ = ["DEFAULT_N_MAX", "Configuration", "DSparkDrafter", "Drafter", "Measurement", "TuneOptions", "TunePlan",
+           "TuneReport", "Workload", "coarse_n_max", "find_llama_server", "inspect_drafter", "plan_tune",
+           "refine_n_max", "required_p_min", "tune"]

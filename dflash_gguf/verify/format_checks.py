@@ -5,16 +5,23 @@ Sources: format reference sections 2-4 and 7 (``src/models/dflash.cpp``, ``src/l
 
 from __future__ import annotations
 
+import numpy as np
+from gguf import GGMLQuantizationType
 from gguf import GGUFValueType as VT
 from gguf import Keys as GKeys
 
 from ..dflash_format import (
     ARCH,
     BLOCK_TENSORS,
+    DEFAULT_BLOCK_SIZE,
     DFLASH2_TENSOR_MAP,
+    DSPARK_MARKER,
+    DSPARK_OPTIONAL,
+    DSPARK_REQUIRED,
     OPTIONAL_BLOCK_TENSORS,
     OPTIONAL_TENSORS,
     DFlash2Shape,
+    DSparkShape,
     Keys,
     expected_shapes,
     shape_key,
@@ -53,6 +60,8 @@ OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
     Keys.ROPE_DIMENSION_COUNT: ((VT.UINT32, None),),
     Keys.MASK_TOKEN_ID: ((VT.UINT32, None),),
     **{k: ((VT.UINT32, None),) for k in DFLASH2_KEYS},
+    Keys.SAMPLE_FROM_ANCHOR: ((VT.BOOL, None),),
+    Keys.HAS_CONFIDENCE_HEAD: ((VT.BOOL, None),),
 }
 
 
@@ -137,8 +146,62 @@ def check_format(d: GGUFMeta) -> Report:
 
     if DFLASH2_MARKER in d.tensors:
         _check_dflash2(d, r)
+    if DSPARK_MARKER in d.tensors:
+        _check_dspark(d, r)
     _check_tensors(d, r, n_layer)
     return r
+
+
+def dspark_serving(d: GGUFMeta) -> tuple[int, bool]:
+    """(largest --spec-draft-n-max draft-dspark keeps, whether the file has a confidence head) of a DSpark file.
+
+    common/speculative.cpp: n-max is clamped to block_size with ``dflash.sample_from_anchor`` (default true) and
+    to block_size - 1 without; a missing ``dflash.has_confidence_head`` counts as true there."""
+    block = u32(d, Keys.BLOCK_SIZE) or DEFAULT_BLOCK_SIZE
+    anchor = d.get(Keys.SAMPLE_FROM_ANCHOR, True) is not False
+    return max(1, block if anchor else block - 1), d.get(Keys.HAS_CONFIDENCE_HEAD, True) is not False
+
+
+def _check_dspark(d: GGUFMeta, r: Report) -> None:
+    """format.dspark: the heads and keys draft-dspark reads, and how the file must be served."""
+    limit, has_conf = dspark_serving(d)
+    conf_tensor = "conf_proj.weight" in d.tensors
+    problems = []
+    if has_conf and not conf_tensor:
+        problems.append("dflash.has_confidence_head is true (or absent) but the file has no conf_proj.weight: "
+                        "draft-dspark would truncate drafts on a confidence it cannot compute")
+    if conf_tensor and d.get(Keys.HAS_CONFIDENCE_HEAD) is False:
+        problems.append("the file has conf_proj.weight but dflash.has_confidence_head is false")
+    d2t = d.tensors.get("d2t")
+    if d2t is not None:
+        n_vocab = len(d.get(GKeys.Tokenizer.LIST) or [])
+        if d2t.qtype != GGMLQuantizationType.I64 or len(d2t.ne) != 1:
+            problems.append(f"d2t is {d2t.type_name} {list(d2t.ne)}, not a 1-D I64 table of absolute target ids")
+        elif (ids := read_i64(d, "d2t")) is not None and n_vocab:
+            if ((ids < 0) | (ids >= n_vocab)).any():
+                problems.append(f"d2t holds target ids outside the {n_vocab}-token vocabulary (llama-server would "
+                                "index past the target's logits)")
+            elif np.unique(ids).size != ids.size:
+                problems.append("d2t maps several draft rows to the same target id")
+    if problems:
+        r.fail("format.dspark", "error", "; ".join(problems) + ".", RECONVERT)
+        return
+    flags = f"--spec-type draft-dspark --spec-draft-n-max N (N <= {limit})"
+    if not has_conf:
+        flags += " --spec-draft-p-min 0 (no confidence head: any other p-min makes llama-server stop with 'DSpark " \
+                 "draft has no confidence head')"
+    vocab = f"reduced draft vocabulary of {d2t.ne[0]} rows (d2t)" if d2t is not None else "full vocabulary"
+    r.ok("format.dspark", f"DSpark: Markov head rank {d.tensors[DSPARK_MARKER].ne[0]}, {vocab}, confidence head "
+         f"{'yes' if has_conf else 'no'}; serve with {flags}")
+
+
+def read_i64(d: GGUFMeta, name: str) -> np.ndarray | None:
+    t = d.tensors[name]
+    n = int(np.prod(t.ne))
+    with open(d.path, "rb") as f:
+        f.seek(d.data_offset + t.offset)
+        raw = f.read(8 * n)
+    return np.frombuffer(raw, dtype="<i8") if len(raw) == 8 * n else None
 
 
 def _check_dflash2(d: GGUFMeta, r: Report) -> None:
@@ -173,9 +236,20 @@ def _dflash2_shape(d: GGUFMeta) -> DFlash2Shape | None:
     return DFlash2Shape(kernel, group, rank, len(tokens) if tokens is not None else None)
 
 
+def _dspark_shape(d: GGUFMeta) -> DSparkShape | None:
+    w1 = d.tensors.get(DSPARK_MARKER)
+    if w1 is None or len(w1.ne) != 2:
+        return None
+    tokens = d.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens) if tokens is not None else None
+    d2t = d.tensors.get("d2t")
+    return DSparkShape(w1.ne[0], n_vocab, d2t.ne[0] if d2t is not None else n_vocab)
+
+
 def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
     names = set(d.tensors)
-    biases = sorted(n for n in names if n.endswith(".bias"))
+    # conf_proj.bias is DSpark's confidence head (an optional tensor of its loader), not a layer bias
+    biases = sorted(n for n in names if n.endswith(".bias") and not (n == "conf_proj.bias" and DSPARK_MARKER in names))
     if biases:
         r.fail("format.bias", "error", f"{len(biases)} bias tensors ({', '.join(biases[:3])}...): b11434's DFlash "
                "loader creates none and stops with 'wrong number of tensors'.",
@@ -198,6 +272,10 @@ def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
                   for i in (range(n_layer) if "{i}" in v else [None])}
         required |= extra2
         kind, n_expected = "DFlash2", n_expected + len(extra2)
+    if DSPARK_MARKER in names:
+        required |= set(DSPARK_REQUIRED)
+        optional |= set(DSPARK_OPTIONAL)
+        kind, n_expected = "DSpark", n_expected + len(DSPARK_REQUIRED)
     missing = sorted(required - names)
     extra = sorted(names - required - optional - set(biases))
     if missing or extra:
@@ -220,7 +298,7 @@ def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
     ff = u32(d, Keys.FEED_FORWARD_LENGTH)
     k = len(taps(d) or [])
     per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k,
-                               dflash2=_dflash2_shape(d))
+                               dflash2=_dflash2_shape(d), dspark=_dspark_shape(d))
     want = {name: per_name[shape_key(name)] for name in d.tensors if shape_key(name) in per_name}
     bad = []
     for name, shape in want.items():

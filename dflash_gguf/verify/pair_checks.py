@@ -18,7 +18,7 @@ from ..dflash_format import ARCH, DEFAULT_BLOCK_SIZE, VOCAB_HASH_KEYS, Keys, ggu
 from ..dflash_format import PROVENANCE_PREFIX as PREFIX
 from ..ggufio.reader import GGUFMeta, read_rows
 from ..target_archs import by_gguf
-from .format_checks import taps, u32
+from .format_checks import dspark_serving, read_i64, taps, u32
 from .lineage import (
     PICK,
     Evidence,
@@ -86,8 +86,28 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
         r.ok("pair.fc_width", f"fc width {fc.ne[0]} = {len(tp)} taps x {h_t}")
 
     _check_vocab(d, t, r)
+    if "markov_w1.weight" in d.tensors:
+        _check_dspark(d, t, r)
     _check_scale_and_block(d, r, tarch, h_t)
     return r
+
+
+def _check_dspark(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
+    """pair.dspark_vocab: the Markov head reads a row per target token id, and d2t names target ids."""
+    n_t = len(t.get(GKeys.Tokenizer.LIST) or [])
+    rows = d.tensors["markov_w1.weight"].ne[-1]
+    problems = []
+    if n_t and rows != n_t:
+        problems.append(f"markov_w1.weight has {rows} vocabulary rows but the target has {n_t} tokens (the Markov "
+                        "head embeds the previous target token: an id past its rows reads out of bounds)")
+    d2t = d.tensors.get("d2t")
+    if d2t is not None and n_t and (ids := read_i64(d, "d2t")) is not None and ((ids < 0) | (ids >= n_t)).any():
+        problems.append(f"d2t maps draft rows to ids outside the target's {n_t}-token vocabulary")
+    if problems:
+        r.fail("pair.dspark_vocab", "error", "; ".join(problems) + ".", PICK)
+    else:
+        r.ok("pair.dspark_vocab", f"Markov head over the target's {n_t}-token vocabulary"
+             + (f", d2t ids within it ({d2t.ne[0]} draft rows)" if d2t is not None else ""))
 
 
 def _first_diff(a: list, b: list) -> str:
@@ -151,9 +171,13 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
     bs = u32(d, Keys.BLOCK_SIZE)
     size = bs if bs else DEFAULT_BLOCK_SIZE
     src = "" if bs else " (key absent: llama.cpp default)"
-    r.info("pair.block_size", f"block_size {size}{src}: --spec-draft-n-max can go up to {size - 1} (llama.cpp's "
+    limit, spec, extra = size - 1, "draft-dflash", ""
+    if "markov_w1.weight" in d.tensors:
+        (limit, has_conf), spec = dspark_serving(d), "draft-dspark"
+        extra = "" if has_conf else " --spec-draft-p-min 0"
+    r.info("pair.block_size", f"block_size {size}{src}: --spec-draft-n-max can go up to {limit} (llama.cpp's "
            "default is 3); the fastest value depends on the machine: 'dflash-gguf tune' measures it",
-           "llama-server -m TARGET.gguf -md DRAFTER.gguf --spec-type draft-dflash --spec-draft-n-max N")
+           f"llama-server -m TARGET.gguf -md DRAFTER.gguf --spec-type {spec} --spec-draft-n-max N{extra}")
 
 
 def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
