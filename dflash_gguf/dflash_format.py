@@ -57,7 +57,7 @@ class Keys:
     SAMPLE_FROM_ANCHOR = f"{ARCH}.sample_from_anchor"  # DSpark (Keys.LLM.SAMPLE_FROM_ANCHOR, bool)
     HAS_CONFIDENCE_HEAD = f"{ARCH}.has_confidence_head"  # DSpark (Keys.LLM.HAS_CONFIDENCE_HEAD, bool)
     ATTENTION_SCALE = f"{ARCH}.attention.scale"
-    HIDDEN_ACT = f"{ARCH}.hidden_act"
+    HIDDEN_ACT = f"{ARCH}.hidden_activation"  # Keys.LLM.HIDDEN_ACT
     TARGET_LAYERS = f"{ARCH}.target_layers"  # Keys.LLM.TARGET_LAYERS; HF ids + 1
     EMBEDDING_SCALE = f"{ARCH}.embedding_scale"  # Keys.LLM.EMBEDDING_SCALE
     LOGIT_SCALE = f"{ARCH}.logit_scale"
@@ -107,6 +107,15 @@ DSPARK_TENSOR_MAP: dict[str, str] = {
     "confidence_head.proj.weight": "conf_proj.weight",
     "confidence_head.proj.bias": "conf_proj.bias",
 }
+# Gemma4DSparkModel's names on top of those (conversion/gemma.py filter_tensors / modify_tensors): the shared DFlash
+# map would take post_attention_layernorm for Qwen's pre-FFN norm, so the Gemma block's four norms are renamed.
+GEMMA4_DSPARK_TENSOR_MAP: dict[str, str] = {
+    "layers.{i}.post_attention_layernorm.weight": "blk.{i}.post_attention_norm.weight",
+    "layers.{i}.pre_feedforward_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "layers.{i}.post_feedforward_layernorm.weight": "blk.{i}.post_ffw_norm.weight",
+    "layers.{i}.layer_scalar": "blk.{i}.layer_output_scale.weight",
+}
+GEMMA4_DSPARK_RENAMES = {"confidence_proj.": "confidence_head.proj."}  # prefix -> prefix, before mapping
 DSPARK_REQUIRED = ("markov_w1.weight", "markov_w2.weight")
 DSPARK_OPTIONAL = ("markov_w2.scale", "conf_proj.weight", "conf_proj.bias", "d2t")
 DSPARK_MARKER = "markov_w1.weight"  # common_speculative_types_from_gguf: this tensor means draft-dspark
@@ -118,7 +127,7 @@ EMBEDDING_TENSORS = {"embed_tokens.weight": "token_embd.weight", "lm_head.weight
 # Per-block tensors of the b11434 DFlash graph (src/models/dflash.cpp); attn_v is optional in the loader.
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-OPTIONAL_BLOCK_TENSORS = ("attn_post_norm", "ffn_post_norm", "layer_output_scale", "attn_sinks")
+OPTIONAL_BLOCK_TENSORS = ("post_attention_norm", "post_ffw_norm", "layer_output_scale", "attn_sinks")
 OPTIONAL_TENSORS = ("token_embd.weight", "output.weight", "fc.scale", "rope_freqs.weight")
 
 
@@ -156,7 +165,9 @@ def expected_shapes(*, hidden: int | None, heads: int | None, kv_heads: int | No
         "output_norm.weight": (h,), "attn_norm.weight": (h,), "ffn_norm.weight": (h,),
         "attn_q.weight": (h, q), "attn_k.weight": (h, kv), "attn_v.weight": (h, kv),
         "attn_output.weight": (q, h), "attn_q_norm.weight": (head_dim,), "attn_k_norm.weight": (head_dim,),
-        "ffn_gate.weight": (h, ffn), "ffn_up.weight": (h, ffn), "ffn_down.weight": (ffn, h)}
+        "ffn_gate.weight": (h, ffn), "ffn_up.weight": (h, ffn), "ffn_down.weight": (ffn, h),
+        "post_attention_norm.weight": (h,), "post_ffw_norm.weight": (h,), "layer_output_scale.weight": (1,),
+        "rope_freqs.weight": (head_dim // 2 if head_dim else None,)}
     if dflash2 is not None:
         k, rank, v = dflash2.conv_kernel_size, dflash2.selector_rank, dflash2.n_vocab
         projected = 2 * k * (h // dflash2.conv_group_size) if h and dflash2.conv_group_size > 0 else None

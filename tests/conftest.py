@@ -39,6 +39,14 @@ def llama_cpp_src() -> Path | None:
     return None if reference.llama_cpp_src_available() else reference.env.llama_cpp_src()
 
 
+def run_cli(exe: str, *args: str | Path, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """One of our console scripts, offline (no Hub, no llama-quantize unless ``env`` names one), stdin closed."""
+    full_env = {**os.environ, "LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([str(Path(sys.executable).parent / exe), *map(str, args)], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=600)
+
+
 class Targets(dict):
     """Target fixture folders by family. A missing family goes through the guard, never a silent skip."""
 

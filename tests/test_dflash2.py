@@ -16,7 +16,7 @@ from pathlib import Path
 import fixtures as mf
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, llama_cpp_src
+from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from fixtures.drafters import make_dflash2_drafter, write_mask_embedding
 from gguf_compare import diff
 
@@ -27,11 +27,6 @@ from dflash_gguf.verify import verify_files
 
 BIN = Path(sys.executable).parent
 
-
-def _run(exe: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(BIN / exe), *map(str, args)], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=600)
 
 
 def _torch_python() -> Path:
@@ -125,11 +120,11 @@ def test_refusals_before_writing(qwen35: Path, tmp_path: Path, case: str, edits:
                                  code: int, words: list[str]) -> None:
     drafter = make_dflash2_drafter(tmp_path, config_overrides=edits, drop_config_keys=drops)
     out = tmp_path / "d.gguf"
-    run = _run("dflash-convert", "--drafter", drafter, "--target", qwen35, "--outfile", out)
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", qwen35, "--outfile", out)
     assert run.returncode == code, run.stderr
     assert all(w in run.stderr for w in words), run.stderr
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
-    precheck = _run("dflash-gguf", "precheck", drafter, qwen35, "--json")  # the same rule, before any download
+    precheck = run_cli("dflash-gguf", "precheck", drafter, qwen35, "--json")  # the same rule, before any download
     refused = [c for c in json.loads(precheck.stdout)["checks"] if c["status"] == "fail" and c["severity"] == "error"]
     assert precheck.returncode == 1 and refused[0]["id"] == "format.dflash2", refused
 
@@ -151,7 +146,7 @@ def test_a_hostile_mask_embedding_is_refused_and_nothing_runs(qwen3: Path, tmp_p
         z.writestr("archive/byteorder", "little")
     (drafter / "mask_embedding.pt").write_bytes(buf.getvalue())
     out = tmp_path / "d.gguf"
-    run = _run("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", out)
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", out)
     assert run.returncode == 2, run.stderr
     assert "names posix.system" in run.stderr and "Nothing from the file was run" in run.stderr
     assert not marker.exists() and not out.exists()
@@ -160,7 +155,7 @@ def test_a_hostile_mask_embedding_is_refused_and_nothing_runs(qwen3: Path, tmp_p
 def test_a_mask_embedding_for_another_mask_id_is_refused(qwen3: Path, tmp_path: Path) -> None:
     drafter = make_dflash2_drafter(tmp_path, config_overrides={"num_target_layers": 6})
     write_mask_embedding(drafter, _torch_python(), mask_token_id=151670)
-    run = _run("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", tmp_path / "d.gguf")
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", tmp_path / "d.gguf")
     assert run.returncode == 3 and "does not match dflash_config.mask_token_id" in run.stderr, run.stderr
 
 

@@ -10,24 +10,15 @@ there the precheck passes and the pipeline stops at conversion with the converte
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import fixtures as mf
 import pytest
+from conftest import run_cli
 
-BIN = Path(sys.executable).parent
 # Variants refused for their weights, not their config.
 TENSOR_LEVEL = {"fc_width_wrong", "missing_tensor", "unexpected_tensor", "d2t"}
-
-
-def _run(exe: str, *args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(BIN / exe), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd,
-                          stdin=subprocess.DEVNULL, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +29,10 @@ def gemma_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("variant", sorted(mf.VARIANTS))
 def test_precheck_converter_and_pipeline_agree(variant: str, gemma_target: Path, tmp_path: Path) -> None:
     drafter = mf.make_drafter(tmp_path, target="gemma4", variant=variant)
-    outfile = _run("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outfile", tmp_path / "d.gguf")
-    pipeline = _run("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outdir", tmp_path / "pair")
-    precheck = _run("dflash-gguf", "precheck", drafter, gemma_target, "--json")
+    outfile = run_cli("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outfile",
+                      tmp_path / "d.gguf")
+    pipeline = run_cli("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outdir", tmp_path / "pair")
+    precheck = run_cli("dflash-gguf", "precheck", drafter, gemma_target, "--json")
     assert precheck.returncode in (0, 1), precheck.stderr
     report = json.loads(precheck.stdout)
     refused = [c for c in report["checks"] if c["status"] == "fail" and c["severity"] == "error"]
@@ -61,20 +53,22 @@ def test_precheck_converter_and_pipeline_agree(variant: str, gemma_target: Path,
 
 def test_a_top_level_mask_id_is_accepted_by_every_command(gemma_target: Path, tmp_path: Path) -> None:
     drafter = mf.make_drafter(tmp_path, target="gemma4", variant="mask_top_level_only")
-    outfile = _run("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outfile", tmp_path / "d.gguf")
+    outfile = run_cli("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outfile",
+                      tmp_path / "d.gguf")
     assert outfile.returncode == 0 and "note: mask_token_id read from the top level" in outfile.stdout
-    pipeline = _run("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outdir", tmp_path / "pair")
+    pipeline = run_cli("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outdir", tmp_path / "pair")
     assert pipeline.returncode == 0, pipeline.stdout + pipeline.stderr
-    precheck = _run("dflash-gguf", "precheck", drafter, gemma_target)
+    precheck = run_cli("dflash-gguf", "precheck", drafter, gemma_target)
     assert precheck.returncode == 0 and "mask_token_id read from the top level" in precheck.stdout
 
 
 def test_a_drafter_folder_without_config_is_one_error(gemma_target: Path, tmp_path: Path) -> None:
     drafter = mf.make_drafter(tmp_path, target="gemma4")
     (drafter / "config.json").unlink()
-    runs = [_run("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outfile", tmp_path / "d.gguf"),
-            _run("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outdir", tmp_path / "pair"),
-            _run("dflash-gguf", "precheck", drafter, gemma_target)]
+    runs = [run_cli("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outfile",
+                    tmp_path / "d.gguf"),
+            run_cli("dflash-convert", "--drafter", drafter, "--target", gemma_target, "--outdir", tmp_path / "pair"),
+            run_cli("dflash-gguf", "precheck", drafter, gemma_target)]
     messages = {r.stderr.strip() for r in runs}
     assert [r.returncode for r in runs] == [3, 3, 3], [r.stderr for r in runs]
     assert len(messages) == 1 and f"{drafter / 'config.json'} does not exist" in messages.pop()
@@ -85,8 +79,8 @@ def test_target_folder_without_config_is_one_error(gemma_target: Path, tmp_path:
     drafter = mf.make_drafter(tmp_path, target="gemma4")
     target = Path(shutil.copytree(gemma_target, tmp_path / "t"))
     (target / "config.json").unlink()
-    runs = [_run("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf"),
-            _run("dflash-convert", "--drafter", drafter, "--target", target, "--outdir", tmp_path / "pair"),
-            _run("dflash-gguf", "precheck", drafter, target)]
+    runs = [run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf"),
+            run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outdir", tmp_path / "pair"),
+            run_cli("dflash-gguf", "precheck", drafter, target)]
     assert [r.returncode for r in runs] == [3, 3, 3], [r.stderr for r in runs]
     assert all(f"{target / 'config.json'} does not exist" in r.stderr for r in runs)

@@ -15,7 +15,7 @@ import fixtures as mf
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, llama_cpp_src
+from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from fixtures.drafters import DSPARK_BLOCK_SIZE, DSPARK_DRAFT_VOCAB, make_dspark_drafter
 from gguf_compare import diff
 
@@ -30,11 +30,6 @@ from dflash_gguf.verify import verify_files
 BIN = Path(sys.executable).parent
 V = mf.SIZES["qwen_vocab"]
 
-
-def _run(exe: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(BIN / exe), *map(str, args)], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +158,11 @@ def test_refusals_before_writing(qwen3: Path, tmp_path: Path, case: str, options
                                  words: list[str], config_level: bool) -> None:
     drafter = make_dspark_drafter(tmp_path, **options)
     out = tmp_path / "d.gguf"
-    run = _run("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", out)
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", out)
     assert run.returncode == code, run.stderr
     assert all(w in run.stderr for w in words), run.stderr
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
-    precheck = _run("dflash-gguf", "precheck", drafter, qwen3, "--json")  # the same rule, before any download
+    precheck = run_cli("dflash-gguf", "precheck", drafter, qwen3, "--json")  # the same rule, before any download
     refused = [c for c in json.loads(precheck.stdout)["checks"] if c["status"] == "fail" and c["severity"] == "error"]
     if config_level:
         assert precheck.returncode == 1 and refused[0]["id"] in ("format.dspark", "format.arch"), refused
@@ -310,37 +305,3 @@ def test_pipeline_makes_a_dspark_pair_from_the_loopback_hub(qwen3: Path, tmp_pat
     assert diff(outdir / name, ref) == []
     REFERENCE_COMPARISONS.append("pipeline/loopback-hub/dspark")
 
-
-# ------------------------------------------------------------------------------------- Gemma-4, DeepSeek-V4
-
-GEMMA4_REFUSALS = [
-    ("softcapping", {}, 4, ["Gemma4 DSpark logit softcapping is not supported", "never applies a softcap",
-                            "Markov head adds its bias"]),
-    ("k_ne_v", {"final_logit_softcapping": None, "attention_k_eq_v": False}, 4,
-     ["Gemma4 DSpark currently requires attention_k_eq_v"]),
-    ("sliding_layers", {"final_logit_softcapping": None, "layer_types": ["sliding_attention", "full_attention"]}, 4,
-     ["Gemma4 DSpark currently requires uniform full_attention layer types"]),
-    ("gated_markov", {"final_logit_softcapping": None, "dflash_config.markov_head_type": "gated"}, 4,
-     ["Gemma4 DSpark currently requires a vanilla Markov head"]),
-    ("yarn_rope", {"final_logit_softcapping": None, "rope_parameters.full_attention.rope_type": "yarn"}, 4,
-     ["Gemma4 DSpark requires default or proportional RoPE"]),
-    # every requirement met: b11434 converts it, this version leaves it to llama.cpp's converter
-    ("without_softcapping", {"final_logit_softcapping": None}, 18,
-     ["Gemma4DSparkModel", "convert_hf_to_gguf.py", "--llama-cpp DIR"]),
-]
-
-
-@pytest.mark.parametrize(("case", "edits", "code", "words"), GEMMA4_REFUSALS, ids=[r[0] for r in GEMMA4_REFUSALS])
-def test_gemma4_dspark_rules(qwen3: Path, tmp_path: Path, case: str, edits: dict, code: int,
-                             words: list[str]) -> None:
-    """The real deepseek-ai/dspark_gemma4_12b_block7 config has final_logit_softcapping 30.0, which b11434
-    refuses; every other Gemma4DSparkModel requirement is read from the config the same way."""
-    from fixtures.drafters import make_gemma4_dspark_drafter
-
-    drafter = make_gemma4_dspark_drafter(tmp_path, config_overrides=edits)
-    run = _run("dflash-convert", "--drafter", drafter, "--target", qwen3, "--outfile", tmp_path / "d.gguf")
-    assert run.returncode == code, run.stderr
-    assert all(w in run.stderr for w in words), run.stderr
-    precheck = _run("dflash-gguf", "precheck", drafter, qwen3, "--json")
-    refused = [c for c in json.loads(precheck.stdout)["checks"] if c["status"] == "fail" and c["severity"] == "error"]
-    assert precheck.returncode == 1 and refused[0]["message"].split(" ", 1)[1][:60] in run.stderr, refused

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import fixtures as mf
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, llama_cpp_src
+from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from gguf_compare import diff
 
 from dflash_gguf.convert.drafter import convert_drafter
@@ -28,12 +27,6 @@ from dflash_gguf.ggufio.reader import read_gguf
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(exe: str, *args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([str(BIN / exe), *map(str, args)], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +76,7 @@ def test_an_unknown_fingerprint_is_refused_honestly(targets: dict[str, Path], tm
     tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"  # another split: another fingerprint
     (target / "tokenizer.json").write_text(json.dumps(tj))
     drafter = mf.make_drafter(tmp_path, target="qwen35")
-    run = _run("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf")
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf")
     assert run.returncode == 7, run.stderr
     assert "not in llama.cpp b11434's table" in run.stderr and "stops on it too" in run.stderr
     assert not (tmp_path / "d.gguf").exists() and not list(tmp_path.glob("*.partial"))
@@ -182,10 +175,10 @@ def test_precheck_outfile_and_pipeline_agree(targets: dict[str, Path], tmp_path:
     base = targets["moe" if "Moe" in arch else "dense"]
     target = _relabelled(base, tmp_path / "target", arch)
     drafter = mf.make_drafter(tmp_path, target="qwen35")
-    outfile = _run("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf")
-    pipeline = _run("dflash-convert", "--drafter", drafter, "--target", target, "--outdir", tmp_path / "pair",
-                    "--dry-run")
-    precheck = _run("dflash-gguf", "precheck", drafter, target, "--json")
+    outfile = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf")
+    pipeline = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outdir", tmp_path / "pair",
+                       "--dry-run")
+    precheck = run_cli("dflash-gguf", "precheck", drafter, target, "--json")
     checks = {c["id"]: c for c in json.loads(precheck.stdout)["checks"]}
     if arch == NOT_COVERED:
         assert outfile.returncode == pipeline.returncode == 18, (outfile.stderr, pipeline.stderr)
@@ -205,14 +198,14 @@ def test_a_drafter_that_cannot_be_converted_stops_before_the_target_gguf_is_touc
     converter refuses must stop the run before that, with nothing in the output folder."""
     target = mf.make_gemma4_target(tmp_path / "t")
     gguf = tmp_path / "gemma-4-tiny-it-BF16.gguf"
-    assert _run("dflash-gguf", "convert-target", target, "--outfile", gguf).returncode == 0
+    assert run_cli("dflash-gguf", "convert-target", target, "--outfile", gguf).returncode == 0
     tj = json.loads((target / "tokenizer.json").read_text())
     tj["model"]["byte_fallback"] = False  # not the tokenizer b11434's Gemma-4 path reads
     (target / "tokenizer.json").write_text(json.dumps(tj))
     before = gguf.stat().st_mtime_ns
     drafter = mf.make_drafter(tmp_path / "d", target="gemma4")
     outdir = tmp_path / "pair"
-    run = _run("dflash-convert", "--drafter", drafter, "--target", target, "--target-gguf", gguf, "--outdir", outdir)
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--target-gguf", gguf, "--outdir", outdir)
     assert run.returncode == 7, run.stdout + run.stderr
     assert "must be BPE with byte_fallback" in run.stderr
     assert not list(outdir.glob("*.gguf")) and gguf.stat().st_mtime_ns == before
@@ -227,13 +220,13 @@ def test_llama_cpp_converts_the_drafter_of_a_target_we_do_not_mirror(tmp_path: P
     src = llama_cpp_src()
     qwen3 = mf.make_qwen3_target(tmp_path / "t", llama_cpp_src=src)
     gguf = tmp_path / "qwen3-tiny-BF16.gguf"
-    assert _run("dflash-gguf", "convert-target", qwen3, "--outfile", gguf).returncode == 0
+    assert run_cli("dflash-gguf", "convert-target", qwen3, "--outfile", gguf).returncode == 0
     target = _relabelled(qwen3, tmp_path / "relabelled" / "qwen3-tiny", NOT_COVERED)
     drafter = mf.make_drafter(tmp_path / "d", target="qwen3")
     env = {"LLAMA_CPP_PYTHON": str(reference.env.venv_python(reference.env.ref_venv_dir()))}
     outdir = tmp_path / "pair"
-    run = _run("dflash-convert", "--drafter", drafter, "--target", target, "--target-gguf", gguf, "--outdir", outdir,
-               "--llama-cpp", reference.env.llama_cpp_src(), "--draft-quant", "bf16", env=env)
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--target-gguf", gguf, "--outdir", outdir,
+                  "--llama-cpp", reference.env.llama_cpp_src(), "--draft-quant", "bf16", env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = json.loads((outdir / "pair.json").read_text())
     assert manifest["options"]["drafter_method"] == "llama-cpp" and manifest["verify"]["servable"] is True
@@ -255,8 +248,8 @@ def test_llama_server_serves_the_qwen35_pair_and_drafts(targets: dict[str, Path]
     reference.require_or_skip(reference.llama_cpp_available())
     drafter = mf.make_drafter(tmp_path / "d", target="qwen35")
     outdir = tmp_path / "pair"
-    run = _run("dflash-convert", "--drafter", drafter, "--target", targets[target], "--outdir", outdir,
-               "--quant", "q4_0")
+    run = run_cli("dflash-convert", "--drafter", drafter, "--target", targets[target], "--outdir", outdir,
+                  "--quant", "q4_0")
     assert run.returncode == 0, run.stdout + run.stderr
     manifest = json.loads((outdir / "pair.json").read_text())
     assert manifest["verify"]["servable"] is True and manifest["options"]["target_method"] == "builtin"
@@ -269,3 +262,24 @@ def test_llama_server_serves_the_qwen35_pair_and_drafts(targets: dict[str, Path]
     assert status == 200, body
     assert isinstance(body, dict) and body["timings"]["draft_n"] > 0, body
     REFERENCE_COMPARISONS.append(f"llama-server/qwen35-pair/{target}")
+
+
+def test_verify_flags_a_drafter_without_the_m_rope_sections(targets: dict[str, Path], tmp_path: Path) -> None:
+    """A drafter GGUF of an M-RoPE target made before the converter wrote dflash.rope.dimension_sections (late
+    August 2026) is roped with plain positions by llama.cpp: verify names it. Such a file is made here the way the
+    older converter made it, by our own file with that one key removed (gguf-py's gguf-new-metadata)."""
+    from dflash_gguf.convert.targets import convert_target
+    from dflash_gguf.verify import verify_files
+
+    target = tmp_path / "t.gguf"
+    convert_target(targets["dense"], target, "bf16")
+    fresh, stale = tmp_path / "fresh.gguf", tmp_path / "stale.gguf"
+    convert_drafter(mf.make_drafter(tmp_path, target="qwen35"), targets["dense"], fresh)
+    subprocess.run([str(BIN / "gguf-new-metadata"), "--remove-metadata", "dflash.rope.dimension_sections", str(fresh),
+                    str(stale)], check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert read_gguf(stale).get("dflash.rope.dimension_sections") is None
+    checks = {c["id"]: c for c in verify_files(stale, target).to_dict()["checks"]}
+    assert checks["pair.mrope"]["status"] == "fail" and checks["pair.mrope"]["severity"] == "warning", checks
+    assert "before late August 2026" in checks["pair.mrope"]["message"] and "Reconvert" in checks["pair.mrope"]["fix"]
+    ok = {c["id"]: c for c in verify_files(fresh, target).to_dict()["checks"]}["pair.mrope"]
+    assert ok["status"] == "pass" and "[8, 0, 0, 0]" in ok["message"], ok

@@ -25,6 +25,8 @@ from ..dflash_format import (
     DSPARK_REQUIRED,
     DSPARK_TENSOR_MAP,
     EMBEDDING_TENSORS,
+    GEMMA4_DSPARK_RENAMES,
+    GEMMA4_DSPARK_TENSOR_MAP,
     TENSOR_MAP,
     DFlash2Shape,
     DSparkShape,
@@ -34,6 +36,7 @@ from ..dflash_format import (
     shape_key,
 )
 from ..drafters.dflash import DFlashSpec
+from ..drafters.dspark import Gemma4Params
 from ..errors import ConfigError, IncompatiblePairError, InputError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
 from ..ggufio.layout import GGML_QUANT_VERSION
@@ -60,14 +63,22 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str],
     For a DSpark drafter ``dspark_extra`` receives ``d2t`` and a full-vocabulary ``lm_head`` (the converter
     decides about them once every tensor is known)."""
     src = cfg.path.parent
-    table = {**TENSOR_MAP, **(DFLASH2_TENSOR_MAP if cfg.dflash2 else {}), **(DSPARK_TENSOR_MAP if cfg.dspark else {})}
+    gemma = _gemma4(cfg)
+    table = {**TENSOR_MAP, **(DFLASH2_TENSOR_MAP if cfg.dflash2 else {}), **(DSPARK_TENSOR_MAP if cfg.dspark else {}),
+             **(GEMMA4_DSPARK_TENSOR_MAP if gemma else {})}
     mapped: list[tuple[str, TensorRef]] = []
     unknown: list[str] = []
     for hf_name, ref in refs.items():
         name = hf_name.removeprefix("model.")
         if name.endswith(IGNORED_SUFFIXES):
             continue
-        if cfg.dspark is not None and dspark_extra is not None:
+        if gemma is not None:  # Gemma4DSparkModel.filter_tensors
+            name = next((new + name[len(old):] for old, new in GEMMA4_DSPARK_RENAMES.items()
+                         if name.startswith(old)), name)
+            if name in table:
+                mapped.append((table[name], ref))
+                continue
+        elif cfg.dspark is not None and dspark_extra is not None:
             if name == "t2d":  # DSparkModel.filter_tensors: not used at runtime
                 continue
             if name == "d2t":
@@ -88,8 +99,9 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str],
             )
         if name in ("d2t", "t2d"):
             raise UnsupportedModelError(
-                f"{src}: tensor {hf_name!r} is a reduced draft vocabulary map. llama.cpp b11434 supports d2t only "
-                "for DSpark checkpoints; its DFlash converter aborts on it ('Can not map tensor')."
+                f"{src}: tensor {hf_name!r} is a reduced draft vocabulary map. llama.cpp b11434 reads d2t only in "
+                f"Qwen-style DSpark checkpoints; for this {_kind(cfg)} drafter its converter aborts on it ('Can not "
+                "map tensor'). This drafter cannot be served by llama.cpp b11434."
             )
         if name in EMBEDDING_TENSORS:
             notes.append(f"{hf_name} kept as {EMBEDDING_TENSORS[name]} (as b11434 does): the draft will use its "
@@ -113,7 +125,8 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str],
     have = {n for n, _ in mapped}
     required = {v.format(i=i): k.format(i=i) for k, v in table.items()
                 for i in (range(cfg.n_layer) if "{i}" in k else [None])
-                if k not in DSPARK_TENSOR_MAP or v in DSPARK_REQUIRED}
+                if (k not in DSPARK_TENSOR_MAP or v in DSPARK_REQUIRED)
+                and not (gemma is not None and v == "blk.{i}.attn_v.weight")}  # Gemma-4's k = v attention
     if missing := sorted(f"{required[n]} ({n})" for n in set(required) - have):
         raise TensorError(
             f"{src}: tensor(s) missing from the checkpoint: {missing[:6]}{' ...' if len(missing) > 6 else ''} "
@@ -124,7 +137,14 @@ def _map_tensors(refs: dict[str, TensorRef], cfg: DFlashSpec, notes: list[str],
 
 
 def _kind(cfg: DFlashSpec) -> str:
-    return "DSpark" if cfg.dspark is not None else "DFlash2" if cfg.dflash2 else "DFlash1"
+    if cfg.dspark is not None:
+        return "Gemma-4 DSpark" if cfg.dspark.gemma4 is not None else "DSpark"
+    return "DFlash2" if cfg.dflash2 else "DFlash1"
+
+
+def _gemma4(cfg: DFlashSpec) -> Gemma4Params | None:
+    """The Gemma-4 part of a Gemma4DSparkModel drafter's spec (None for every other drafter)."""
+    return cfg.dspark.gemma4 if cfg.dspark is not None else None
 
 
 def _same_bytes(a: TensorRef, b: TensorRef) -> bool:
@@ -181,6 +201,12 @@ def _dspark_heads(cfg: DFlashSpec, mapped: list[tuple[str, TensorRef]], extra: d
     ``token_embd`` as the output head (or, without one, the target's). That is right only when the two tables are
     equal, so a head that differs from the drafter's embeddings is kept as ``output.weight`` (the loader takes it)."""
     src = cfg.path.parent
+    if (gemma := _gemma4(cfg)) is not None:  # a DFlashModel subclass: its lm_head is written as output
+        if not gemma.tied and "output.weight" not in dict(mapped):
+            raise TensorError(f"{src}: no lm_head.weight and tie_word_embeddings is not true in {cfg.path.name}; "
+                              "llama.cpp b11434's converter stops with \"Gemma4 DSpark requires lm_head.weight "
+                              "unless tie_word_embeddings is true\". Re-download the complete checkpoint.")
+        return mapped, None
     lm_head = extra.get("lm_head")
     if lm_head is not None:
         embd = dict(mapped).get("token_embd.weight")
@@ -271,6 +297,12 @@ def _mask_embedding(drafter_dir: Path, cfg: DFlashSpec, target_dir: Path, target
     return [*extra, *rest], MaskRow(mask_id, _cast_row(mask["embedding"], embd.dtype))
 
 
+def _rope_freqs(factors: tuple[float, ...]) -> TensorOut:
+    """The proportional rope's ``rope_freqs``: 1 on the rotated pairs, 1e30 (never rotated) on the rest."""
+    data = np.asarray(factors, dtype="<f4").tobytes()
+    return TensorOut("rope_freqs.weight", (len(factors),), GGMLQuantizationType.F32, lambda out: out.write(data))
+
+
 def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
     hp = cfg.hp
     h, f = cfg.hidden_size, int(hp["intermediate_size"])
@@ -283,6 +315,8 @@ def _check_shapes(mapped: list[tuple[str, TensorRef]], cfg: DFlashSpec) -> None:
             f"[{h}, {k * h}]. llama.cpp would refuse it ('fc.weight has wrong shape'). target_layer_ids in "
             f"{cfg.path.name} do not belong to these weights: use the matching config.json."
         )
+    if (gemma := _gemma4(cfg)) is not None:  # Gemma-4's global attention: what Gemma4DSparkModel writes
+        nkv, hd = gemma.head_count_kv, gemma.head_dim
     v2, ds = cfg.dflash2, cfg.dspark
     w1 = dict(mapped).get("markov_w1.weight")
     expect = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=f, n_taps=k, dflash2=None if v2 is None
@@ -309,7 +343,8 @@ def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: L
     """The keys of TextModel.set_gguf_parameters + DFlashModel.set_gguf_parameters, in their order."""
     hp = cfg.hp
     add_textmodel_keys(plan, ARCH, hp, ftype)  # DFlashModel derives from TextModel (via Qwen3Model)
-    rope = rope_parameters(hp)
+    gemma = _gemma4(cfg)
+    rope = rope_parameters(hp) if gemma is None else gemma.rope  # Gemma4DSparkModel: the full-attention rope
 
     dflash = cfg.dflash
     if (prf := rope.get("partial_rotary_factor")) is not None:
@@ -340,7 +375,15 @@ def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: L
         plan.add_bool(Keys.CAUSAL, cfg.causal)
     if target.uses_mrope:
         plan.add_array(Keys.ROPE_DIMENSION_SECTIONS, [int(hp["head_dim"]) // 2, 0, 0, 0])
-    if cfg.dspark is not None:  # DSparkModel.set_gguf_parameters, after DFlashModel's
+    if (gemma := _gemma4(cfg)) is not None:  # Gemma4DSparkModel.set_gguf_parameters, after DFlashModel's
+        plan.add_uint32(Keys.HEAD_COUNT_KV, gemma.head_count_kv)
+        plan.add_uint32(Keys.KEY_LENGTH, gemma.head_dim)
+        plan.add_uint32(Keys.VALUE_LENGTH, gemma.head_dim)
+        plan.add_uint32(Keys.ROPE_DIMENSION_COUNT, gemma.head_dim)
+        plan.add_float32(Keys.EMBEDDING_SCALE, gemma.embedding_scale)
+        plan.add_float32(Keys.ATTENTION_SCALE, 1.0)
+        plan.add_string(Keys.HIDDEN_ACT, "gelu_pytorch_tanh")
+    if cfg.dspark is not None:  # DSparkModel.set_gguf_parameters, after DFlashModel's (and Gemma4DSparkModel's)
         plan.add_bool(Keys.SAMPLE_FROM_ANCHOR, cfg.dspark.sample_from_anchor)
         plan.add_bool(Keys.HAS_CONFIDENCE_HEAD, has_confidence_head)
 
@@ -386,13 +429,20 @@ def convert_drafter(
         mapped, d2t = _dspark_heads(cfg, mapped, extra, notes)
     _check_shapes(mapped, cfg)
     patch: MaskRow | None = None
+    gemma = _gemma4(cfg)
     if (drafter_dir / MASK_EMBEDDING).is_file():
-        mapped, patch = _mask_embedding(drafter_dir, cfg, target_dir, target, mapped)
+        if gemma is None:
+            mapped, patch = _mask_embedding(drafter_dir, cfg, target_dir, target, mapped)
+        else:
+            notes.append(f"{MASK_EMBEDDING} ignored, as llama.cpp b11434's Gemma4DSparkModel ignores it (it "
+                         "generates no tensors from it)")
     outtype = resolve_outtype(outtype, (ref for _, ref in mapped))
     ftype, qtype = OUTTYPES[outtype]
 
     plan = GGUFPlan(ARCH)
     add_general(plan, (provenance or {}).get(prov.DRAFTER_REPO) or drafter_dir.name, drafter_dir)
+    if gemma is not None and gemma.rope_freqs is not None:  # Gemma4DSparkModel.generate_extra_tensors, first
+        plan.add_tensor(_rope_freqs(gemma.rope_freqs))
     for name, ref in mapped:
         tq = tensor_type(name, ref.shape, qtype)
         if patch is not None and name == "token_embd.weight":

@@ -77,9 +77,12 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
 
 
 def interpret_backbone(raw: dict[str, Any], path: Path, *, hp: dict[str, Any] | None = None, family: str = FAMILY,
-                       findings: list[Finding] | None = None, dspark: Any = None) -> Interpretation:
+                       findings: list[Finding] | None = None, dspark: Any = None,
+                       writes_activation: bool = False) -> Interpretation:
     """The rules of b11434's DFlashModel on ``raw`` (``hp``: its transformers-normalised view, by default the
-    Qwen3Config one); DSpark, whose b11434 class derives from DFlashModel, passes its own normalisation."""
+    Qwen3Config one); DSpark, whose b11434 class derives from DFlashModel, passes its own normalisation.
+    ``writes_activation``: the family's converter writes ``dflash.hidden_act`` (Gemma-4 DSpark's GELU), so the
+    SiLU rule does not apply."""
     findings = [] if findings is None else findings
 
     def refuse(id: str, message: str, fix: str, error: type = ConfigError) -> Interpretation:
@@ -125,7 +128,7 @@ def interpret_backbone(raw: dict[str, Any], path: Path, *, hp: dict[str, Any] | 
         return refuse("format.mask_token", f"{path}: mask_token_id {mask!r} must be a non-negative integer.",
                       "Use the config.json published with the checkpoint.")
 
-    if hp["hidden_act"] != "silu":
+    if not writes_activation and hp["hidden_act"] != "silu":
         return refuse(
             "format.activation", f"{path}: hidden_act is {hp['hidden_act']!r}. llama.cpp b11434 writes no "
             "activation key for DFlash and runs every drafter with SiLU, so this drafter would run with the wrong "

@@ -7,7 +7,9 @@ backbone rules are the DFlash ones (``dflash.interpret_backbone``) on the config
 ``mask_token_id`` moved into ``dflash_config`` when there is none. The file keeps ``general.architecture`` dflash;
 the ``markov_w1.weight`` tensor is what makes llama-server infer ``--spec-type draft-dspark``
 (``common_speculative_types_from_gguf``). ``DeepseekV4DSparkModel`` is a DeepSeek-V4 backbone this package does
-not convert. ``Gemma4DSparkModel`` (conversion/gemma.py) is a Gemma-4 backbone on the same loader.
+not convert. ``Gemma4DSparkModel`` (conversion/gemma.py) is a Gemma-4 backbone on the same loader: a
+``DFlashModel`` subclass (not a ``DSparkModel`` one) that writes Gemma-4's global attention geometry, GELU, and a
+generated ``rope_freqs``, and keeps its own ``lm_head``.
 """
 
 from __future__ import annotations
@@ -33,15 +35,20 @@ _RAW_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num
                  "intermediate_size", "hidden_act", "rms_norm_eps", "vocab_size")
 
 
+# Gemma4TextConfig's full-attention rope, which Gemma4DSparkModel assumes when a config has no rope_parameters
+GEMMA4_DEFAULT_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}
+
+
 @dataclass(frozen=True)
 class Gemma4Params:
-    """What Gemma4DSparkModel writes beyond the DFlash keys (global attention geometry, rope, scales)."""
+    """What Gemma4DSparkModel writes beyond DFlashModel's keys and tensors (conversion/gemma.py)."""
 
-    head_count_kv: int
+    head_count_kv: int  # num_global_key_value_heads
     head_dim: int  # global_head_dim: key/value length and rope dimension count
     embedding_scale: float  # sqrt(hidden_size)
-    rope_theta: float | None
+    rope: dict[str, Any]  # the full-attention rope parameters, all its keys are read from
     rope_freqs: tuple[float, ...] | None  # the generated rope_freqs of a proportional rope
+    tied: bool  # tie_word_embeddings is true: no lm_head needed
 
 
 @dataclass(frozen=True)
@@ -151,14 +158,16 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
 
 
 def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
-    """Gemma4DSparkModel's requirements (conversion/gemma.py, each a ValueError there), read from the config;
-    a config that meets them all is still left to llama.cpp's own converter, which this version does not mirror."""
+    """Gemma4DSparkModel (conversion/gemma.py): its requirements (each a ValueError there), then the DFlash
+    backbone rules on the config as it reads it (raw JSON: transformers 4.57.6 has no gemma4 config class)."""
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
     hp = {**raw, **text}
     dflash = hp.get("dflash_config") if isinstance(hp.get("dflash_config"), dict) else {}
     n_layer = hp.get("num_hidden_layers")
-    rope = hp.get("rope_parameters") or {"full_attention": {"rope_type": "proportional"}}
-    rope_type = (rope.get("full_attention", rope) if isinstance(rope, dict) else {}).get("rope_type")
+    # Gemma4DSparkModel.__init__: Gemma4TextConfig's defaults when rope_parameters is absent
+    rope_all = hp.get("rope_parameters") or {"full_attention": dict(GEMMA4_DEFAULT_ROPE)}
+    rope = rope_all.get("full_attention", rope_all) if isinstance(rope_all, dict) else {}
+    rope_type = rope.get("rope_type") if isinstance(rope, dict) else None
     vocab = hp.get("vocab_size")
     rules: list[tuple[bool, str, str]] = [
         (bool(hp.get("final_logit_softcapping")), "Gemma4 DSpark logit softcapping is not supported",
@@ -186,6 +195,10 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
          "no mask_token_id"),
         (not dflash.get("target_layer_ids", hp.get("target_layer_ids")), "Gemma4 DSpark requires target_layer_ids",
          "no target_layer_ids"),
+        (bool(dflash.get("use_swa", False)) and not (isinstance(dflash.get("swa_window_size"), int)
+                                                     and dflash["swa_window_size"] > 0),
+         "Gemma4 DSpark swa_window_size must be positive",
+         f"dflash_config.use_swa is set with swa_window_size {dflash.get('swa_window_size')!r}"),
     ]
     for broken, b11434_error, what in rules:
         if broken:
@@ -193,11 +206,40 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
                 "format.dspark", f"{path}: {what}; llama.cpp b11434's converter (Gemma4DSparkModel) stops with "
                 f"\"{b11434_error}\".", "This drafter cannot be served by llama.cpp b11434.",
                 UnsupportedModelError),))
-    return Interpretation(FAMILY, None, (failed(
-        "format.arch", f"{path}: architectures is ['{GEMMA4_ARCH}'], a DSpark drafter on a Gemma-4 backbone that "
-        "llama.cpp b11434 converts (Gemma4DSparkModel), but this version of dflash-gguf does not mirror that "
-        "converter yet.", "Convert it with llama.cpp's own converter (convert_hf_to_gguf.py DRAFTER "
-        "--target-model-dir TARGET); the pipeline does so when given --llama-cpp DIR.", NotCoveredError),))
+
+    def refuse(message: str) -> Interpretation:
+        return Interpretation(FAMILY, None, (failed("format.dspark", f"{path}: {message}", PUBLISHED, ConfigError),))
+
+    geometry = {k: hp.get(k) for k in ("global_head_dim", "num_global_key_value_heads", "hidden_size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in geometry.values()):
+        return refuse(f"{geometry} must be positive integers: Gemma4DSparkModel writes the global attention "
+                      "geometry (num_global_key_value_heads, global_head_dim) as the drafter's KV heads and head size, "
+                      "and llama.cpp b11434's converter stops with a KeyError without them.")
+    head_dim = int(hp["global_head_dim"])
+    rope_factors: tuple[float, ...] | None = None
+    if rope_type == "proportional":  # Gemma4DSparkModel.generate_extra_tensors
+        fraction = rope.get("partial_rotary_factor", 0.25)
+        n_rot = int(head_dim * fraction / 2) if isinstance(fraction, (int, float)) else 0
+        if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1 or head_dim * fraction != 2 * n_rot:
+            return refuse(f"partial_rotary_factor {fraction!r} with global_head_dim {head_dim} gives no positive, "
+                          "even rotary dimension count; llama.cpp b11434's converter stops with \"Gemma4 DSpark "
+                          "rotary dimension count must be positive and even\".")
+        rope_factors = (1.0,) * n_rot + (1e30,) * (head_dim // 2 - n_rot)
+    sample_from_anchor = hp.get("sample_from_anchor", True)
+    if not isinstance(sample_from_anchor, bool):
+        return refuse(f"sample_from_anchor is {sample_from_anchor!r}, not true or false.")
+    gemma = Gemma4Params(int(hp["num_global_key_value_heads"]), head_dim, float(hp["hidden_size"]) ** 0.5,
+                         dict(rope), rope_factors, hp.get("tie_word_embeddings") is True)
+    params = DSparkParams(GEMMA4_ARCH, sample_from_anchor, int(vocab), int(vocab), gemma)
+    # the rest is DFlashModel's: b11434 reads the top-level mask id and taps where dflash_config has none
+    backbone = {**hp, "dflash_config": {**{k: hp[k] for k in ("target_layer_ids", "mask_token_id") if k in hp},
+                                        **dflash}}
+    rope_view = {**backbone, "rope_parameters": {"full_attention": dict(rope)}}
+    findings = [passed("format.dspark", f"DSpark ({GEMMA4_ARCH}): Gemma-4 backbone, global attention "
+                       f"{gemma.head_count_kv} KV head(s) of {head_dim}, vanilla Markov head, full vocabulary, "
+                       f"sample_from_anchor {str(sample_from_anchor).lower()}")]
+    return _dflash.interpret_backbone(backbone, path, hp=rope_view, family=FAMILY, findings=findings, dspark=params,
+                                      writes_activation=True)
 
 
 def pair_findings(spec: Any, target: TargetFacts) -> tuple[Finding, ...]:

@@ -286,7 +286,8 @@ def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
                f"{n_expected}): {'; '.join(parts)}. b11434 stops with 'missing tensor' or "
                "'wrong number of tensors'.", RECONVERT)
     else:
-        r.ok("format.tensors", f"{len(names)} tensors, the {kind} set for {n_layer} layers ({n_expected})")
+        r.ok("format.tensors", f"{len(names)} tensors, the {kind} set for {n_layer} layers ({n_expected} required, "
+             f"{len(names) - n_expected} optional)")
     _check_shapes(d, r, n_layer)
 
 

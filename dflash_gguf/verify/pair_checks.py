@@ -88,8 +88,31 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     _check_vocab(d, t, r)
     if "markov_w1.weight" in d.tensors:
         _check_dspark(d, t, r)
+    _check_mrope(d, t, r, tarch)
     _check_scale_and_block(d, r, tarch, h_t)
     return r
+
+
+def _check_mrope(d: GGUFMeta, t: GGUFMeta, r: Report, tarch: str) -> None:
+    """pair.mrope: a drafter of an M-RoPE target needs rope sections, or llama.cpp ropes it with plain positions.
+
+    b11434's converter writes ``[n_rot/2, 0, 0, 0]`` for such targets (DFlashModel._target_uses_mrope), and the
+    loader then picks M-RoPE for the draft (llama_model_rope_type); drafter GGUFs made before that fix (late
+    August 2026) lack the key and draft against image positions they cannot follow."""
+    sections = t.get(Keys.of(tarch, Keys.ROPE_DIMENSION_SECTIONS))
+    if sections is None or not any(int(x) for x in sections):
+        r.ok("pair.mrope", "the target uses no M-RoPE")
+        return
+    own = d.get(Keys.ROPE_DIMENSION_SECTIONS)
+    if own is None or not any(int(x) for x in own):
+        r.fail("pair.mrope", "warning", f"the target uses M-RoPE ({tarch}.rope.dimension_sections "
+               f"{[int(x) for x in sections]}) but the drafter has no dflash.rope.dimension_sections: a drafter GGUF "
+               "from a converter before late August 2026. llama.cpp then ropes the draft with plain positions, so "
+               "prompts with images are drafted against the wrong positions and almost never accepted.",
+               "Reconvert the drafter with dflash-convert (or llama.cpp b11434's converter), which writes the "
+               "degenerate sections [n_rot/2, 0, 0, 0].")
+    else:
+        r.ok("pair.mrope", f"M-RoPE target; the drafter ropes on the temporal sections {[int(x) for x in own]}")
 
 
 def _check_dspark(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
