@@ -43,9 +43,11 @@ TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.mode
                       "vocab.json", "merges.txt")
 INDEX = "model.safetensors.index.json"
 WEIGHT_PATTERNS = ("*.safetensors", INDEX)
-# A drafter's files beyond its weights: the mask row of a DFlash drafter trained on a target whose own mask
-# embedding is untrained (read by a restricted unpickler, never by pickle.load).
-DRAFTER_PATTERNS = (*WEIGHT_PATTERNS, "mask_embedding.pt")
+# A drafter's files beyond its weights: its tokenizer (an MTP assistant converts with its own), and the mask row
+# of a DFlash drafter trained on a target whose own mask embedding is untrained (read by a restricted unpickler,
+# never by pickle.load).
+MASK_EMBEDDING = "mask_embedding.pt"
+DRAFTER_PATTERNS = (*WEIGHT_PATTERNS, *TOKENIZER_PATTERNS, MASK_EMBEDDING)
 # Other serialisations of the same weights: never fetched through a wildcard (an exact name still is).
 OTHER_FORMATS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.onnx", "*.onnx_data", "*.gguf",
                  "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.npz", "*.mlmodel", "*.nemo")

@@ -32,6 +32,8 @@ def is_sidecar(path: Path | str) -> bool:
 
 def drafter_kind(meta: GGUFMeta) -> str:
     """The prefix key of a drafter GGUF: ``dspark`` when it carries the Markov head, else its architecture."""
+    if meta.arch == "gemma4-assistant":  # an MTP head: preset.cpp's mtp- prefix
+        return "mtp"
     return "dspark" if DSPARK_MARKER in meta.tensors else (meta.arch or "dflash")
 
 
@@ -43,7 +45,9 @@ def drafter_kind_of_checkpoint(drafter_dir: Path) -> str:
         family = drafters.interpret_folder(Path(drafter_dir)).family
     except DflashGgufError:
         return "dflash"
-    return "dspark" if family == "dspark" else "dflash"
+    if family == "gemma4_assistant":  # writes a gemma4-assistant file: an MTP head
+        return "mtp"
+    return family if family in ("dspark", "eagle3") else "dflash"  # eagle3: its own architecture
 
 
 def sidecar_name(target_model: str, type_name: str, arch: str = "dflash") -> str:

@@ -19,9 +19,10 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
 
 
 @click.command("convert")
-@click.option("--drafter", "drafter", required=True, metavar="SPEC",
-              help="DFlash drafter: Hub repo id org/name[@revision], or a local folder (config.json + "
-                   "model*.safetensors).")
+@click.option("--drafter", "drafter", required=True, multiple=True, metavar="SPEC",
+              help="Drafter (DFlash, DFlash2, DSpark, ...): Hub repo id org/name[@revision], or a local folder "
+                   "(config.json + model*.safetensors). Pipeline: repeat it to make several drafters of different "
+                   "kinds for one target; --tune then serves the fastest.")
 @click.option("--target", "--target-model-dir", "target", required=True, metavar="SPEC",
               help="Target model: Hub repo id org/name[@revision], or a local folder. Its config.json and tokenizer "
                    "files are embedded in the drafter GGUF.")
@@ -69,8 +70,8 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
 @json_option
 @verbose_option
 @handle_errors
-def convert_cmd(drafter: str, target: str, outfile: Path | None, dry_run: bool, json_: bool, verbose: bool,
-                **options: Any) -> None:
+def convert_cmd(drafter: tuple[str, ...], target: str, outfile: Path | None, dry_run: bool, json_: bool,
+                verbose: bool, **options: Any) -> None:
     """Make a DFlash drafter + target GGUF pair that llama.cpp b11434 serves.
 
     Without --outfile: resolve both sources (Hub repo or folder), precheck the pair from configs and
@@ -94,7 +95,9 @@ def convert_cmd(drafter: str, target: str, outfile: Path | None, dry_run: bool, 
     if given := [o for o in _PIPELINE_ONLY if options[o] not in (None, False)]:
         raise click.UsageError(f"--{given[0].replace('_', '-')} is a pipeline option: drop --outfile to run the "
                                "pipeline.")
-    _drafter_only(Path(drafter), Path(target), outfile, options["outtype"] or "auto", options["tokenizer_dir"],
+    if len(drafter) > 1:
+        raise click.UsageError("--outfile converts one drafter: give --drafter once (the pipeline takes several).")
+    _drafter_only(Path(drafter[0]), Path(target), outfile, options["outtype"] or "auto", options["tokenizer_dir"],
                   options["pair_with"], options["drafter_repo"], options["target_repo"], options["quant"], dry_run,
                   json_)
 
@@ -130,8 +133,8 @@ _METHOD = {"builtin": "the built-in converter", "llama-cpp": "llama.cpp's conver
            "gguf": "--target-gguf"}
 
 
-def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: str | None, outdir: Path | None,
-              target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
+def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool, *, quant: str | None,
+              outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
               allow_derived_target: bool, draft_quant: str | None, tune: bool, tune_budget: float | None,
               tune_flags: str | None, llama_server: Path | None) -> None:
     import shlex
@@ -145,9 +148,9 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
         raise click.UsageError("--tune-budget, --tune-flags and --llama-server need --tune.")
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
                                llama_server=llama_server)
-    opts = PipelineOptions(target, drafter, quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
+    opts = PipelineOptions(target, drafter[0], quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
                            allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0", tune=tune,
-                           tune_options=tune_options)
+                           tune_options=tune_options, more_drafters=drafter[1:])
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:
@@ -184,6 +187,11 @@ def _pipeline(drafter: str, target: str, dry_run: bool, json_: bool, *, quant: s
     record = PairRecord.from_data(result.outdir / MANIFEST_NAME, doc)  # as written, not read back
     for side, out in (("target", record.target), ("drafter", record.drafter)):
         click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
+    if len(record.drafters) > 1:
+        for d in doc["outputs"]["drafters"]:
+            verdict = "can be served" if d["verify"]["servable"] else \
+                f"refused by verify ({d['verify']['errors']} errors)"
+            click.echo(f"  drafter {d['kind']}: {record.folder / d['file']} from {d['source']}: {verdict}")
     report = result.report
     assert report is not None
     if report.errors or report.warnings:

@@ -35,7 +35,7 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
             only = only / MANIFEST_NAME
         if only.suffix == ".json":
             record = read_manifest(only)
-            return record.file("target"), [record.file("drafter")], only
+            return record.file("target"), record.drafter_files(), only
         if only.is_dir():
             ggufs = sorted(only.glob("*.gguf"))
             targets = [p for p in ggufs if not is_sidecar(p)]
@@ -93,6 +93,11 @@ def render_report(report: TuneReport) -> str:
             lines.append(f"{m.config.label}: {m.status}: {first.removesuffix(' Its last lines:')}"
                          + (f" ... {rest[-1].strip()}" if rest else ""))
     lines += [f"note: {n}" for n in report.notes]
+    if len(report.drafters) > 1:  # the comparison: each drafter at its best against the target alone
+        lines += ["", "ranking (each drafter at its fastest configuration):"]
+        lines += [f"  {i}. {m.config.label}: {m.gen_tps or 0:.1f} tokens/s"
+                  + (f", {up:.2f}x" if (up := report.speedup(m)) is not None else "")
+                  for i, m in enumerate(report.ranking, 1)]
     lines += ["", report.verdict]
     return "\n".join(lines)
 

@@ -35,7 +35,7 @@ def render(report: Report, width: int = 100) -> str:
 
 
 @click.command("verify")
-@click.argument("drafter", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("drafter", type=click.Path(path_type=Path))
 @click.argument("target", required=False, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--allow-derived-target", is_flag=True,
               help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
@@ -46,8 +46,9 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
                json_: bool) -> None:
     """Check that a DFlash drafter GGUF and its target GGUF belong together.
 
-    DRAFTER may be the pair.json dflash-convert wrote (its two files are checked, also against their
-    recorded sha256). Without TARGET, the target file the drafter records beside itself is used.
+    DRAFTER may be the pair.json dflash-convert wrote, or its folder (its files are checked, also against
+    their recorded sha256; every drafter of a run of several is judged with the target). Without TARGET, the
+    target file the drafter records beside itself is used.
     Exit 0: servable; 1: must not be served; 2: an input cannot be read.
 
     \b
@@ -55,6 +56,14 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
       dflash-verify gemma4-12B-it-DFlash-BF16.gguf gemma-4-12B-it-Q4_0.gguf
       dflash-verify pair/pair.json
     """
+    if drafter.is_dir() and target is None:
+        from ..errors import InputError
+        from ..pipeline import MANIFEST_NAME
+
+        if not (drafter / MANIFEST_NAME).is_file():
+            raise InputError(f"{drafter} is a folder without {MANIFEST_NAME}. Pass the folder dflash-convert wrote, "
+                             "its pair.json, or DRAFTER.gguf [TARGET.gguf].")
+        drafter = drafter / MANIFEST_NAME
     if drafter.suffix == ".json" and target is None:
         from ..pipeline.manifest import verify_manifest
 

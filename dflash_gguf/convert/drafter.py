@@ -40,13 +40,14 @@ from ..drafters.dspark import Gemma4Params
 from ..errors import ConfigError, IncompatiblePairError, InputError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
 from ..ggufio.layout import GGML_QUANT_VERSION
+from ..hub import MASK_EMBEDDING  # the draft's own vector for the mask row of the target's embeddings
 from . import torch_zip
 from .configs import TargetConfig, read_target_config
 from .general import add_general
 from .outtype import OUTTYPES, resolve_outtype, tensor_type
 from .result import ConvertResult, finish, target_embedding_fingerprint, target_record
 from .safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
-from .tensor_io import byte_source, f32_to_bf16, patched_writer, tensor_writer
+from .tensor_io import byte_source, f32_to_bf16, patched_writer, tensor_writer, to_f32
 from .textmodel import add_textmodel_keys, rope_parameters
 from .vocab import add_target_vocab
 
@@ -227,9 +228,6 @@ def _dspark_heads(cfg: DFlashSpec, mapped: list[tuple[str, TensorRef]], extra: d
     return mapped, None if d2t is None else _d2t_tensor(d2t, cfg)
 
 
-MASK_EMBEDDING = "mask_embedding.pt"  # the draft's own vector for the mask row of the target's embeddings
-
-
 @dataclass(frozen=True)
 class MaskRow:
     """Row ``row`` of ``token_embd`` replaced by ``raw`` (bytes in the embedding's own dtype)."""
@@ -244,8 +242,7 @@ def _cast_row(values: torch_zip.Tensor, dtype: str) -> bytes:
         return values.data.tobytes()
     if values.dtype not in ("F32", "F16", "BF16", "F64"):
         raise ValueError(values.dtype)
-    f32 = (values.data.astype(np.uint32) << 16).view(np.float32) if values.dtype == "BF16" else \
-        values.data.astype(np.float32)
+    f32 = values.data.astype(np.float32) if values.dtype == "F64" else to_f32(values.data.tobytes(), values.dtype)
     if dtype == "BF16":
         return f32_to_bf16(f32).tobytes()
     return f32.astype(np.float16 if dtype == "F16" else np.float32).tobytes()
@@ -414,13 +411,24 @@ def convert_drafter(
     start = time.perf_counter()
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
     reading = drafters.interpret_folder(drafter_dir)
+    if reading.family == "gemma4_assistant":  # a target-style b11434 class: the target dir feeds the pair rules only
+        from .targets.gemma4_assistant import convert_assistant
+
+        return convert_assistant(drafter_dir, target_dir, outfile, outtype, tokenizer_dir=tokenizer_dir,
+                                 provenance=provenance, quant=quant, dry_run=dry_run, on_progress=on_progress)
+    if reading.family == "eagle3":  # b11434's LlamaModel EAGLE-3 path: its own keys, tensors and vocabulary
+        from .eagle3 import convert_eagle3
+
+        return convert_eagle3(reading, drafter_dir, target_dir, outfile, outtype, tokenizer_dir=tokenizer_dir,
+                              provenance=provenance, quant=quant, dry_run=dry_run, on_progress=on_progress)
     cfg = reading.require()
     for finding in reading.findings:
         if finding.note and finding.severity == "warning":
             log.warning("%s: %s", cfg.path, finding.message)
     target = read_target_config(target_dir)
-    target_rules = drafters.target_findings(target.facts())
-    drafters.first_error((*target_rules, *drafters.pair_findings(reading, target.facts())))
+    facts = target.facts()
+    target_rules = drafters.target_findings(facts)
+    drafters.first_error((*target_rules, *drafters.pair_findings(reading, facts)))
     notes = [*reading.notes, *(f.message for f in target_rules if f.note)]
     extra: dict[str, TensorRef] = {}
     mapped = _map_tensors(index_checkpoint(drafter_dir), cfg, notes, extra)

@@ -96,14 +96,25 @@ class TargetFacts:
     n_layers: int | None
     vocab_size: int | None
     path: Path | None = None
+    # attention geometry (Gemma-4: sliding layers' head_dim / num_key_value_heads, full layers' global_*), for
+    # drafters that attend over the target's own KV cache
+    head_dim: int | None = None
+    kv_heads: int | None = None
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    layer_types: tuple[str, ...] | None = None
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], path: Path | None = None) -> TargetFacts:
         text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
         merged = {**raw, **text}
         archs = text.get("architectures") or raw.get("architectures") or [None]
+        types = merged.get("layer_types")
         return cls(archs[0] if isinstance(archs[0], str) else None, _int(merged.get("hidden_size")),
-                   _int(merged.get("num_hidden_layers")), _int(merged.get("vocab_size")), path)
+                   _int(merged.get("num_hidden_layers")), _int(merged.get("vocab_size")), path,
+                   _int(merged.get("head_dim")), _int(merged.get("num_key_value_heads")),
+                   _int(merged.get("global_head_dim")), _int(merged.get("num_global_key_value_heads")),
+                   tuple(str(t) for t in types) if isinstance(types, list) else None)
 
 
 def _int(value: Any) -> int | None:
@@ -113,7 +124,7 @@ def _int(value: Any) -> int | None:
 # Drafter kinds b11434 reads that no family here converts yet (named in the refusal).
 KNOWN_UNSUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = ()
 # Family modules of this package; each declares the ARCHITECTURES it reads.
-_FAMILY_MODULES: tuple[str, ...] = ("dflash", "dspark")
+_FAMILY_MODULES: tuple[str, ...] = ("dflash", "dspark", "gemma4_assistant", "eagle3")
 
 
 FAMILIES = by_architecture(__name__, _FAMILY_MODULES)  # architectures[0] -> family module

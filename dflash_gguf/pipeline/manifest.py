@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_record(path: Path, sha256: str | None = None) -> dict[str, Any]:
-    """Name (relative to the manifest), size and sha256 of an output; ``sha256`` when the writer hashed it while
-    writing (the built-in converter and quantizer do), else the file is read to hash it."""
-    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
+def file_record(path: Path, sha256: str | None = None, name: str | None = None) -> dict[str, Any]:
+    """Name (relative to the manifest: ``name``, else the file's own), size and sha256 of an output; ``sha256``
+    when the writer hashed it while writing (the built-in converter and quantizer do), else the file is read."""
+    return {"file": name or path.name, "size": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
 
 
 class Manifest:
@@ -51,6 +52,10 @@ class Manifest:
     @property
     def path(self) -> Path:
         return self.outdir / MANIFEST_NAME
+
+    def name_of(self, path: Path) -> str:
+        """How pair.json names an output: relative to the folder (``drafters/...`` for a run of several)."""
+        return os.path.relpath(path, self.outdir)
 
     @classmethod
     def load(cls, outdir: Path) -> Manifest:
@@ -82,7 +87,7 @@ class Manifest:
             return False
         files = {f["file"]: f for f in rec.get("outputs", [])}
         for out in outputs:
-            want = files.get(out.name)
+            want = files.get(self.name_of(out))
             if want is None or not out.is_file() or out.stat().st_size != want["size"]:
                 return False
             if sha256_file(out) != want["sha256"]:
@@ -95,7 +100,7 @@ class Manifest:
                hashes: dict[Path, str | None] | None = None, **extra: Any) -> list[dict[str, Any]]:
         """Note that ``stage`` made ``outputs`` from ``key``, and save the manifest. ``hashes``: the sha256 of
         outputs whose writer hashed them while writing; the others are read to hash them."""
-        files = [file_record(p, (hashes or {}).get(p)) for p in outputs]
+        files = [file_record(p, (hashes or {}).get(p), self.name_of(p)) for p in outputs]
         self.data["stages"][stage] = {"key": json.loads(json.dumps(key, default=str)), "outputs": files, **extra}
         self.save()
         return files
@@ -142,9 +147,10 @@ class PairRecord:
     path: Path
     status: str
     target: OutputRecord
-    drafter: OutputRecord
+    drafter: OutputRecord  # the one served (for a run of several: linked beside the target)
     target_method: str | None = None
     serve: ServeRecord | None = None
+    drafters: tuple[OutputRecord, ...] = ()  # every drafter the run made (just ``drafter`` for one)
 
     @property
     def folder(self) -> Path:
@@ -152,6 +158,10 @@ class PairRecord:
 
     def file(self, side: str) -> Path:
         return self.folder / (self.target if side == "target" else self.drafter).file
+
+    def drafter_files(self) -> list[Path]:
+        """Every drafter GGUF the run made (for a run of several, where they live: ``drafters/``)."""
+        return [self.folder / d.file for d in self.drafters]
 
     @classmethod
     def from_data(cls, path: Path, data: Any) -> PairRecord:
@@ -189,13 +199,16 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
         raise InputError(f"{path}: its 'outputs' do not name a target and a drafter file (the run did not finish). "
                          "Re-run dflash-convert with the same options to complete it.") from None
     serve = data.get("serve")
+    several = outputs.get("drafters")
+    drafters = tuple(OutputRecord.from_dict(d) for d in several) if isinstance(several, list) else (sides["drafter"],)
     return PairRecord(Path(path), str(data.get("status", "")), sides["target"], sides["drafter"],
                       (data.get("options") or {}).get("target_method"),
-                      ServeRecord.from_dict(serve) if isinstance(serve, dict) else None)
+                      ServeRecord.from_dict(serve) if isinstance(serve, dict) else None, drafters)
 
 
 def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:
-    """``dflash-verify pair.json``: the two files it names, unchanged since they were written, judged as a pair.
+    """``dflash-verify pair.json``: the files it names, unchanged since they were written, judged as a pair (and,
+    for a run of several drafters, every other drafter judged with the target too).
 
     Raises:
         InputError: the manifest or a GGUF cannot be read.
@@ -205,17 +218,29 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
     record = read_manifest(path)
     folder = record.folder
     files = {side: record.file(side) for side in ("drafter", "target")}
-    for side, f in files.items():
+    others = {f: d for d in record.drafters if (f := folder / d.file).name != files["drafter"].name}
+    for side, f in [*files.items(), *(("drafter", f) for f in others)]:
         if not f.is_file():
-            raise InputError(f"{path} names the {side} {f.name}, which is not in {folder}. Keep pair.json beside "
-                             "its two GGUF files, or re-run dflash-convert to make them again.")
+            raise InputError(f"{path} names the {side} {f.name}, which is not in {f.parent}. Keep pair.json beside "
+                             "the GGUF files it names, or re-run dflash-convert to make them again.")
     report = verify_files(files["drafter"], files["target"], allow_derived_target=allow_derived_target)
-    for side, f in files.items():
-        want = record.target if side == "target" else record.drafter
-        if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
-            report.ok(f"manifest.{side}", f"{f.name}: size and sha256 as recorded in {Path(path).name}")
+    checked = [(f"manifest.{side}", f, record.target if side == "target" else record.drafter)
+               for side, f in files.items()]
+    for f, rec in others.items():
+        other = verify_files(f, files["target"], allow_derived_target=allow_derived_target)
+        if other.errors:
+            report.fail(f"pair.drafters.{f.name}", "error", f"{rec.file}, another drafter of this run, cannot be "
+                        f"served with the target: " + " ".join(f"[{r.id}] {r.message}" for r in other.errors),
+                        f"'dflash-verify {f} {files['target']}' prints its full report.")
         else:
-            report.fail(f"manifest.{side}", "error", f"{f.name} is not the file {Path(path).name} recorded (size or "
+            report.ok(f"pair.drafters.{f.name}", f"{rec.file}, another drafter of this run, can be served with the "
+                      f"target ({len(other.results)} checks, {len(other.warnings)} warnings)")
+        checked.append((f"manifest.drafters.{f.name}", f, rec))
+    for check_id, f, want in checked:
+        if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
+            report.ok(check_id, f"{f.name}: size and sha256 as recorded in {Path(path).name}")
+        else:
+            report.fail(check_id, "error", f"{f.name} is not the file {Path(path).name} recorded (size or "
                         "sha256 differ): it was changed or replaced after the pair was made.",
                         "Re-run dflash-convert with the same options to make it again.")
     return report

@@ -22,20 +22,21 @@ from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
-from ..sidecar import drafter_kind_of_checkpoint, sidecar_name
+from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
-from ..verify import Report
+from ..verify import Report, read_gguf
 from . import stages
 from .manifest import Manifest, file_record, sha256_file
 from .naming import QUANT_TYPES, checkpoint_type, gguf_name, model_name
 from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
-from .serve import record_serving
+from .serve import measured_winner, record_serving, serve_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files
 from .sources import resolve_source as resolve_spec
 
 log = logging.getLogger(__name__)
 
 WORK_DIR = ".dflash-work"  # inside --outdir: the tokenizer overlay and the converters' scratch cwd
+DRAFTERS_DIR = "drafters"  # inside --outdir: every drafter of a run that makes several
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
 
 
@@ -59,6 +60,11 @@ class PipelineOptions:
     draft_quant: str = "q8_0"
     tune: bool = False  # measure with llama-server at the end (when one is found)
     tune_options: TuneOptions | None = None
+    more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        return (self.drafter, *self.more_drafters)
 
 
 @dataclass(frozen=True)
@@ -141,14 +147,41 @@ def _one_pass(opts: PipelineOptions, quant: str) -> bool:
             and stages.quantizer_choice() == "builtin")
 
 
-def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: stages.TargetMethod,
+def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
+    """Where a drafter's GGUF goes in the output folder: its sidecar name, in ``drafters/`` when the run makes
+    several (llama.cpp's folder layout holds one target and one sidecar: the one served is linked beside the
+    target; ``load_from_models_dir`` would otherwise attach whichever sidecar it lists first)."""
+    name = sidecar_name(model_name(target.repo, target.path), draft_quant, drafter_kind_of_checkpoint(drafter.path))
+    return f"{DRAFTERS_DIR}/{name}" if several else name
+
+
+def refuse_same_sidecar(target: Source, drafters: list[Source], draft_quant: str) -> None:
+    """Two drafters of one kind would write one sidecar name; llama.cpp's layout tells drafters apart by prefix.
+
+    Raises:
+        InputError: two --drafter specs make the same file.
+    """
+    seen: dict[str, Source] = {}
+    for d in drafters:
+        name = drafter_file(target, d, draft_quant, True)
+        if name in seen:
+            raise InputError(f"--drafter {seen[name].spec} and --drafter {d.spec} are drafters of the same kind and "
+                             f"would both be written as {name}: llama.cpp's folder layout names a target's drafters by "
+                             "their kind (dflash-, dspark-, mtp-, eagle3-). Compare them in two runs with two --outdir "
+                             "folders, then 'dflash-gguf tune TARGET.gguf A.gguf B.gguf'.")
+        seen[name] = d
+
+
+def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, method: stages.TargetMethod,
              outdir: Path, drafter_by_llama_cpp: bool = False) -> Plan:
     """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
-    name_t, name_d = model_name(target.repo, target.path), model_name(drafter.repo, drafter.path)
+    name_t = model_name(target.repo, target.path)
     target_patterns = TOKENIZER_PATTERNS + (() if method.kind == "gguf" else WEIGHT_PATTERNS)
     downloads: list[Download] = []
-    weights = {}
-    for side, src, patterns in (("target", target, target_patterns), ("drafter", drafter, DRAFTER_PATTERNS)):
+    weights: dict[str, int] = {}
+    sides_in = [("target", target, target_patterns)] + [(f"drafter{i}", d, DRAFTER_PATTERNS)
+                                                         for i, d in enumerate(drafters)]
+    for side, src, patterns in sides_in:
         files = list_source_files(src, patterns)
         weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
         if src.repo is not None:
@@ -159,12 +192,15 @@ def plan_run(opts: PipelineOptions, drafter: Source, target: Source, method: sta
         link = local.name if local.is_file() else method.detail.rsplit("/", 1)[-1]
         if not local.is_file():
             downloads.append(Download(method.detail, method.detail.partition(":")[2], None, 0))
-    src_t, src_d = _config_type(target.path / "config.json"), _config_type(drafter.path / "config.json")
-    sidecar_d = sidecar_name(name_t, opts.draft_quant, drafter_kind_of_checkpoint(drafter.path))  # dflash-/dspark-
+    src_t = _config_type(target.path / "config.json")
     sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
-                       opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant), link),
-             SideFiles(gguf_name(name_d, src_d), sidecar_d, weights["drafter"], src_d,
-                       opts.draft_quant, not drafter_by_llama_cpp and _one_pass(opts, opts.draft_quant))]
+                       opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant), link)]
+    for i, drafter in enumerate(drafters):
+        src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
+        sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, opts.draft_quant,
+                                                                        len(drafters) > 1),
+                               weights[f"drafter{i}"], src_d, opts.draft_quant,
+                               not drafter_by_llama_cpp and _one_pass(opts, opts.draft_quant)))
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     return make_plan(outdir, downloads, outputs, peak)
 
@@ -184,14 +220,17 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     for flag, value in (("--quant", opts.quant), ("--draft-quant", opts.draft_quant)):
         if value not in QUANT_TYPES:
             raise InputError(f"{flag} {value!r} is not one of {', '.join(QUANT_TYPES)}.")
-    drafter, target = resolve_spec(opts.drafter), resolve_spec(opts.target)
-    log.info("drafter %s, target %s", drafter.label, target.label)
+    drafters = [resolve_spec(spec) for spec in opts.drafters]
+    drafter, target = drafters[0], resolve_spec(opts.target)
+    log.info("drafter %s, target %s", ", ".join(d.label for d in drafters), target.label)
+    refuse_same_sidecar(target, drafters, opts.draft_quant)
     drafter_by_llama_cpp = opts.llama_cpp is not None and not stages.drafter_vocab_covered(target)
-    precheck = stages.precheck_sources(drafter, target, allow_derived_target=opts.allow_derived_target,
-                                       drafter_by_llama_cpp=drafter_by_llama_cpp)
+    prechecks = [stages.precheck_sources(d, target, allow_derived_target=opts.allow_derived_target,
+                                         drafter_by_llama_cpp=drafter_by_llama_cpp) for d in drafters]
+    precheck = prechecks[0]
     method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
-    plan = plan_run(opts, drafter, target, method, outdir, drafter_by_llama_cpp)
+    plan = plan_run(opts, drafters, target, method, outdir, drafter_by_llama_cpp)
     header = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
               "options": {"quant": opts.quant, "draft_quant": opts.draft_quant, "target_method": method.kind,
                           "drafter_method": "llama-cpp" if drafter_by_llama_cpp else "builtin",
@@ -200,6 +239,9 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                           "keep_intermediate": opts.keep_intermediate,
                           "allow_derived_target": opts.allow_derived_target},
               "precheck": precheck.to_dict()}
+    if len(drafters) > 1:
+        header["sources"]["drafters"] = [d.to_dict() for d in drafters]
+        header["prechecks"] = [p.to_dict() for p in prechecks]
     if opts.dry_run:
         plan.require_space()
         return PipelineResult(outdir, header, plan, None, True)
@@ -210,7 +252,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
         header["sources"]["target_gguf"] = {"spec": method.detail, "path": str(gguf_path.resolve())}
     outdir.mkdir(parents=True, exist_ok=True)
-    return _Run(opts, Manifest.load(outdir), progress, method).run(drafter, target, header, gguf_path)
+    return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
 
 
 class _Run:
@@ -224,7 +266,8 @@ class _Run:
         self.tool = f"dflash-gguf {__version__}"
         self._tune_bar: Callable[[int, int], None] | None = None
 
-    def run(self, drafter: Source, target: Source, header: dict[str, Any], gguf_path: Path | None) -> PipelineResult:
+    def run(self, drafters: list[Source], target: Source, header: dict[str, Any],
+            gguf_path: Path | None) -> PipelineResult:
         m = self.manifest
         m.data.update(header)
         m.data["status"] = "in-progress"
@@ -233,19 +276,23 @@ class _Run:
             m.data.pop(done, None)
         m.save()
         opts = self.opts
+        several = len(drafters) > 1
 
-        # The drafter first, checked against the target's config and tokenizer: a drafter that cannot be converted
+        # The drafters first, checked against the target's config and tokenizer: a drafter that cannot be converted
         # stops the run before the target's weights are fetched, converted or quantized.
-        drafter = fetch_source(drafter, DRAFTER_PATTERNS)
-        reads_target = stages.drafter_reads_target_weights(drafter)  # then the check needs the target's weights
+        drafters = [fetch_source(d, DRAFTER_PATTERNS) for d in drafters]
+        reads_target = any(stages.drafter_reads_target_weights(d) for d in drafters)  # the check needs the weights
         target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
         if m.data["options"]["drafter_method"] == "builtin":
-            stages.check_drafter(drafter, target)
-            jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
+            for d in drafters:
+                stages.check_drafter(d, target)
+                jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
         if not gguf_path and not reads_target:
             target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
         m.data["sources"]["target"] = target.to_dict()
-        m.data["sources"]["drafter"] = drafter.to_dict()
+        m.data["sources"]["drafter"] = drafters[0].to_dict()
+        if several:
+            m.data["sources"]["drafters"] = [d.to_dict() for d in drafters]
         m.save()
 
         tok = self.tokenizer(target)
@@ -256,28 +303,46 @@ class _Run:
 
         final_t, made_t = self.target(target, tok, gguf_path)
         jsonfile.forget()
-        final_d, made_d = self.drafter(drafter, target, tok, final_t.name)
-        jsonfile.forget()
-
-        report = stages.verify_pair(final_d, final_t, allow_derived_target=opts.allow_derived_target)
+        made: list[tuple[Path, dict[str, Any], Report]] = []
+        for i, d in enumerate(drafters):
+            final_d, made_d = self.drafter(d, target, tok, final_t.name, "drafter" if i == 0 else f"drafter{i + 1}",
+                                           several)
+            jsonfile.forget()
+            made.append((final_d, made_d, stages.verify_pair(final_d, final_t,
+                                                             allow_derived_target=opts.allow_derived_target)))
+        # served untuned: the first drafter verify takes (the user's order)
+        served = next((i for i, (_, _, r) in enumerate(made) if not r.errors), 0)
+        final_d, made_d, report = made[served]
         m.data["outputs"] = {"target": {**self._record_of(final_t), **made_t},
                              "drafter": {**self._record_of(final_d), **made_d}}
+        if several:
+            m.data["outputs"]["drafters"] = [
+                {**self._record_of(f), **info, "kind": drafter_kind(read_gguf(f)), "source": d.label,
+                 "verify": {"servable": not r.errors, "errors": len(r.errors), "warnings": len(r.warnings)}}
+                for d, (f, info, r) in zip(drafters, made, strict=True)]
         m.data["tools"] = _tool_versions(self.method)
         m.data["verify"] = report.to_dict()
         m.data["status"] = "verify-failed" if report.errors else "complete"
-        self._remove_superseded(earlier, {final_t.name, final_d.name})
-        record_serving(m, final_t, final_d, None)
+        self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made)})
+        candidates = [f for f, _, r in made if not r.errors]
+        if several:  # the one served beside the target, the others in drafters/
+            serve_drafter(m, final_t, final_d if not report.errors else None, None)
+        else:
+            record_serving(m, final_t, final_d, None)
         tuning, skipped = None, None
-        if opts.tune and not report.errors:
+        if opts.tune and candidates:
             try:
-                tuning = tune(final_t, [final_d], opts.tune_options, self.tune_progress)
+                tuning = tune(final_t, candidates, opts.tune_options, self.tune_progress)
             except LlamaServerNotFound as e:
                 skipped = str(e)
                 log.warning("--tune: %s", e)
                 m.data["tuning"] = {"status": "skipped", "reason": skipped}
                 m.save()
             else:
-                record_serving(m, final_t, final_d, tuning)
+                if several:
+                    serve_drafter(m, final_t, measured_winner(tuning), tuning)
+                else:
+                    record_serving(m, final_t, final_d, tuning)
         elif opts.tune:
             skipped = "verify refused the pair; nothing was measured"
         return PipelineResult(self.outdir, m.data, None, report, False, tuning, skipped)
@@ -337,9 +402,9 @@ class _Run:
         inter = self.outdir / gguf_name(name, src)
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
 
-    def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage,
-                target_file: str) -> tuple[Path, dict[str, Any]]:
-        name, target_name = model_name(drafter.repo, drafter.path), model_name(target.repo, target.path)
+    def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage, target_file: str,
+                side: str = "drafter", several: bool = False) -> tuple[Path, dict[str, Any]]:
+        name = model_name(drafter.repo, drafter.path)
         src = checkpoint_type(drafter.path)
         key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
                "target_file": target_file, "outtype": src, "tool": self.tool}
@@ -357,10 +422,11 @@ class _Run:
                 return stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
 
         quant = self.opts.draft_quant
-        final = self.outdir / sidecar_name(target_name, quant, drafter_kind_of_checkpoint(drafter.path))
-        inter = self.outdir / gguf_name(name, src)
+        final = self.outdir / drafter_file(target, drafter, quant, several)
+        final.parent.mkdir(exist_ok=True)
+        inter = final.parent / gguf_name(name, src)
         one_pass = convert if _one_pass(self.opts, quant) and not by_llama_cpp else None
-        return final, self._side("drafter", key, convert, inter, final, quant, src, one_pass)
+        return final, self._side(side, key, convert, inter, final, quant, src, one_pass)
 
     # ------------------------------------------------------------------------------------- bookkeeping
 
@@ -429,9 +495,9 @@ class _Run:
             if stage is not None and name != stage:
                 continue
             for f in rec.get("outputs", []):
-                if f["file"] == path.name and path.is_file() and path.stat().st_size == f["size"]:
+                if f["file"] == self.manifest.name_of(path) and path.is_file() and path.stat().st_size == f["size"]:
                     return dict(f)
         if path.is_symlink():
-            return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
+            return {"file": self.manifest.name_of(path), "size": path.stat().st_size, "sha256": sha256_file(path),
                     "links_to": str(path.resolve())}
-        return file_record(path)
+        return file_record(path, name=self.manifest.name_of(path))

@@ -6,12 +6,14 @@ measured; after ``tune`` it uses the fastest measured configuration. Either way 
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
-from ..sidecar import PRESET_NAME
+from ..sidecar import PRESET_NAME, sidecars_beside
 from ..tune import DEFAULT_N_MAX, TuneReport, inspect_drafter, required_p_min
 from .manifest import Manifest, read_manifest
 
@@ -47,6 +49,9 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) ->
     hub = ["llama-server", "-hf", "USER/REPO", "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
     if (needed := required_p_min(info)) is not None:
         hub += ["--spec-draft-p-min", f"{needed:g}"]
+    if spec_type == "draft-eagle3":  # common/preset.cpp attaches no eagle3- sidecar (-hf does, given the spec type)
+        note += ("; the --models-dir router does not attach an eagle3- drafter in llama.cpp b11434: serve the pair "
+                 "with the command above, or from a Hub repo with -hf and --spec-type draft-eagle3")
     return {"command": cmd, "shell": shlex.join(cmd), "n_max": n_max, "p_min": p_min, "measured": measured,
             "uses_drafter": with_drafter, "note": note, "with_drafter": shlex.join(drafted),
             "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME, "model": folder.name,
@@ -79,6 +84,54 @@ def record_serving(manifest: Manifest, target: Path, drafter: Path, report: Tune
     manifest.save()
 
 
+def measured_winner(report: TuneReport) -> Path | None:
+    """The drafter of the fastest configuration tune measured; None when the target alone was fastest."""
+    best = report.best
+    return best.config.drafter.path if best is not None and best.config.drafter is not None else None
+
+
+def serve_drafter(manifest: Manifest, target: Path, chosen: Path | None, report: TuneReport | None) -> None:
+    """A run of several drafters: ``chosen`` (one of ``drafters/``) linked beside the target, or none when the
+    target alone is to be served, then the serve plan recorded. llama.cpp's folder layout holds one target and one
+    sidecar (``load_from_models_dir`` attaches the first it lists), so the others stay in ``drafters/``."""
+    outdir = manifest.outdir
+    by_name = {Path(r["file"]).name: r for r in manifest.data["outputs"]["drafters"]}  # a name is one kind's
+    for stale in sidecars_beside(target):
+        if stale.name in by_name:  # the link an earlier choice made
+            stale.unlink()
+    # an eagle3- file beside the target would be listed as a second model, not attached (common/preset.cpp knows
+    # only the mtp-, dspark- and dflash- prefixes): it is served from drafters/ by the command
+    if chosen is not None and by_name[chosen.name].get("kind") != "eagle3":
+        rec = {k: v for k, v in by_name[chosen.name].items() if k not in ("kind", "source", "verify")}
+        served = outdir / chosen.name
+        _link(outdir / rec["file"], served)
+        manifest.data["outputs"]["drafter"] = {**rec, "file": served.name, "links_to": rec["file"]}
+        plan_for = served
+    elif chosen is not None:
+        rec = {k: v for k, v in by_name[chosen.name].items() if k not in ("kind", "source", "verify")}
+        manifest.data["outputs"]["drafter"] = rec
+        plan_for = outdir / rec["file"]
+    else:  # pair.json's drafter: the fastest drafter measured (or the first), where it is, in drafters/
+        fastest = report.best_drafting if report is not None else None
+        name = fastest.config.drafter.path.name if fastest is not None and fastest.config.drafter else \
+            next(iter(by_name))
+        rec = {k: v for k, v in by_name[name].items() if k not in ("kind", "source", "verify")}
+        manifest.data["outputs"]["drafter"] = rec
+        plan_for = outdir / rec["file"]
+    record_serving(manifest, target, plan_for, report)
+
+
+def _link(src: Path, dest: Path) -> None:
+    """``dest`` as a hard link to ``src`` (the same bytes, no copy), or a copy where links are not possible."""
+    tmp = dest.with_name(dest.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
+
+
 def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
     """``dflash-gguf tune pair.json``: the measurement into that manifest, the serve command and preset updated.
 
@@ -87,5 +140,8 @@ def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
     """
     record = read_manifest(manifest_path)
     manifest = Manifest.load(record.folder)
-    record_serving(manifest, record.file("target"), record.file("drafter"), report)
+    if len(record.drafters) > 1:
+        serve_drafter(manifest, record.file("target"), measured_winner(report), report)
+    else:
+        record_serving(manifest, record.file("target"), record.file("drafter"), report)
     return manifest.data

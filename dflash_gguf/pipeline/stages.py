@@ -250,9 +250,7 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
 def drafter_reads_target_weights(drafter: Source) -> bool:
     """A drafter shipping ``mask_embedding.pt`` takes the target's token embeddings and output head into its GGUF
     (b11434 DFlashModel.generate_extra_tensors), so its conversion needs the target's weights."""
-    from ..convert.drafter import MASK_EMBEDDING
-
-    return (drafter.path / MASK_EMBEDDING).is_file()
+    return (drafter.path / hub.MASK_EMBEDDING).is_file()
 
 
 def check_drafter(drafter: Source, target: Source) -> None:

@@ -35,7 +35,7 @@ COARSE_N_MAX = (1, 3, 7, 15)  # powers of two minus one: each step doubles the d
 P_MIN_SWEEP = (0.5, 0.75)  # llama.cpp's default is 0.0 (common.h); one report recovered acceptance at 0.75
 # Drafter architectures and the --spec-type that serves them (common/arg.cpp names); llama-server infers the
 # same from the metadata when -md is given alone (common_speculative_types_from_gguf).
-SPEC_TYPES = {DFLASH_ARCH: "draft-dflash"}
+SPEC_TYPES = {DFLASH_ARCH: "draft-dflash", "gemma4-assistant": "draft-mtp", "eagle3": "draft-eagle3"}
 # A DSpark drafter is a dflash file with a Markov head (markov_w1.weight): llama-server serves it as draft-dspark.
 DSPARK_SPEC_TYPE = "draft-dspark"
 # Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and
@@ -80,6 +80,39 @@ class DSparkDrafter(Drafter):
         return max(1, block if self.sample_from_anchor else block - 1)
 
 
+# The longest draft the tuner tries for an MTP head. A Gemma-4 assistant has no block: draft-mtp runs it once per
+# drafted token (is_mem_shared: no clamp to its layer count), each step feeding on its own predicted hidden state,
+# so acceptance falls off with every step while each drafted token still costs a verification row; past 7 (the
+# coarse grid's third step) the expected accepted length hardly grows.
+MTP_MAX_N_MAX = 7
+
+
+@dataclass(frozen=True)
+class MtpDrafter(Drafter):
+    """An MTP head (Gemma-4 assistant): no block size, n-max bounded by ``MTP_MAX_N_MAX``."""
+
+    @property
+    def max_n_max(self) -> int:
+        return MTP_MAX_N_MAX
+
+
+# The longest draft the tuner tries for an EAGLE-3 head. It has no block either: draft-eagle3 runs its one decoder
+# layer once per drafted token on its own pre-norm hidden state (llama.cpp never clamps --spec-draft-n-max for it,
+# and it is never inferred: --spec-type draft-eagle3 must be given). Acceptance falls with every step, and EAGLE-3
+# heads are trained with about 7 unrolled steps (SpecForge's ttt_length 7), so longer drafts mostly cost
+# verification rows; 8 leaves one step past training for the sweep to find the knee.
+EAGLE3_MAX_N_MAX = 8
+
+
+@dataclass(frozen=True)
+class Eagle3Drafter(Drafter):
+    """An EAGLE-3 head: no block size, n-max bounded by ``EAGLE3_MAX_N_MAX``."""
+
+    @property
+    def max_n_max(self) -> int:
+        return EAGLE3_MAX_N_MAX
+
+
 def required_p_min(d: Drafter) -> float | None:
     """The --spec-draft-p-min a drafter must be served with: 0 for a DSpark drafter without a confidence head
     (llama-server stops with 'DSpark draft has no confidence head' at any other value), else None (free)."""
@@ -101,6 +134,10 @@ def inspect_drafter(path: Path) -> Drafter:
     block = meta.get(Keys.BLOCK_SIZE)
     fields = (Path(path).absolute(), arch, SPEC_TYPES[arch], int(block) if isinstance(block, int) else None,
               file_type_name(meta.get(Keys.FILE_TYPE)))
+    if SPEC_TYPES[arch] == "draft-mtp":
+        return MtpDrafter(*fields)
+    if SPEC_TYPES[arch] == "draft-eagle3":
+        return Eagle3Drafter(*fields)
     if DSPARK_MARKER in meta.tensors:
         return DSparkDrafter(fields[0], arch, DSPARK_SPEC_TYPE, *fields[3:],
                              sample_from_anchor=meta.get(Keys.SAMPLE_FROM_ANCHOR, True) is not False,

@@ -247,6 +247,14 @@ class TuneReport:
                 out.append(d)
         return tuple(out)
 
+    @property
+    def ranking(self) -> tuple[Measurement, ...]:
+        """The target alone and each drafter's fastest configuration, fastest first: the comparison of drafters."""
+        entries = [m for d in self.drafters if (m := self.best_for(d)) is not None]
+        if self.baseline is not None:
+            entries.append(self.baseline)
+        return tuple(sorted(entries, key=lambda m: m.gen_tps or 0.0, reverse=True))
+
     def speedup(self, m: Measurement) -> float | None:
         b = self.baseline
         return m.gen_tps / b.gen_tps if b and b.gen_tps and m.gen_tps else None
@@ -331,5 +339,8 @@ class TuneReport:
                              "runs": sum(1 for m in self.measurements if m.config.drafter is None and m.status == "ok"),
                              "repeats": self.baseline.repeats if self.baseline else 0},
                 "best": best.config.to_dict() | {"speedup": _r(self.speedup(best), 3)} if best else None,
+                "ranking": [{"configuration": m.config.label, "drafter": m.config.drafter.path.name
+                             if m.config.drafter else None, "generation_tokens_per_second": _r(m.gen_tps),
+                             "speedup": _r(self.speedup(m), 3)} for m in self.ranking],
                 "collapsed": [d.path.name for d in self.collapsed], "verdict": self.verdict,
                 "notes": list(self.notes)}

@@ -306,7 +306,10 @@ def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
         t = d.tensors.get(name)
         if t is None:
             continue
-        if len(t.ne) != len(shape) or any(w is not None and w != got for w, got in zip(shape, t.ne, strict=False)):
+        # check_tensor_dims compares all four ggml dims, a missing one being 1: llama-quantize writes a
+        # [96, 1] tensor as [96] (up to ggml_n_dims), and the loader takes it
+        got_ne, want_ne = _dims4(t.ne), _dims4(shape)
+        if any(w is not None and w != got for w, got in zip(want_ne, got_ne, strict=True)):
             exp = ", ".join("?" if w is None else str(w) for w in shape)
             bad.append(f"{name} is [{', '.join(map(str, t.ne))}], expected [{exp}]")
     if bad:
@@ -314,3 +317,8 @@ def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
                f"{'; '.join(bad[:3])} (b11434: 'check_tensor_dims: ... has wrong shape').", RECONVERT)
     else:
         r.ok("format.shapes", f"shapes follow from H={h}, heads={nh}/{nkv}x{hd}, ffn={ff}, taps={k}")
+
+
+def _dims4(ne: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """``ne`` padded to ggml's four dimensions with 1 (GGUF stores only the first ``ggml_n_dims``)."""
+    return (*ne, *(1,) * (4 - len(ne)))

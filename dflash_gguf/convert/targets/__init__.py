@@ -52,6 +52,7 @@ from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
 from ..result import ConvertResult, finish, target_record
 from ..safetensors import index_checkpoint
+from ..vocab import VocabInfo
 from .base import TargetSource, TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
 from .writers import spec_writer
 
@@ -91,8 +92,12 @@ def unsupported_message(path: Path, arch: str | None) -> str:
             "requirements), or pass an existing GGUF of the target with --target-gguf.")
 
 
-def family_for(model_dir: Path, tokenizer_dir: Path | None = None) -> TextFamily:
+def family_for(model_dir: Path, tokenizer_dir: Path | None = None, cls: type[TextFamily] | None = None
+               ) -> TextFamily:
     """The family object for a target dir, with its checkpoint indexed and config checked.
+
+    ``cls`` forces a family outside the target registry (a drafter converted by a target-style b11434 class,
+    e.g. the Gemma-4 assistant).
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, InputError.
@@ -102,11 +107,11 @@ def family_for(model_dir: Path, tokenizer_dir: Path | None = None) -> TextFamily
     if arch is None:
         raise ConfigError(f"{model_dir / 'config.json'}: no 'architectures' field, so the model family is "
                           "unknown. Use the config.json published with the model.")
-    family_name = SUPPORTED_ARCHITECTURES.get(arch)
-    if family_name is None:
-        raise NotCoveredError(unsupported_message(model_dir / "config.json", arch))
-    mod = importlib.import_module(f"{__name__}.{family_name}")
-    cls: type[TextFamily] = mod.FAMILY
+    if cls is None:
+        family_name = SUPPORTED_ARCHITECTURES.get(arch)
+        if family_name is None:
+            raise NotCoveredError(unsupported_message(model_dir / "config.json", arch))
+        cls = importlib.import_module(f"{__name__}.{family_name}").FAMILY
     config = read_target_config(model_dir)
     hparams = cls.load_hparams(raw)
     src = TargetSource(model_dir, Path(tokenizer_dir or model_dir), config, hparams, index_checkpoint(model_dir))
@@ -186,24 +191,32 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     start = time.perf_counter()
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir)
+    plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name)
+    recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256, provenance)
+    return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
+                  dry_run=dry_run, on_progress=on_progress)
+
+
+def build_plan(fam: TextFamily, outtype: str, name: str) -> tuple[GGUFPlan, VocabInfo, str]:
+    """Every tensor and key of a checked family, in b11434's order (no provenance keys): (plan, vocab, outtype).
+
+    Raises:
+        TensorError, TokenizerError, ConfigError: as :func:`plan_tensors` and the family's vocabulary.
+    """
     specs = plan_tensors(fam)
     outtype = resolve_outtype(outtype, (s.ref for s in specs if s.ref is not None and s.data is None))
     ftype, qtype = OUTTYPES[outtype]
-
     plan = GGUFPlan(fam.gguf_arch)
-    add_general(plan, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name, model_dir)
+    add_general(plan, name, fam.src.model_dir)
     for spec in specs:
         tq = tensor_type(spec.name, spec.shape, qtype, spec.force_f32 or fam.force_f32(spec.name))
         write, source = spec_writer(spec, tq)
         plan.add_tensor(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
     fam.add_hparams(plan, ftype)
     plan.add_uint32("general.quantization_version", GGML_QUANT_VERSION)
-    vocab = fam.add_vocab(plan)
-    recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256, provenance)
-    return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
-                  dry_run=dry_run, on_progress=on_progress)
+    return plan, fam.add_vocab(plan), outtype
 
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ConvertResult", "TargetSource", "TensorSpec", "TextFamily",
-           "add_text_hparams", "block_id", "builtin_family", "convert_target", "family_for", "plan_tensors",
-           "trimmed_rows", "unsupported_message"]
+           "add_text_hparams", "block_id", "build_plan", "builtin_family", "convert_target", "family_for",
+           "plan_tensors", "trimmed_rows", "unsupported_message"]
