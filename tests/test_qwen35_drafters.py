@@ -275,8 +275,8 @@ def test_verify_flags_a_drafter_without_the_m_rope_sections(targets: dict[str, P
     convert_target(targets["dense"], target, "bf16")
     fresh, stale = tmp_path / "fresh.gguf", tmp_path / "stale.gguf"
     convert_drafter(mf.make_drafter(tmp_path, target="qwen35"), targets["dense"], fresh)
-    subprocess.run([str(BIN / "gguf-new-metadata"), "--remove-metadata", "dflash.rope.dimension_sections", str(fresh),
-                    str(stale)], check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    subprocess.run([str(BIN / "gguf-new-metadata"), "--force", "--remove-metadata", "dflash.rope.dimension_sections",
+                    str(fresh), str(stale)], check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
     assert read_gguf(stale).get("dflash.rope.dimension_sections") is None
     checks = {c["id"]: c for c in verify_files(stale, target).to_dict()["checks"]}
     assert checks["pair.mrope"]["status"] == "fail" and checks["pair.mrope"]["severity"] == "warning", checks
