@@ -14,7 +14,8 @@ from ..provenance import TARGET_FILE, key
 from ..sidecar import is_sidecar, sidecars_beside, target_beside
 from .assistant_checks import check_assistant_format, check_assistant_pair
 from .eagle3_checks import ARCH as EAGLE3_ARCH
-from .eagle3_checks import verify_eagle3
+from .eagle3_checks import check_format as check_eagle3_format
+from .eagle3_checks import check_pair as check_eagle3_pair
 from .format_checks import check_format, is_drafter_like
 from .pair_checks import check_lineage, check_pair, check_target_alone
 from .precheck import precheck
@@ -34,10 +35,9 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         VerifyError: an input cannot be read (exit 2).
     """
     d = read_gguf(Path(drafter))
-    if d.arch == EAGLE3_ARCH:  # an EAGLE-3 head: its own format and pair checks
-        return verify_eagle3(d, target, allow_derived_target)
+    head = d.arch in (ASSISTANT_ARCH, EAGLE3_ARCH)  # drafters with their own format and pair checks
     found = None
-    if target is None and not is_drafter_like(d) and d.arch != ASSISTANT_ARCH and \
+    if target is None and not is_drafter_like(d) and not head and \
             (sidecars := sidecars_beside(Path(drafter))):
         # a target given alone, with llama.cpp's sidecar beside it: judge the pair llama-server would serve
         drafter, target, d = sidecars[0], Path(drafter), read_gguf(sidecars[0])
@@ -50,7 +50,7 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
             found = f"target {beside.name} found beside the sidecar (the folder's one target)" if beside else None
         target = beside if beside is not None and beside.is_file() else None
     t = read_gguf(Path(target)) if target is not None else None
-    if t is None and not is_drafter_like(d) and d.arch != ASSISTANT_ARCH:
+    if t is None and not is_drafter_like(d) and not head:
         # one file that is not a drafter: judge it as a target (arch, QAT/derived names)
         report = Report(inputs={"drafter": "", "target": str(drafter)})
         report.extend(check_target_alone(d, allow_derived_target))
@@ -64,6 +64,15 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
             report.extend(check_assistant_pair(d, t))
         elif t is None:
             report.skip("pair.target", "no target GGUF given: pair checks (vocabulary, hidden size, KV geometry) "
+                        "not run", "error")
+        report.extend(check_lineage(d, t, allow_derived_target))
+        return report
+    if d.arch == EAGLE3_ARCH:  # an EAGLE-3 head: its own format and pair checks
+        report.extend(check_eagle3_format(d))
+        if t is not None:
+            report.extend(check_eagle3_pair(d, t))
+        else:
+            report.skip("pair.target", "no target GGUF given: pair checks (vocabulary, target hidden size, taps, d2t) "
                         "not run", "error")
         report.extend(check_lineage(d, t, allow_derived_target))
         return report

@@ -9,8 +9,6 @@ format report names it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import GGUFValueType as VT
@@ -19,7 +17,7 @@ from gguf import Keys as GKeys
 from ..dflash_format import VOCAB_HASH_KEYS
 from ..drafters.eagle3 import _OUTPUT_TAP_ARCHS, N_TAPS, SPEC_TYPE
 from ..ggufio.layout import type_name
-from ..ggufio.reader import GGUFMeta, read_gguf
+from ..ggufio.reader import GGUFMeta
 from .format_checks import read_i64
 from .report import Report
 
@@ -199,35 +197,4 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     return r
 
 
-
-
-def verify_eagle3(d: GGUFMeta, target: Path | None, allow_derived_target: bool = False) -> Report:
-    """verify_files for an EAGLE-3 head: the target given, else the one it records beside itself, else the folder's
-    one target beside an ``eagle3-`` sidecar; then format, pair and lineage checks."""
-    from ..provenance import TARGET_FILE, key
-    from ..sidecar import is_sidecar, target_beside
-    from .pair_checks import check_lineage
-
-    found = None
-    if target is None:
-        name = d.get(key(TARGET_FILE))
-        beside = d.path.parent / name if isinstance(name, str) and name else None
-        if (beside is None or not beside.is_file()) and is_sidecar(d.path):
-            beside = target_beside(d.path)
-            found = f"target {beside.name} found beside the sidecar (the folder's one target)" if beside else None
-        target = beside if beside is not None and beside.is_file() else None
-    t = read_gguf(Path(target)) if target is not None else None
-    report = Report(inputs={"drafter": str(d.path), "target": str(target) if target else ""})
-    if found:
-        report.info("pair.found", found)
-    report.extend(check_format(d))
-    if t is not None:
-        report.extend(check_pair(d, t))
-    else:
-        report.skip("pair.target", "no target GGUF given: pair checks (vocabulary, target hidden size, taps, d2t) not "
-                    "run", "error")
-    report.extend(check_lineage(d, t, allow_derived_target))
-    return report
-
-
-__all__ = ["ARCH", "check_format", "check_pair", "eagle3_taps", "verify_eagle3"]
+__all__ = ["ARCH", "check_format", "check_pair", "eagle3_taps"]
