@@ -330,6 +330,12 @@ def make_big_gemma4_target(root: Path, layers: int) -> tuple[Path, float]:
                               num_key_value_heads=kv, num_global_key_value_heads=kv_full, intermediate_size=ff,
                               num_hidden_layers=layers, layer_types=types, vocab_size=vocab, sliding_window=1024)
     (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d, _write_noise_checkpoint(d, _gemma4_shapes(h, nh, hd, hd_full, kv, kv_full, ff, vocab, types), n_shards=2)
+
+
+def _gemma4_shapes(h: int, nh: int, hd: int, hd_full: int, kv: int, kv_full: int, ff: int, vocab: int,
+                   types: list[str]) -> dict[str, tuple[int, ...]]:
+    """The text-model tensors of a tied Gemma-4 checkpoint (k_eq_v full layers: no v_proj there)."""
     lm = "model.language_model"
     shapes: dict[str, tuple[int, ...]] = {f"{lm}.embed_tokens.weight": (vocab, h), f"{lm}.norm.weight": (h,)}
     for i, t in enumerate(types):
@@ -343,7 +349,7 @@ def make_big_gemma4_target(root: Path, layers: int) -> tuple[Path, float]:
                                                      "pre_feedforward_layernorm", "post_feedforward_layernorm")}
         if not full:
             shapes[p + "self_attn.v_proj.weight"] = (n_kv * d_head, h)
-    return d, _write_noise_checkpoint(d, shapes, n_shards=2)
+    return shapes
 
 
 def make_big_qwen3_target(root: Path, layers: int, tied: bool) -> tuple[Path, float]:
@@ -427,9 +433,12 @@ def timed_disk(cmd: list[str], folder: Path, env: dict[str, str] | None = None, 
     return (*_time_v(cmd, proc), peak / 1e6)
 
 
-def make_pipeline_drafter(root: Path, target: Path, n_layers: int) -> Path:
-    """A ~1.1 GB DFlash drafter (hidden 3072, 5 layers, 4 taps) for the Gemma-4-shaped bench target."""
-    h, ff, heads, kv, hd, taps = 3072, 6144, 32, 8, 128, [1, 3, 5, n_layers - 2]
+def make_pipeline_drafter(root: Path, target: Path, n_layers: int, *, h: int = 3072, ff: int = 6144,
+                          taps: list[int] | None = None) -> Path:
+    """A DFlash drafter (5 layers, 32/8 heads of 128) for a Gemma-4-shaped bench target: by default ~1.1 GB,
+    hidden 3072 and 4 taps; at hidden 3840, FF 7680 and 6 taps the ~1.45 GB of z-lab/gemma4-12B-it-DFlash."""
+    heads, kv, hd = 32, 8, 128
+    taps = taps or [1, 3, 5, n_layers - 2]
     drafter = fixtures.make_drafter(root, target="gemma4")
     for p in drafter.glob("model*.safetensors"):
         p.unlink()
@@ -475,20 +484,191 @@ def pipeline_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path)
     manual = [timed_disk(cmd, manual_dir, env, cwd=work) for cmd, env in steps]
     m_wall, m_rss = sum(r[0] for r in manual), max(r[1] for r in manual)
     m_disk = max(r[2] for r in manual)  # the BF16 files stay until the user deletes them
-    runs = [("built-in quantizer, one pass", {}),
-            ("with llama-quantize", {"LLAMA_QUANTIZE": str(llama_quantize)})]
-    for label, env in runs:
-        out = work / f"pair-{len(env)}"
+    runs = [("built-in quantizer, one pass", "builtin"), ("with llama-quantize", "llama-quantize")]
+    for label, quantizer in runs:
+        out = work / f"pair-{quantizer}"
         for p in [*target.glob("*.safetensors"), *drafter.glob("*.safetensors")]:
             warm(p)
         ours = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
-                           "--quant", "q4_0", "--outdir", str(out)], out, env, cwd=work)
+                           "--quant", "q4_0", "--quantizer", quantizer, "--outdir", str(out)], out,
+                          {"LLAMA_QUANTIZE": str(llama_quantize)}, cwd=work)
         lines.append(f"| {label} ({mb:.0f} MB BF16 in) | {ours[0]:.2f} s | {ours[1]:.0f} MB | {ours[2]:.0f} MB | "
                      f"{m_wall:.2f} s | {m_rss:.0f} MB | {m_disk:.0f} MB | {m_wall / ours[0]:.2f}x | "
                      f"{ours[2] / m_disk:.2f}x |")
         shutil.rmtree(out)
     lines.append(f"|   manual steps: {', '.join(f'{r[0]:.1f} s' for r in manual)} (convert target, convert drafter, "
                  "quantize target, quantize drafter) | | | | | | | | |")
+    shutil.rmtree(manual_dir)
+    shutil.rmtree(target)
+    shutil.rmtree(drafter)
+    return lines
+
+
+
+# --------------------------------------------------------------------- the 12B-shaped stand-in (--full)
+
+GEMMA4_VOCAB = "ggml-vocab-gemma-4.gguf"  # b11434's models/ file: Gemma-4's real 262,144 tokens and 514,906 merges
+_SPECIAL_TYPES = (3, 4)  # llama.cpp token types CONTROL, USER_DEFINED: special added tokens in tokenizer.json
+
+
+def write_gemma4_vocab(model_dir: Path) -> int:
+    """Replace the fixture's 512-token tokenizer with Gemma-4's real vocabulary, read from b11434's
+    ``models/ggml-vocab-gemma-4.gguf``: tokenizer.json (BPE, byte fallback, as transformers' GemmaConverter
+    writes it) and tokenizer_config.json's added tokens. Returns the vocabulary size."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    reader = GGUFReader(reference_env.llama_cpp_src() / "models" / GEMMA4_VOCAB)
+
+    fields = reader.fields
+    tokens, merges = ([bytes(fields[key].parts[i]).decode("utf-8") for i in fields[key].data]
+                      for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
+    f = fields["tokenizer.ggml.token_type"]
+    types = [int(f.parts[i][0]) for i in f.data]
+    tok = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges],
+                        unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    special = [i for i, t in enumerate(types) if t in _SPECIAL_TYPES]
+    tok.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in special])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B:1",
+                                                       special_tokens=[("<bos>", 2)])
+    tok.save(str(model_dir / "tokenizer.json"))
+    cfg_path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["added_tokens_decoder"] = {str(i): {"content": tokens[i], "lstrip": False, "normalized": False,
+                                            "rstrip": False, "single_word": False, "special": True} for i in special}
+    standard = {"<pad>", "<eos>", "<bos>", "<unk>", "<mask>"}
+    cfg["additional_special_tokens"] = [tokens[i] for i in special if types[i] == 3 and tokens[i] not in standard]
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return len(tokens)
+
+
+# Gemma-4-12B's text model (hf-checkpoint layout: text_config of google/gemma-4-12B-it).
+G12 = dict(hidden=3840, layers=48, heads=16, head_dim=256, global_head_dim=512, kv_heads=8, global_kv_heads=1,
+           ff=15360, vocab=262144)
+
+
+def make_gemma4_12b_target(root: Path, *, layers: int = G12["layers"], n_shards: int = 5) -> tuple[Path, float]:
+    """Gemma-4-12B-it's shapes (hidden 3840, 48 layers, 5 sliding : 1 full, head dims 256/512, k_eq_v full
+    layers, FF 15360, tied) with its real 262,144-token vocabulary; random BF16 weights in ``n_shards``
+    shards, ~23.8 GB at 48 layers. Returns (dir, MB of weights)."""
+    d = fixtures.make_gemma4_target(root, name_suffix=f"-12b-{layers}l")
+    for p in d.glob("model*.safetensors"):
+        p.unlink()
+    g = G12
+    vocab = write_gemma4_vocab(d)
+    types = ["full_attention" if i % 6 == 5 or i == layers - 1 else "sliding_attention" for i in range(layers)]
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"].update(hidden_size=g["hidden"], num_attention_heads=g["heads"], head_dim=g["head_dim"],
+                              global_head_dim=g["global_head_dim"], num_key_value_heads=g["kv_heads"],
+                              num_global_key_value_heads=g["global_kv_heads"], intermediate_size=g["ff"],
+                              num_hidden_layers=layers, layer_types=types, vocab_size=vocab, sliding_window=1024)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d, _write_noise_checkpoint(d, _gemma4_shapes(g["hidden"], g["heads"], g["head_dim"], g["global_head_dim"],
+                                                        g["kv_heads"], g["global_kv_heads"], g["ff"], vocab, types),
+                                      n_shards=n_shards)
+
+
+FULL_DISK_GB = 60  # inputs 25 GB + the manual workflow's BF16 target 24 GB + two Q4_0 targets of 7 GB
+
+
+def _same_tensor_data(ours: Path, ref: Path) -> list[str]:
+    """Tensor names, types, shapes and data bytes of two multi-GB GGUFs, hashed one tensor at a time with
+    ``pread`` (gguf_compare.read_tensors, or gguf-py's reader on a 262k vocabulary, holds far too much)."""
+    import hashlib
+
+    from dflash_gguf.ggufio.reader import read_gguf, tensor_nbytes
+
+    def digest(path: Path) -> list[tuple[str, str, tuple[int, ...], str]]:
+        meta, out = read_gguf(path), []
+        with open(path, "rb", buffering=0) as f:
+            for t in meta.tensors.values():
+                h, left, pos = hashlib.sha256(), tensor_nbytes(t, path), meta.data_offset + t.offset
+                while left:
+                    chunk = os.pread(f.fileno(), min(left, 1 << 24), pos)
+                    h.update(chunk)
+                    left, pos = left - len(chunk), pos + len(chunk)
+                out.append((t.name, t.type_name, t.ne, h.hexdigest()))
+        return out
+
+    a, b = digest(ours), digest(ref)
+    if [x[0] for x in a] != [x[0] for x in b]:
+        return ["tensor names or order differ"]
+    return [f"{x[0]}: {x[1:3]} vs {y[1:3]}" + (" (data differ)" if x[3] != y[3] else "")
+            for x, y in zip(a, b, strict=True) if x != y]
+
+
+def drop_caches() -> bool:
+    """Empty the page cache (root only), so each full-size step reads its input from the disk."""
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def full_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path, layers: int = G12["layers"]
+              ) -> list[str]:
+    """The whole pipeline on a Gemma-4-12B-it-shaped target and a gemma4-12B-it-DFlash-shaped drafter, against
+    the manual b11434 workflow and ``cat`` of the inputs (the physical limit), in one run."""
+    need_gb = FULL_DISK_GB * (layers + 4) / (G12["layers"] + 4)  # the embedding weighs about four layers
+    free_gb = shutil.disk_usage(work).free / 1e9
+    print(f"--full: the 12B-shaped stand-in ({layers} layers) needs about {need_gb:.0f} GB of free disk in {work}; "
+          f"{free_gb:.0f} GB are free.", flush=True)
+    if free_gb < need_gb:
+        raise SystemExit(f"Not enough disk for --full in {work} ({free_gb:.0f} GB free, about {need_gb:.0f} GB "
+                         "needed). Pass --workdir on a larger disk, or fewer --full-layers.")
+    target, t_mb = make_gemma4_12b_target(work / "ft", layers=layers)
+    if layers < 6:
+        raise SystemExit("--full-layers must be at least 6 (the drafter taps three distinct target layers)")
+    taps = [1, 10, 19, 28, 37, 46] if layers == G12["layers"] else [1, layers // 2, layers - 2]
+    drafter = make_pipeline_drafter(work / "fd", target, layers, h=G12["hidden"], ff=2 * G12["hidden"], taps=taps)
+    inputs = [*sorted(target.glob("*.safetensors")), *drafter.glob("*.safetensors")]
+    mb = t_mb + sum(p.stat().st_size for p in drafter.glob("*.safetensors")) / 1e6
+    cold = drop_caches()
+    cat_cmd = ["sh", "-c", 'cat "$@" > /dev/null', "cat", *map(str, inputs)]
+    cat = [timed(cat_cmd), timed(cat_cmd)]
+    manual_dir, out = work / "manual", work / "pair"
+    manual_dir.mkdir()
+    t_bf16, d_bf16 = manual_dir / "target-BF16.gguf", manual_dir / "drafter-BF16.gguf"
+    t_q4 = manual_dir / "target-Q4_0.gguf"
+    steps = [[ref_py, str(reference_env.convert_script()), str(target), "--outfile", str(t_bf16)],
+             [str(llama_quantize), str(t_bf16), str(t_q4), "Q4_0", "2"],
+             [ref_py, str(reference_env.convert_script()), str(drafter), "--target-model-dir", str(target),
+              "--outfile", str(d_bf16)],
+             [str(llama_quantize), str(d_bf16), str(manual_dir / "drafter-Q4_0.gguf"), "Q4_0", "2"]]
+    manual = []
+    drop_caches()
+    for i, cmd in enumerate(steps):
+        manual.append(timed_disk(cmd, manual_dir, cwd=work))
+        if i == 1:  # the BF16 target is deleted once quantized, so the run fits the disk; a user keeps it
+            t_bf16.unlink()
+    m_wall, m_rss, m_disk = sum(r[0] for r in manual), max(r[1] for r in manual), max(r[2] for r in manual)
+    drop_caches()
+    ours = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
+                       "--quant", "q4_0", "--outdir", str(out)], out, {"LLAMA_QUANTIZE": str(llama_quantize)}, cwd=work)
+    pair = json.loads((out / "pair.json").read_text())
+    ours_target = out / pair["outputs"]["target"]["file"]
+    problems = _same_tensor_data(ours_target, t_q4)
+    start = "an empty page cache" if cold else "whatever page cache the previous step left (no drop_caches here)"
+    lines = [f"Each of cat, the manual workflow and dflash-convert starts from {start}.", "",
+             "| 12B-shaped pair (local folders) | wall | peak RSS | peak disk | time / cat | speed-up |",
+             "|---|---|---|---|---|---|",
+             f"| cat of the {mb:.0f} MB BF16 input | {cat[0][0]:.1f} s | | | 1.00x | |",
+             f"| cat again (partly cached: 24 GiB of RAM) | {cat[1][0]:.1f} s | | | | |",
+             f"| dflash-convert --quant q4_0 (built-in, one pass) | {ours[0]:.1f} s | {ours[1]:.0f} MB | "
+             f"{ours[2]:.0f} MB | {ours[0] / cat[0][0]:.2f}x | {m_wall / ours[0]:.2f}x |",
+             f"| manual b11434 workflow (4 steps) | {m_wall:.1f} s | {m_rss:.0f} MB | {m_disk:.0f} MB | "
+             f"{m_wall / cat[0][0]:.2f}x | 1.00x |",
+             f"|   manual steps: {', '.join(f'{r[0]:.1f} s ({r[1]:.0f} MB)' for r in manual)} (convert target, "
+             "quantize target, convert drafter, quantize drafter) | | | | | |",
+             f"|   target Q4_0 tensors identical to b11434 convert + llama-quantize: "
+             f"{'yes' if not problems else problems[:3]} | | | | | |"]
+    shutil.rmtree(out)
     shutil.rmtree(manual_dir)
     shutil.rmtree(target)
     shutil.rmtree(drafter)
@@ -584,6 +764,10 @@ def main() -> None:
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
     ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
+    ap.add_argument("--full", action="store_true",
+                    help=f"run only the 12B-shaped whole-pipeline rows (needs about {FULL_DISK_GB} GB of free disk)")
+    ap.add_argument("--full-layers", type=int, default=G12["layers"],
+                    help="target layers for --full (48 is Gemma-4-12B; fewer for a quick look)")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -594,6 +778,9 @@ def main() -> None:
 
     print(f"built-in quantizer kernels: {kernel_path()}\n")
     try:
+        if args.full:
+            print("\n".join(full_rows(work, venv_bin, ref_py, bins / "llama-quantize", args.full_layers)))
+            return
         if args.only_kernels:
             print("\n".join(kernel_rows(work, venv_bin, bins / "llama-quantize")))
             return

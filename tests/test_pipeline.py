@@ -678,3 +678,33 @@ def test_rerun_with_another_drafter_type_keeps_one_sidecar(folders: dict[str, Pa
     doc = json.loads((outdir / "pair.json").read_text())
     assert doc["options"]["quant"] == "q8_0" and doc["options"]["draft_quant"] == "q8_0"
     assert doc["outputs"]["drafter"]["type"] == "q8_0" and doc["outputs"]["target"]["type"] == "q8_0"
+
+
+@pytest.mark.reference
+def test_auto_quantizer_converts_in_one_pass_even_with_llama_quantize_installed(
+        folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With llama-quantize on hand, the default is still the compiled built-in in one pass (no BF16 file);
+    --quantizer llama-quantize takes llama-quantize, and the two runs make the same tensors."""
+    from dflash_gguf.quantize.kernels import kernel_path
+
+    reference.require_or_skip(reference.llama_cpp_available())
+    if kernel_path() != "compiled":
+        pytest.fail("the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')")
+    import gguf_compare
+
+    monkeypatch.setenv("LLAMA_QUANTIZE", str(reference.llama_bin("llama-quantize")))
+    runs = {}
+    for quantizer in ("auto", "llama-quantize"):
+        outdir = tmp_path / quantizer
+        result = _cli(_local_args(folders, outdir, "--quantizer", quantizer))
+        assert result.exit_code == 0, result.output
+        runs[quantizer] = (outdir, json.loads((outdir / "pair.json").read_text()))
+    auto, by_llama = runs["auto"][1], runs["llama-quantize"][1]
+    assert auto["outputs"]["target"]["made_by"] == "built-in converter and quantizer in one pass"
+    assert auto["tools"]["quantizer"] == "builtin"
+    assert by_llama["outputs"]["target"]["made_by"].startswith("llama-quantize quantizer: version:")
+    assert by_llama["tools"]["quantizer"].startswith("llama-quantize ")
+    for side in ("target", "drafter"):
+        ours, ref = (runs[q][0] / runs[q][1]["outputs"][side]["file"] for q in ("auto", "llama-quantize"))
+        assert gguf_compare.read_tensors(ours) == gguf_compare.read_tensors(ref), side
+    REFERENCE_COMPARISONS.append("pipeline auto (one pass) vs --quantizer llama-quantize")

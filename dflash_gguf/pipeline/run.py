@@ -58,6 +58,7 @@ class PipelineOptions:
     # 4-bit DFlash2 drafter collapsed to no useful drafts in another engine, and the drafter is small next to
     # the target, so the safe precision costs little. q4_0 stays available; `tune` decides between them.
     draft_quant: str = "q8_0"
+    quantizer: str = "auto"  # as dflash-gguf quantize --quantizer: see quantize.choose_quantizer
     tune: bool = False  # measure with llama-server at the end (when one is found)
     tune_options: TuneOptions | None = None
     more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
@@ -121,7 +122,7 @@ def _config_type(cfg_path: Path) -> str:
     return "bf16" if dtype == "bfloat16" else "f16"
 
 
-def _tool_versions(method: stages.TargetMethod) -> dict[str, str]:
+def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> dict[str, str]:
     def version(dist: str) -> str:
         try:
             return importlib.metadata.version(dist)
@@ -130,7 +131,7 @@ def _tool_versions(method: stages.TargetMethod) -> dict[str, str]:
 
     out = {"dflash_gguf": __version__, "gguf": version("gguf"), "huggingface_hub": version("huggingface_hub"),
            "llama_cpp_build": LLAMA_CPP_BUILD, "python": sys.version.split()[0],
-           "quantizer": stages.quantizer_choice()}
+           "quantizer": stages.quantizer_choice(opts.quant, opts.quantizer)}
     if method.kind == "llama-cpp":
         out["llama_cpp_converter"] = method.detail
     return out
@@ -144,7 +145,7 @@ def _one_pass(opts: PipelineOptions, quant: str) -> bool:
     BF16 file on disk. Only when the built-in quantizer is the one that would run, and no intermediate is
     to be kept."""
     return (quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
-            and stages.quantizer_choice() == "builtin")
+            and stages.quantizer_choice(quant, opts.quantizer) == "builtin")
 
 
 def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
@@ -320,7 +321,7 @@ class _Run:
                 {**self._record_of(f), **info, "kind": drafter_kind(read_gguf(f)), "source": d.label,
                  "verify": {"servable": not r.errors, "errors": len(r.errors), "warnings": len(r.warnings)}}
                 for d, (f, info, r) in zip(drafters, made, strict=True)]
-        m.data["tools"] = _tool_versions(self.method)
+        m.data["tools"] = _tool_versions(self.method, self.opts)
         m.data["verify"] = report.to_dict()
         m.data["status"] = "verify-failed" if report.errors else "complete"
         self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made)})
@@ -468,7 +469,7 @@ class _Run:
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
                         final: Path, quant: str, *, keep_input: bool = False) -> dict[str, Any]:
-        q_key = {"input": key, "type": quant, "quantizer": stages.quantizer_choice()}
+        q_key = {"input": key, "type": quant, "quantizer": stages.quantizer_choice(quant, self.opts.quantizer)}
         if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
@@ -476,7 +477,7 @@ class _Run:
                 self.manifest.record(f"{side}.convert", key, [inter], hashes={inter: sha})
             log.info("%s: quantizing to %s", side, final)
             with _bar(self.progress, f"quantize {side}") as bar:
-                q = stages.quantize_stage(inter, final, quant, self.opts.threads, bar)
+                q = stages.quantize_stage(inter, final, quant, self.opts.threads, self.opts.quantizer, bar)
             self.manifest.record(f"{side}.quantize", q_key, [final], hashes={final: q.sha256},
                                  quantizer=q.quantizer, quantizer_version=q.version)
         if not keep_input and not self.opts.keep_intermediate and inter.exists():

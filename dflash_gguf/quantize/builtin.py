@@ -35,6 +35,7 @@ from ..errors import InputError, QuantizeError
 from ..ggufio import GGUFPlan, Written, layout
 from ..ggufio.hashing import FollowingHasher
 from ..ggufio.layout import ALIGNMENT, pad, row_bytes
+from ..ggufio.readahead import ByteRange, ReadAhead
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from . import kernels
 from .rules import (
@@ -314,10 +315,15 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
     pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
     sources = _Sources(gguf, Path(tmp).parent)
+    # Inputs already on disk, read ahead of the workers (the spooled ones are made when their turn comes).
+    on_disk = [j.src.spool is None and j.src.nbytes > 0 for j in jobs]
+    ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
+              for j, read in zip(jobs, on_disk, strict=True) if read]
     try:
         with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
-                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+                ThreadPoolExecutor(max_workers=max(1, threads)) as pool, ReadAhead(ranges) as readahead:
             f.write(_header(gguf, jobs, type_name))
+            read_ahead = dict(zip((id(j) for j in jobs), on_disk, strict=True))
 
             def write_next() -> None:
                 nonlocal done, written
@@ -332,6 +338,8 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
+                if read_ahead[id(job)]:
+                    readahead.consumed(job.src.nbytes)
                 sources.release(job.src)
                 f.flush()  # the follower reads the file: hand it only bytes that are in it
                 hasher.advance(f.tell())

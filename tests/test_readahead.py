@@ -1,0 +1,71 @@
+"""The quantizer's read-ahead: bounded by its window, never a reason to hang or to fail a run."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from dflash_gguf.ggufio.readahead import ByteRange, ReadAhead, default_window
+
+
+def _file(tmp_path: Path, n: int) -> int:
+    path = tmp_path / "input.bin"
+    path.write_bytes(os.urandom(n))
+    return os.open(path, os.O_RDONLY)
+
+
+def _reaches(ra: ReadAhead, n: int) -> bool:
+    """Whether the read-ahead gets to exactly ``n`` bytes (within 30 s) and stays there a moment."""
+    for _ in range(3000):
+        if ra.bytes_read >= n:
+            break
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.2)  # going past ``n`` is the failure; a slow thread cannot cause it
+    return ra.bytes_read == n
+
+
+def _ends(ra: ReadAhead) -> bool:
+    for _ in range(3000):
+        if not ra.running:
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+def test_stays_within_its_window_and_follows_the_consumer(tmp_path: Path) -> None:
+    piece = 8 << 20
+    fd = _file(tmp_path, 5 * piece)
+    try:
+        ranges = [ByteRange(fd, 0, 2 * piece), ByteRange(fd, 2 * piece, 3 * piece)]
+        with ReadAhead(ranges, window=piece) as ra:
+            assert _reaches(ra, piece)  # one window ahead of a consumer that has not started
+            ra.consumed(2 * piece)
+            assert _reaches(ra, 3 * piece)
+            ra.consumed(3 * piece)
+            assert _ends(ra) and ra.bytes_read == 5 * piece
+    finally:
+        os.close(fd)
+
+
+def test_a_consumer_that_stops_early_does_not_wait_for_it(tmp_path: Path) -> None:
+    fd = _file(tmp_path, 1 << 20)
+    try:
+        with ReadAhead([ByteRange(fd, 0, 64 << 30)], window=1 << 20) as ra:  # far more than the file holds
+            pass
+        assert not ra.running
+    finally:
+        os.close(fd)
+
+
+def test_a_short_or_unreadable_input_only_stops_the_read_ahead(tmp_path: Path) -> None:
+    fd = _file(tmp_path, 1 << 20)
+    with ReadAhead([ByteRange(fd, 0, 4 << 20), ByteRange(fd, 8 << 20, 1 << 20)], window=1 << 30) as ra:
+        assert _ends(ra) and ra.bytes_read == 5 << 20  # short ranges count in full
+    os.close(fd)
+    with ReadAhead([ByteRange(fd, 0, 1 << 20)], window=1 << 30) as ra:  # a closed descriptor: EBADF
+        assert _ends(ra)
+
+
+def test_default_window_is_bounded() -> None:
+    assert 256 << 20 <= default_window() <= 8 << 30
