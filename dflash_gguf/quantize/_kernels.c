@@ -11,8 +11,10 @@
  * `(int8_t) f` compiles to): truncate toward zero and keep the low byte; NaN, inf and |f| >= 2^31
  * give 0.
  *
- * The hot scans use GCC/clang vector extensions; another compiler fails the build, which only means the
- * numpy kernels are used.
+ * The hot scans use GCC/clang vector extensions (and, on x86, SSE2 intrinsics: the x86-64 baseline);
+ * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits also
+ * have an AVX2 version, chosen at run time when the CPU has AVX2 (see DISPATCH_AVX2), so the build
+ * stays portable; it performs the same float operations, so it gives the same bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,6 +22,21 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* DISPATCH_AVX2: x86 with a GCC/clang that has target attributes and __builtin_cpu_supports; the AVX2
+ * functions are compiled for AVX2 alone (no FMA, and -ffp-contract=off holds there too). -DNO_AVX2
+ * keeps only the SSE2 code. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__) && (defined(__clang__) || __GNUC__ >= 6) && \
+    !defined(NO_AVX2)
+#define DISPATCH_AVX2 1
+#include <immintrin.h>
+#else
+#define DISPATCH_AVX2 0
+#endif
 
 /* GGML type ids (ggml.h) */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q8_0 = 8, T_Q6_K = 14, T_BF16 = 30 };
@@ -179,7 +196,8 @@ static void q8_0_block(const float *restrict x, uint8_t *restrict y) {
  * The 19 trial scales (the initial -nmax/max, then is = -9..-1, 1..9) are fitted side by side: for
  * each element, every trial's running sums take one more term, so each trial's sums are still
  * accumulated in element order (identical to C's loop), and the loop over trials vectorises. The
- * winner is then chosen in C's order, and L recomputed from its iscale (as C does). */
+ * winner is then chosen in C's order, and L recomputed from its iscale (as C does). Used for the
+ * super-blocks with a NaN or inf; the others take make_qx_quants16_finite, below. */
 #define NTRIAL 19
 #define NTRIAL_PAD 20
 
@@ -240,16 +258,296 @@ static float make_qx_quants16(const float *x, int8_t *L) {
     return scale;
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * Q6_K on finite super-blocks (no NaN, no inf: nearly every block), the same bytes as above with fewer
+ * instructions. make_qx_quants16_finite replaces make_qx_quants16 for the 16 sub-blocks at once:
+ *
+ * - qx16_max: C's first value of largest |x|.
+ * - qx16_fit: the 19 trial iscales (one vector division per 4 or 8 trials), and each trial's sumlx and
+ *   suml2, the trial loop innermost as in make_qx_quants16 (each trial's sums take their terms in C's
+ *   element order, with C's operations: bit-identical). l = MAX(-nmax, MIN(nmax - 1, nearest_int(v)))
+ *   is computed in float: |v| = |iscale * x| <= ~33 (|x| <= |max|, |max| >= GROUP_MAX_EPS), so
+ *   nearest_int(v) is v rounded to the nearest integer, ties to even, and (v + 1.5 * 2^23) - 1.5 * 2^23
+ *   is that integer, exactly, as a float; clamping it with minps/maxps (exact) gives (float)l, the value
+ *   C's `w*x[i]*l` converts l to. This skips the int32 clamp, which SSE2 lacks (pminsd is SSE4.1:
+ *   some ten instructions a vector), and the int -> float conversion. With a NaN or inf in the block,
+ *   v can be NaN (nearest_int then returns payload bits): make_qx_quants16 runs instead.
+ * - qx16_choose: the winner in C's order with C's tests.
+ * - L from the winner's iscale (nearest_clamp16), as C recomputes it.
+ * --------------------------------------------------------------------------------------------------- */
+
+#define ROUND_MAGIC 12582912.f /* 1.5 * 2^23: nearest_int's constant */
+
+/* C's `a < b ? a : b` and `a > b ? a : b` per lane: SSE's minps/maxps are exactly these (the second
+ * operand when unordered); written out elsewhere. */
+#if defined(__SSE2__)
+static inline v4f min4(v4f a, v4f b) { return (v4f)_mm_min_ps((__m128)a, (__m128)b); }
+static inline v4f max4(v4f a, v4f b) { return (v4f)_mm_max_ps((__m128)a, (__m128)b); }
+/* the lane signs of a comparison result (lanes 0 or -1) as 4 bits, lane k -> bit k */
+static inline int movemask4(v4i m) { return _mm_movemask_ps((__m128)m); }
+#else
+static inline v4f min4(v4f a, v4f b) { return select4(a < b, a, b); }
+static inline v4f max4(v4f a, v4f b) { return select4(a > b, a, b); }
+static inline int movemask4(v4i m) { return (m[0] & 1) | (m[1] & 2) | (m[2] & 4) | (m[3] & 8); }
+#endif
+
+/* No NaN or inf among x[0..n): no value with an all-ones exponent (one pass, vectorised). */
+static inline int all_finite(const float *x, int n) {
+    uint32_t bad = 0;
+    for (int i = 0; i < n; ++i) {
+        bad |= (f2u(x[i]) & 0x7F800000u) == 0x7F800000u;
+    }
+    return !bad;
+}
+
+/* L[k] = MAX(-nmax, MIN(nmax - 1, nearest_int(v[k]))) + nmax for 16 values, exactly as C for any v
+ * (NaN and inf too: nearest_int's bit arithmetic is kept). nearest_int lies in [-2^22, 2^22), so
+ * saturating it to int16 (packssdw) leaves the clamp unchanged, and SSE2 has the 16-bit min/max. */
+static inline void nearest_clamp16(const v4f v[4], int nmax, int8_t *L) {
+    const v4f magic = {ROUND_MAGIC, ROUND_MAGIC, ROUND_MAGIC, ROUND_MAGIC};
+    const v4i mant = {0x007FFFFF, 0x007FFFFF, 0x007FFFFF, 0x007FFFFF};
+    const v4i half = {0x00400000, 0x00400000, 0x00400000, 0x00400000};
+    v4i q[4];
+    for (int k = 0; k < 4; ++k) {
+        q[k] = ((v4i)(v[k] + magic) & mant) - half;
+    }
+#if defined(__SSE2__)
+    const __m128i lo = _mm_set1_epi16((short)-nmax), hi = _mm_set1_epi16((short)(nmax - 1));
+    const __m128i off = _mm_set1_epi16((short)nmax);
+    __m128i h[2];
+    for (int k = 0; k < 2; ++k) {
+        h[k] = _mm_packs_epi32((__m128i)q[2 * k], (__m128i)q[2 * k + 1]);
+        h[k] = _mm_add_epi16(_mm_max_epi16(_mm_min_epi16(h[k], hi), lo), off);
+    }
+    _mm_storeu_si128((__m128i *)L, _mm_packs_epi16(h[0], h[1]));
+#else
+    for (int k = 0; k < 16; ++k) {
+        int l = q[k / 4][k % 4];
+        l = l < nmax - 1 ? l : nmax - 1;
+        l = l > -nmax ? l : -nmax;
+        L[k] = (int8_t)(l + nmax);
+    }
+#endif
+}
+
+/* The numerators of C's trial iscales, nmax + 0.1f*is for nmax = 32 (float arithmetic, which the
+ * compiler folds exactly as it would run): lane 0 is C's first fit (-nmax / max = -(32 + 0) / max),
+ * lanes 1..18 are is = -9..-1, 1..9, lanes 19..23 pad the vectors (copies of lane 0, never chosen). */
+#define TRIAL_NUM(is) (32 + 0.1f * (is))
+#define NLANE 24 /* 6 vectors of 4, 3 of 8 */
+static const float trial_num[NLANE] __attribute__((aligned(32))) = {
+    32,            TRIAL_NUM(-9), TRIAL_NUM(-8), TRIAL_NUM(-7), TRIAL_NUM(-6), TRIAL_NUM(-5),
+    TRIAL_NUM(-4), TRIAL_NUM(-3), TRIAL_NUM(-2), TRIAL_NUM(-1), TRIAL_NUM(1),  TRIAL_NUM(2),
+    TRIAL_NUM(3),  TRIAL_NUM(4),  TRIAL_NUM(5),  TRIAL_NUM(6),  TRIAL_NUM(7),  TRIAL_NUM(8),
+    TRIAL_NUM(9),  32,            32,            32,            32,            32,
+};
+
+/* One sub-block's trial fits (see above): isc[] = -(nmax + 0.1f*is) / max, and each trial's sumlx and
+ * suml2, 4 trials a vector. Lanes 0..19 are set. */
+static inline void qx16_fit(const float *restrict x, float max, v4f *restrict isc, v4f *restrict slx,
+                            v4f *restrict sl2) {
+    const int nmax = 32;
+    const v4f maxv = {max, max, max, max};
+    for (int t = 0; t < 5; ++t) {
+        v4f n;
+        memcpy(&n, trial_num + 4 * t, sizeof n);
+        isc[t] = -n / maxv;
+        slx[t] = sl2[t] = (v4f){0};
+    }
+    const v4f magic = {ROUND_MAGIC, ROUND_MAGIC, ROUND_MAGIC, ROUND_MAGIC};
+    const v4f hi = {nmax - 1, nmax - 1, nmax - 1, nmax - 1}, lo = {-nmax, -nmax, -nmax, -nmax};
+    /* values outer, trials inner: C's loops swapped, each trial's sums still in element order */
+    for (int i = 0; i < 16; ++i) {
+        const float xi = x[i];
+        const float w = xi * xi;
+        const float wx = w * xi;
+        const v4f xiv = {xi, xi, xi, xi}, wv = {w, w, w, w}, wxv = {wx, wx, wx, wx};
+        for (int t = 0; t < 5; ++t) {
+            v4f l = (isc[t] * xiv + magic) - magic;
+            l = max4(min4(l, hi), lo);
+            slx[t] += wxv * l; /* C: sumlx += w*x[i]*l, i.e. (w*x[i])*l */
+            sl2[t] += wv * l * l;
+        }
+    }
+}
+
+#if DISPATCH_AVX2
+typedef float v8f __attribute__((vector_size(32)));
+
+static int have_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2"); /* checks that the OS saves the AVX state too */
+}
+
+/* qx16_fit with 8 trials a vector (lanes 0..23 set), for CPUs with AVX2: the same operations on the
+ * same values, so the same sums; three vectors do the work of five. */
+__attribute__((target("avx2"))) static void qx16_fit_avx2(const float *restrict x, float max, v4f *restrict isc,
+                                                          v4f *restrict slx, v4f *restrict sl2) {
+    const int nmax = 32;
+    const v8f maxv = (v8f)_mm256_set1_ps(max);
+    /* named vectors rather than arrays, which GCC kept on the stack */
+    const v8f is0 = -(v8f)_mm256_load_ps(trial_num) / maxv, is1 = -(v8f)_mm256_load_ps(trial_num + 8) / maxv,
+              is2 = -(v8f)_mm256_load_ps(trial_num + 16) / maxv;
+    v8f sx0 = {0}, sx1 = {0}, sx2 = {0}, s20 = {0}, s21 = {0}, s22 = {0};
+    const __m256 hi = _mm256_set1_ps((float)(nmax - 1)), lo = _mm256_set1_ps((float)-nmax);
+    const v8f magic = (v8f)_mm256_set1_ps(ROUND_MAGIC);
+    /* w = x*x and w*x first, 8 at a time, so that the loop broadcasts x, w, w*x from memory (a load,
+     * where a broadcast from a register takes the port of an FP adder) */
+    float w[16], wx[16];
+    for (int h = 0; h < 2; ++h) {
+        const v8f xh = (v8f)_mm256_loadu_ps(x + 8 * h), wh = xh * xh, wxh = wh * xh;
+        _mm256_storeu_ps(w + 8 * h, (__m256)wh);
+        _mm256_storeu_ps(wx + 8 * h, (__m256)wxh);
+    }
+    for (int i = 0; i < 16; ++i) {
+        const v8f xiv = (v8f)_mm256_broadcast_ss(x + i), wv = (v8f)_mm256_broadcast_ss(w + i);
+        const v8f wxv = (v8f)_mm256_broadcast_ss(wx + i);
+        const v8f l0 = (v8f)_mm256_max_ps(_mm256_min_ps((__m256)((is0 * xiv + magic) - magic), hi), lo);
+        const v8f l1 = (v8f)_mm256_max_ps(_mm256_min_ps((__m256)((is1 * xiv + magic) - magic), hi), lo);
+        const v8f l2 = (v8f)_mm256_max_ps(_mm256_min_ps((__m256)((is2 * xiv + magic) - magic), hi), lo);
+        sx0 += wxv * l0;
+        sx1 += wxv * l1;
+        sx2 += wxv * l2;
+        s20 += wv * l0 * l0;
+        s21 += wv * l1 * l1;
+        s22 += wv * l2 * l2;
+    }
+    _mm256_storeu_ps((float *)isc, (__m256)is0);
+    _mm256_storeu_ps((float *)isc + 8, (__m256)is1);
+    _mm256_storeu_ps((float *)isc + 16, (__m256)is2);
+    _mm256_storeu_ps((float *)slx, (__m256)sx0);
+    _mm256_storeu_ps((float *)slx + 8, (__m256)sx1);
+    _mm256_storeu_ps((float *)slx + 16, (__m256)sx2);
+    _mm256_storeu_ps((float *)sl2, (__m256)s20);
+    _mm256_storeu_ps((float *)sl2 + 8, (__m256)s21);
+    _mm256_storeu_ps((float *)sl2 + 16, (__m256)s22);
+}
+#else
+static int have_avx2(void) { return 0; }
+#endif
+
+/* C's choice among the trials of make_qx_quants16_finite, from their sums (lanes 0..18): returns the
+ * winning trial and sets *scale to its scale. C takes trial 0's scale = suml2 ? sumlx/suml2 : 0 and
+ * best = scale*sumlx, then for t = 1..18 in order: if (suml2 > 0 && sumlx*sumlx > best*suml2), t wins:
+ * scale = sumlx/suml2, best = scale*sumlx. Here every trial's scale and best are computed side by side
+ * (the values C computes when it wins; a loser's, maybe 0/0, is never used). Wins are few and random,
+ * so a branch per trial mispredicts; instead, from the last winner p (0 at first), the next winner is
+ * the first t > p that passes C's test against p's best: each step tests all trials at once and jumps
+ * there, until none passes. */
+static inline int qx16_choose(const v4f *restrict slx, const v4f *restrict sl2, float *restrict scale) {
+    float scl[20], bst[20];
+    v4f sq[5];
+    int can_win = 0;
+    for (int t = 0; t < 5; ++t) {
+        const v4f s = slx[t] / sl2[t], b = s * slx[t];
+        memcpy(scl + 4 * t, &s, sizeof s);
+        memcpy(bst + 4 * t, &b, sizeof b);
+        sq[t] = slx[t] * slx[t];
+        can_win |= movemask4(sl2[t] > (v4f){0}) << (4 * t);
+    }
+    can_win &= ((1 << NTRIAL) - 1) & ~1; /* trials 1..18 with suml2 > 0 */
+    const float sumlx0 = slx[0][0], suml20 = sl2[0][0];
+    const float scale0 = suml20 ? scl[0] : 0.0f;
+    float best = suml20 ? bst[0] : scale0 * sumlx0;
+    int win = 0;
+    for (;;) {
+        const v4f bv = {best, best, best, best};
+        int pass = 0;
+        for (int t = 0; t < 5; ++t) {
+            pass |= movemask4(sq[t] > bv * sl2[t]) << (4 * t);
+        }
+        pass &= can_win & ~((2 << win) - 1); /* trials win + 1 .. 18 */
+        if (!pass) {
+            break;
+        }
+        win = __builtin_ctz((unsigned)pass);
+        best = bst[win];
+    }
+    *scale = win ? scl[win] : scale0;
+    return win;
+}
+
+/* C's `if (ax > amax) { amax = ax; max = x[i]; }` over 16 finite values: the first x with |x| == max |x|
+ * (the maximum of finite values is exact in any order, so it is taken over 4 lanes, the first index
+ * from a mask); 0 when max |x| < GROUP_MAX_EPS (C's all-zero case; otherwise |max| >= GROUP_MAX_EPS). */
+static inline float qx16_max(const float *restrict x) {
+    const v4i abs_mask = {0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF};
+    v4f av[4];
+    memcpy(av, x, sizeof av);
+    for (int k = 0; k < 4; ++k) {
+        av[k] = (v4f)((v4i)av[k] & abs_mask);
+    }
+    const v4f m4 = max4(max4(av[0], av[1]), max4(av[2], av[3]));
+    const float m01 = m4[0] > m4[1] ? m4[0] : m4[1], m23 = m4[2] > m4[3] ? m4[2] : m4[3];
+    const float amax = m01 > m23 ? m01 : m23;
+    if (amax < GROUP_MAX_EPS) {
+        return 0.f;
+    }
+    const v4f amaxv = {amax, amax, amax, amax};
+    int at = 0;
+    for (int k = 0; k < 4; ++k) {
+        at |= movemask4(av[k] == amaxv) << (4 * k);
+    }
+    return x[__builtin_ctz((unsigned)at)];
+}
+
+/* make_qx_quants16 over the 16 sub-blocks of a super-block of finite values (no NaN, no inf): the same
+ * L and scales, with fewer instructions (qx16_fit, qx16_choose say how). All 16 fits run first, then
+ * all 16 choices: each sub-block's work is a long dependency chain, and independent chains back to
+ * back overlap in the CPU, where fit, choice, fit, ... would wait on each choice. */
+static inline void make_qx_quants16_finite(const float *restrict x, int8_t *restrict L, float *restrict scales,
+                                           int avx2) {
+    const int nmax = 32;
+    (void)avx2; /* unused without DISPATCH_AVX2 */
+    v4f isc[QK_K / 16][NLANE / 4], slx[QK_K / 16][NLANE / 4], sl2[QK_K / 16][NLANE / 4];
+    float max[QK_K / 16];
+    for (int ib = 0; ib < QK_K / 16; ++ib) {
+        max[ib] = qx16_max(x + 16 * ib);
+        if (max[ib] == 0) {
+            continue;
+        }
+#if DISPATCH_AVX2
+        if (avx2) {
+            qx16_fit_avx2(x + 16 * ib, max[ib], isc[ib], slx[ib], sl2[ib]);
+            continue;
+        }
+#endif
+        qx16_fit(x + 16 * ib, max[ib], isc[ib], slx[ib], sl2[ib]);
+    }
+    for (int ib = 0; ib < QK_K / 16; ++ib) {
+        if (max[ib] == 0) {
+            memset(L + 16 * ib, 0, 16);
+            scales[ib] = 0.f;
+            continue;
+        }
+        const int win = qx16_choose(slx[ib], sl2[ib], scales + ib);
+        const float iw = isc[ib][win / 4][win % 4];
+        const v4f iwv = {iw, iw, iw, iw};
+        v4f v[4];
+        memcpy(v, x + 16 * ib, sizeof v);
+        for (int k = 0; k < 4; ++k) {
+            v[k] = iwv * v[k];
+        }
+        nearest_clamp16(v, nmax, L + 16 * ib);
+    }
+}
+
 /* quantize_row_q6_K_ref (ggml-quants.c), one 256-value super-block -> 210 bytes
  * (ql[128], qh[64], int8 scales[16], fp16 d). */
-static void q6_k_block(const float *x, uint8_t *y) {
+static void q6_k_block(const float *x, uint8_t *y, int avx2) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     float max_scale = 0;
     float max_abs_scale = 0;
+    if (all_finite(x, QK_K)) {
+        make_qx_quants16_finite(x, L, scales, avx2);
+    } else {
+        for (int ib = 0; ib < QK_K / 16; ++ib) {
+            scales[ib] = make_qx_quants16(x + 16 * ib, L + 16 * ib);
+        }
+    }
     for (int ib = 0; ib < QK_K / 16; ++ib) {
-        const float scale = make_qx_quants16(x + 16 * ib, L + 16 * ib);
-        scales[ib] = scale;
+        const float scale = scales[ib];
         const float abs_scale = fabsf(scale);
         if (abs_scale > max_abs_scale) {
             max_abs_scale = abs_scale;
@@ -275,12 +573,13 @@ static void q6_k_block(const float *x, uint8_t *y) {
         if (!d) {
             continue;
         }
-        for (int ii = 0; ii < 16; ++ii) {
-            int l = nearest_int(x[16 * j + ii] / d);
-            l = l < 31 ? l : 31;
-            l = l > -32 ? l : -32;
-            L[16 * j + ii] = (int8_t)(l + 32);
+        const v4f dv = {d, d, d, d};
+        v4f v[4];
+        memcpy(v, x + 16 * j, sizeof v);
+        for (int k = 0; k < 4; ++k) {
+            v[k] = v[k] / dv;
         }
+        nearest_clamp16(v, 32, L + 16 * j);
     }
     for (int j = 0; j < QK_K; j += 128) {
         for (int l = 0; l < 32; ++l) {
@@ -323,6 +622,7 @@ static inline void load_block(const uint8_t *src, int src_type, int n, float *re
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     float x[QK_K];
+    const int avx2 = have_avx2();
     for (Py_ssize_t i = 0; i < nb; ++i) {
         if (dst_type == T_Q4_0) {
             load_block(src + i * item * QK, src_type, QK, x);
@@ -332,7 +632,7 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
             q8_0_block(x, dst + i * 34);
         } else {
             load_block(src + i * item * QK_K, src_type, QK_K, x);
-            q6_k_block(x, dst + i * 210);
+            q6_k_block(x, dst + i * 210, avx2);
         }
     }
 }
