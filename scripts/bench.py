@@ -650,23 +650,24 @@ def full_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path, lay
     m_wall, m_rss, m_disk = sum(r[0] for r in manual), max(r[1] for r in manual), max(r[2] for r in manual)
     drop_caches()
     ours = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
-                       "--quant", "q4_0", "--outdir", str(out)], out, {"LLAMA_QUANTIZE": str(llama_quantize)}, cwd=work)
+                       "--quant", "q4_0", "--draft-quant", "q4_0", "--outdir", str(out)], out,
+                      {"LLAMA_QUANTIZE": str(llama_quantize)}, cwd=work)  # found, and still not needed
     pair = json.loads((out / "pair.json").read_text())
-    ours_target = out / pair["outputs"]["target"]["file"]
-    problems = _same_tensor_data(ours_target, t_q4)
+    problems = [*_same_tensor_data(out / pair["outputs"]["target"]["file"], t_q4),
+                *_same_tensor_data(out / pair["outputs"]["drafter"]["file"], manual_dir / "drafter-Q4_0.gguf")]
     start = "an empty page cache" if cold else "whatever page cache the previous step left (no drop_caches here)"
     lines = [f"Each of cat, the manual workflow and dflash-convert starts from {start}.", "",
              "| 12B-shaped pair (local folders) | wall | peak RSS | peak disk | time / cat | speed-up |",
              "|---|---|---|---|---|---|",
              f"| cat of the {mb:.0f} MB BF16 input | {cat[0][0]:.1f} s | | | 1.00x | |",
              f"| cat again (partly cached: 24 GiB of RAM) | {cat[1][0]:.1f} s | | | | |",
-             f"| dflash-convert --quant q4_0 (built-in, one pass) | {ours[0]:.1f} s | {ours[1]:.0f} MB | "
-             f"{ours[2]:.0f} MB | {ours[0] / cat[0][0]:.2f}x | {m_wall / ours[0]:.2f}x |",
+             f"| dflash-convert --quant q4_0 --draft-quant q4_0 (built-in, one pass) | {ours[0]:.1f} s | "
+             f"{ours[1]:.0f} MB | {ours[2]:.0f} MB | {ours[0] / cat[0][0]:.2f}x | {m_wall / ours[0]:.2f}x |",
              f"| manual b11434 workflow (4 steps) | {m_wall:.1f} s | {m_rss:.0f} MB | {m_disk:.0f} MB | "
              f"{m_wall / cat[0][0]:.2f}x | 1.00x |",
              f"|   manual steps: {', '.join(f'{r[0]:.1f} s ({r[1]:.0f} MB)' for r in manual)} (convert target, "
              "quantize target, convert drafter, quantize drafter) | | | | | |",
-             f"|   target Q4_0 tensors identical to b11434 convert + llama-quantize: "
+             f"|   Q4_0 target and drafter tensors identical to b11434 convert + llama-quantize: "
              f"{'yes' if not problems else problems[:3]} | | | | | |"]
     shutil.rmtree(out)
     shutil.rmtree(manual_dir)
