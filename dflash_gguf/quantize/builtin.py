@@ -305,6 +305,11 @@ class _Sources:
             path.unlink(missing_ok=True)
 
 
+def _read_ahead(job: TensorJob) -> bool:
+    """Whether the job's input is read ahead: bytes already on disk (a spooled tensor is made when its turn comes)."""
+    return job.src.spool is None and job.src.nbytes > 0
+
+
 def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
                     on_progress: Callable[[int, int], None] | None = None) -> Written:
     """Write the output to ``tmp`` tensor by tensor; return its size in bytes and its sha256, hashed by a thread
@@ -315,15 +320,12 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
     pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
     sources = _Sources(gguf, Path(tmp).parent)
-    # Inputs already on disk, read ahead of the workers (the spooled ones are made when their turn comes).
-    on_disk = [j.src.spool is None and j.src.nbytes > 0 for j in jobs]
-    ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
-              for j, read in zip(jobs, on_disk, strict=True) if read]
     try:
+        ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
+                  for j in jobs if _read_ahead(j)]
         with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool, ReadAhead(ranges) as readahead:
             f.write(_header(gguf, jobs, type_name))
-            read_ahead = dict(zip((id(j) for j in jobs), on_disk, strict=True))
 
             def write_next() -> None:
                 nonlocal done, written
@@ -338,7 +340,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
-                if read_ahead[id(job)]:
+                if _read_ahead(job):
                     readahead.consumed(job.src.nbytes)
                 sources.release(job.src)
                 f.flush()  # the follower reads the file: hand it only bytes that are in it
