@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from dflash_gguf.cli import main
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.errors import QuantizeError
+from dflash_gguf.ggufio.layout import row_bytes
 from dflash_gguf.ggufio.writer import GGUFPlan, TensorOut
 from dflash_gguf.quantize import kernels, quantize_gguf
 from dflash_gguf.quantize.builtin import KEY_QUANTIZER, KEY_QUANTIZER_VERSION
@@ -677,3 +678,33 @@ def test_builtin_refuses_an_override_it_cannot_make_or_that_does_not_fit(tmp_pat
     assert res.exit_code == 8, res.output
     assert "token_embd.weight" in res.output and "not a multiple of 256" in res.output
     assert list(tmp_path.iterdir()) == [src]
+
+
+@pytest.mark.parametrize("dst_type", [Q.Q4_0, Q.Q8_0, Q.Q6_K])
+def test_compiled_and_numpy_chunks_agree_and_a_shrunk_input_is_an_error(tmp_path: Path, dst_type: Q) -> None:
+    """One chunk of rows at an offset that is not a page boundary: both kernel paths make the same bytes, and an
+    input that shrank since it was planned is a QuantizeError on both (not a short tensor in the output)."""
+    from dflash_gguf.quantize.builtin import InputTensor, TensorJob, _convert_chunk
+
+    rng = np.random.default_rng(7)
+    ne = (512, 24)
+    values = rng.normal(0, 0.02, size=ne[0] * ne[1]).astype(np.float32)
+    data = (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # BF16
+    path = tmp_path / "input.bin"
+    path.write_bytes(b"\x01" * 4100 + data)
+    job = TensorJob(InputTensor("t.weight", ne, int(Q.BF16), 4100, len(data), path), dst_type,
+                    ne[1] * row_bytes(dst_type, ne[0]))
+    out = {}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for path_name in kernels.KERNEL_PATHS:
+            for _ in use_kernels(path_name):
+                out[path_name] = bytes(_convert_chunk(fd, 4100, job, 4, 20))
+        assert out["compiled"] == out["numpy"] and len(out["compiled"]) == 20 * row_bytes(dst_type, ne[0])
+        os.truncate(path, 4100 + len(data) // 2)
+        for path_name in kernels.KERNEL_PATHS:
+            for _ in use_kernels(path_name):
+                with pytest.raises(QuantizeError, match="Short read in tensor t.weight"):
+                    _convert_chunk(fd, 4100, job, 4, 20)
+    finally:
+        os.close(fd)

@@ -6,6 +6,8 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from dflash_gguf.ggufio.readahead import ByteRange, ReadAhead, default_window
 
 
@@ -18,11 +20,11 @@ def _file(tmp_path: Path, n: int) -> int:
 def _reaches(ra: ReadAhead, n: int) -> bool:
     """Whether the read-ahead gets to exactly ``n`` bytes (within 30 s) and stays there a moment."""
     for _ in range(3000):
-        if ra.bytes_read >= n:
+        if ra.bytes_requested >= n:
             break
         threading.Event().wait(0.01)
     threading.Event().wait(0.2)  # going past ``n`` is the failure; a slow thread cannot cause it
-    return ra.bytes_read == n
+    return ra.bytes_requested == n
 
 
 def _ends(ra: ReadAhead) -> bool:
@@ -43,7 +45,7 @@ def test_stays_within_its_window_and_follows_the_consumer(tmp_path: Path) -> Non
             ra.consumed(2 * piece)
             assert _reaches(ra, 3 * piece)
             ra.consumed(3 * piece)
-            assert _ends(ra) and ra.bytes_read == 5 * piece
+            assert _ends(ra) and ra.bytes_requested == 5 * piece
     finally:
         os.close(fd)
 
@@ -61,10 +63,38 @@ def test_a_consumer_that_stops_early_does_not_wait_for_it(tmp_path: Path) -> Non
 def test_a_short_or_unreadable_input_only_stops_the_read_ahead(tmp_path: Path) -> None:
     fd = _file(tmp_path, 1 << 20)
     with ReadAhead([ByteRange(fd, 0, 4 << 20), ByteRange(fd, 8 << 20, 1 << 20)], window=1 << 30) as ra:
-        assert _ends(ra) and ra.bytes_read == 5 << 20  # short ranges count in full
+        assert _ends(ra) and ra.bytes_requested == 5 << 20  # short ranges count in full
     os.close(fd)
     with ReadAhead([ByteRange(fd, 0, 1 << 20)], window=1 << 30) as ra:  # a closed descriptor: EBADF
         assert _ends(ra)
+
+
+def _cached(fd: int, offset: int, n: int) -> bool:
+    """Whether ``n`` bytes at ``offset`` are in the page cache: a read with RWF_NOWAIT fails with EAGAIN if not."""
+    try:
+        return os.preadv(fd, [bytearray(n)], offset, os.RWF_NOWAIT) == n
+    except BlockingIOError:
+        return False
+
+
+def test_puts_the_input_in_the_page_cache(tmp_path: Path) -> None:
+    path, n = tmp_path / "input.bin", 4 << 20
+    path.write_bytes(os.urandom(n))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, n, os.POSIX_FADV_DONTNEED)
+        if _cached(fd, 0, n):
+            pytest.skip(f"this file system keeps {tmp_path} in memory whatever it is told (tmpfs?)")
+        with ReadAhead([ByteRange(fd, 0, n)], window=n) as ra:
+            assert _ends(ra) and ra.bytes_requested == n
+            for _ in range(3000):  # the hint is asynchronous: the kernel reads in the background
+                if _cached(fd, 0, n):
+                    break
+                threading.Event().wait(0.01)
+            assert _cached(fd, 0, n)
+    finally:
+        os.close(fd)
 
 
 def test_default_window_is_bounded() -> None:

@@ -12,9 +12,10 @@
  * give 0.
  *
  * The hot scans use GCC/clang vector extensions (and, on x86, SSE2 intrinsics: the x86-64 baseline);
- * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits also
- * have an AVX2 version, chosen at run time when the CPU has AVX2 (see DISPATCH_AVX2), so the build
- * stays portable; it performs the same float operations, so it gives the same bytes.
+ * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits and the
+ * Q4_0/Q8_0 blocks of BF16/F32 input also have AVX2 versions, chosen at run time when the CPU has AVX2 (see
+ * DISPATCH_AVX2), so the build stays portable; they perform the same float operations, so they give the
+ * same bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -618,11 +619,147 @@ static inline void load_block(const uint8_t *src, int src_type, int n, float *re
     }
 }
 
+#if DISPATCH_AVX2
+/* Q4_0 and Q8_0 blocks of BF16 or F32 input with AVX2, for CPUs that have it. A block holding NaN or inf, or
+ * outside the usual range, takes the scalar q4_0_block / q8_0_block on the same widened values, so only
+ * finite blocks are done here, with the same float operations in the same order:
+ * - the absolute maximum: maxps over the |x| (exact, no NaN), then C's first value of that magnitude,
+ *   found by comparing each |x| with it (+0.0 when every |x| is 0, as C's scan starting from 0 leaves it);
+ * - d, id and the fp16 scale: C's scalar code;
+ * - the values: x * id, then + 8.5f (Q4_0) or C's round_i8 (Q8_0), as separate mulps and addps (never fused),
+ *   converted by cvttps2dq, which is C's (int) on these ranges. */
+__attribute__((target("avx2"))) static inline int load8x4_avx2(const uint8_t *src, int src_type, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) {
+        if (src_type == T_BF16) {
+            const __m128i h = _mm_loadu_si128((const __m128i *)(src + 16 * k));
+            v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        } else {
+            v[k] = _mm256_loadu_ps((const float *)src + 8 * k);
+        }
+    }
+    const __m256i expo = _mm256_set1_epi32(0x7F800000);
+    __m256i bad = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+        const __m256i e = _mm256_and_si256(_mm256_castps_si256(v[k]), expo);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, expo));
+    }
+    return _mm256_testz_si256(bad, bad);
+}
+
+/* |x| of the 32 values (widened in v from src), their maximum (*amax_out) and C's signed max, read back
+ * from src. */
+__attribute__((target("avx2"))) static inline float first_absmax_avx2(const uint8_t *src, int src_type,
+                                                                      const __m256 v[4], __m256 a[4],
+                                                                      float *amax_out) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int k = 0; k < 4; ++k) {
+        a[k] = _mm256_and_ps(v[k], abs_mask);
+    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    const float amax = _mm256_cvtss_f32(m);
+    *amax_out = amax;
+    if (amax == 0.0f) {
+        return 0.0f;
+    }
+    uint32_t hits = 0;
+    for (int k = 0; k < 4; ++k) {
+        hits |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a[k], m, _CMP_EQ_OQ)) << (8 * k);
+    }
+    const int first = __builtin_ctz(hits);
+    if (src_type == T_BF16) {
+        uint16_t h;
+        memcpy(&h, src + 2 * first, 2);
+        return u2f((uint32_t)h << 16);
+    }
+    float max;
+    memcpy(&max, src + 4 * first, 4);
+    return max;
+}
+
+/* 16 int32 lanes (two vectors, values 0..255 or -128..127 as the caller packs them) to 16 bytes. */
+__attribute__((target("avx2"))) static inline __m128i pack16_avx2(__m256i lo, __m256i hi, int is_signed) {
+    const __m128i a = _mm_packs_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+    const __m128i b = _mm_packs_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+    return is_signed ? _mm_packs_epi16(a, b) : _mm_packus_epi16(a, b);
+}
+
+__attribute__((target("avx2"))) static void q4_0_block_avx2(const uint8_t *src, int src_type, uint8_t *y) {
+    __m256 v[4], a[4];
+    float x[QK];
+    if (!load8x4_avx2(src, src_type, v)) {
+        load_block(src, src_type, QK, x);
+        q4_0_block(x, y);
+        return;
+    }
+    float amax;
+    const float max = first_absmax_avx2(src, src_type, v, a, &amax);
+    const float d = max / -8;
+    const float id = d ? 1.0f / d : 0.0f;
+    if (!(fabsf(id) * fabsf(max) <= 64.0f)) {
+        load_block(src, src_type, QK, x);
+        q4_0_block(x, y);
+        return;
+    }
+    store_fp16(y, fp32_to_fp16(d));
+    const __m256 idv = _mm256_set1_ps(id), half = _mm256_set1_ps(8.5f);
+    const __m256i fifteen = _mm256_set1_epi32(15), low = _mm256_set1_epi32(0xFF);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+        q[k] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[k], idv), half)), fifteen);
+        q[k] = _mm256_and_si256(q[k], low); /* C's (uint8_t) of the clamped int */
+    }
+    /* byte j = xi0 | xi1 << 4 with xi0 from x[j], xi1 from x[16 + j], kept to 8 bits */
+    const __m256i b0 = _mm256_and_si256(_mm256_or_si256(q[0], _mm256_slli_epi32(q[2], 4)), low);
+    const __m256i b1 = _mm256_and_si256(_mm256_or_si256(q[1], _mm256_slli_epi32(q[3], 4)), low);
+    _mm_storeu_si128((__m128i *)(y + 2), pack16_avx2(b0, b1, 0));
+}
+
+__attribute__((target("avx2"))) static void q8_0_block_avx2(const uint8_t *src, int src_type, uint8_t *y) {
+    __m256 v[4], a[4];
+    float x[QK];
+    if (!load8x4_avx2(src, src_type, v)) {
+        load_block(src, src_type, QK, x);
+        q8_0_block(x, y);
+        return;
+    }
+    float amax;
+    (void)first_absmax_avx2(src, src_type, v, a, &amax); /* MAX(amax, fabsf(v)) over a finite block */
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    store_fp16(y, fp32_to_fp16(d));
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) { /* round_i8: |x * id| <= 127 here, so no clipping to 0 */
+        const __m256 r = _mm256_mul_ps(v[k], idv);
+        const __m256i t = _mm256_cvttps_epi32(r);
+        const __m256 frac = _mm256_sub_ps(r, _mm256_cvtepi32_ps(t));
+        q[k] = _mm256_add_epi32(t, _mm256_cvttps_epi32(_mm256_add_ps(frac, frac)));
+    }
+    _mm_storeu_si128((__m128i *)(y + 2), pack16_avx2(q[0], q[1], 1));
+    _mm_storeu_si128((__m128i *)(y + 18), pack16_avx2(q[2], q[3], 1));
+}
+#endif
+
 /* ggml_quantize_chunk without an imatrix (what llama-quantize runs): nb blocks of src -> dst. */
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     float x[QK_K];
     const int avx2 = have_avx2();
+#if DISPATCH_AVX2
+    if (avx2 && (src_type == T_BF16 || src_type == T_F32) && dst_type != T_Q6_K) {
+        for (Py_ssize_t i = 0; i < nb; ++i) {
+            if (dst_type == T_Q4_0) {
+                q4_0_block_avx2(src + i * item * QK, src_type, dst + i * 18);
+            } else {
+                q8_0_block_avx2(src + i * item * QK, src_type, dst + i * 34);
+            }
+        }
+        return;
+    }
+#endif
     for (Py_ssize_t i = 0; i < nb; ++i) {
         if (dst_type == T_Q4_0) {
             load_block(src + i * item * QK, src_type, QK, x);
