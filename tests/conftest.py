@@ -14,6 +14,7 @@ Appends from tests without the mark are counted and listed in the summary; with
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,12 @@ REFERENCE_COMPARISONS: list[str] = []
 REFERENCE_MARK = "reference"
 # Every comparing test is marked, so an append from an unmarked test is a dropped mark: fail the run.
 UNMARKED_APPENDS_FAIL = True
+
+# A run started in the background by a non-interactive shell (``cmd &``, nohup) inherits SIGINT ignored, and
+# so would every child it starts, so the Ctrl-C tests could not interrupt their converters. A handler of ours
+# is reset to the default in each child, where Python then turns SIGINT into KeyboardInterrupt as usual.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _appended: dict[str, list[str]] = {}  # nodeid -> labels appended while that test ran
 _outcome: dict[str, str] = {}  # nodeid -> "passed" | "failed" | "skipped"
