@@ -108,4 +108,4 @@ class ReadAhead:
                 with self._cond:
                     self._ahead += n
             with self._cond:  # count a short range in full, so the window stays aligned with the consumer
-                self._ahead += max(0, end - pos)
+                self._ahead += end - pos

@@ -619,16 +619,35 @@ static inline void load_block(const uint8_t *src, int src_type, int n, float *re
     }
 }
 
+/* One Q4_0 or Q8_0 block with the scalar code: the widening of load_block, then q4_0_block / q8_0_block. */
+static void q_block_scalar(const uint8_t *src, int src_type, int dst_type, uint8_t *y) {
+    float x[QK];
+    load_block(src, src_type, QK, x);
+    if (dst_type == T_Q4_0) {
+        q4_0_block(x, y);
+    } else {
+        q8_0_block(x, y);
+    }
+}
+
 #if DISPATCH_AVX2
 /* Q4_0 and Q8_0 blocks of BF16 or F32 input with AVX2, for CPUs that have it. A block holding NaN or inf, or
- * outside the usual range, takes the scalar q4_0_block / q8_0_block on the same widened values, so only
- * finite blocks are done here, with the same float operations in the same order:
+ * outside the usual range, takes q_block_scalar, so only finite blocks are done here, with the same float
+ * operations in the same order:
  * - the absolute maximum: maxps over the |x| (exact, no NaN), then C's first value of that magnitude,
  *   found by comparing each |x| with it (+0.0 when every |x| is 0, as C's scan starting from 0 leaves it);
  * - d, id and the fp16 scale: C's scalar code;
  * - the values: x * id, then + 8.5f (Q4_0) or C's round_i8 (Q8_0), as separate mulps and addps (never fused),
  *   converted by cvttps2dq, which is C's (int) on these ranges. */
-__attribute__((target("avx2"))) static inline int load8x4_avx2(const uint8_t *src, int src_type, __m256 v[4]) {
+
+/* The block's 32 values widened into v, its largest |x| (*amax) and C's signed max (*max, read back from src).
+ * Returns 0, and sets nothing else, when the block holds a NaN or inf: the scalar code takes it. */
+__attribute__((target("avx2"))) static inline int finite_absmax_avx2(const uint8_t *src, int src_type, __m256 v[4],
+                                                                    float *amax, float *max) {
+    const __m256i expo = _mm256_set1_epi32(0x7F800000);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256i bad = _mm256_setzero_si256();
+    __m256 a[4];
     for (int k = 0; k < 4; ++k) {
         if (src_type == T_BF16) {
             const __m128i h = _mm_loadu_si128((const __m128i *)(src + 16 * k));
@@ -636,33 +655,20 @@ __attribute__((target("avx2"))) static inline int load8x4_avx2(const uint8_t *sr
         } else {
             v[k] = _mm256_loadu_ps((const float *)src + 8 * k);
         }
-    }
-    const __m256i expo = _mm256_set1_epi32(0x7F800000);
-    __m256i bad = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-        const __m256i e = _mm256_and_si256(_mm256_castps_si256(v[k]), expo);
-        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, expo));
-    }
-    return _mm256_testz_si256(bad, bad);
-}
-
-/* |x| of the 32 values (widened in v from src), their maximum (*amax_out) and C's signed max, read back
- * from src. */
-__attribute__((target("avx2"))) static inline float first_absmax_avx2(const uint8_t *src, int src_type,
-                                                                      const __m256 v[4], __m256 a[4],
-                                                                      float *amax_out) {
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (int k = 0; k < 4; ++k) {
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v[k]), expo), expo));
         a[k] = _mm256_and_ps(v[k], abs_mask);
+    }
+    if (!_mm256_testz_si256(bad, bad)) {
+        return 0;
     }
     __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
     m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
     m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
     m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
-    const float amax = _mm256_cvtss_f32(m);
-    *amax_out = amax;
-    if (amax == 0.0f) {
-        return 0.0f;
+    *amax = _mm256_cvtss_f32(m);
+    if (*amax == 0.0f) {
+        *max = 0.0f;
+        return 1;
     }
     uint32_t hits = 0;
     for (int k = 0; k < 4; ++k) {
@@ -672,11 +678,11 @@ __attribute__((target("avx2"))) static inline float first_absmax_avx2(const uint
     if (src_type == T_BF16) {
         uint16_t h;
         memcpy(&h, src + 2 * first, 2);
-        return u2f((uint32_t)h << 16);
+        *max = u2f((uint32_t)h << 16);
+    } else {
+        memcpy(max, src + 4 * first, 4);
     }
-    float max;
-    memcpy(&max, src + 4 * first, 4);
-    return max;
+    return 1;
 }
 
 /* 16 int32 lanes (two vectors, values 0..255 or -128..127 as the caller packs them) to 16 bytes. */
@@ -687,20 +693,16 @@ __attribute__((target("avx2"))) static inline __m128i pack16_avx2(__m256i lo, __
 }
 
 __attribute__((target("avx2"))) static void q4_0_block_avx2(const uint8_t *src, int src_type, uint8_t *y) {
-    __m256 v[4], a[4];
-    float x[QK];
-    if (!load8x4_avx2(src, src_type, v)) {
-        load_block(src, src_type, QK, x);
-        q4_0_block(x, y);
+    __m256 v[4];
+    float amax, max;
+    if (!finite_absmax_avx2(src, src_type, v, &amax, &max)) {
+        q_block_scalar(src, src_type, T_Q4_0, y);
         return;
     }
-    float amax;
-    const float max = first_absmax_avx2(src, src_type, v, a, &amax);
     const float d = max / -8;
     const float id = d ? 1.0f / d : 0.0f;
-    if (!(fabsf(id) * fabsf(max) <= 64.0f)) {
-        load_block(src, src_type, QK, x);
-        q4_0_block(x, y);
+    if (!(fabsf(id) * fabsf(max) <= 64.0f)) { /* outside the range where cvttps2dq is C's (int8_t) */
+        q_block_scalar(src, src_type, T_Q4_0, y);
         return;
     }
     store_fp16(y, fp32_to_fp16(d));
@@ -718,15 +720,12 @@ __attribute__((target("avx2"))) static void q4_0_block_avx2(const uint8_t *src, 
 }
 
 __attribute__((target("avx2"))) static void q8_0_block_avx2(const uint8_t *src, int src_type, uint8_t *y) {
-    __m256 v[4], a[4];
-    float x[QK];
-    if (!load8x4_avx2(src, src_type, v)) {
-        load_block(src, src_type, QK, x);
-        q8_0_block(x, y);
+    __m256 v[4];
+    float amax, max;
+    if (!finite_absmax_avx2(src, src_type, v, &amax, &max)) { /* amax: MAX(amax, fabsf(v)) of a finite block */
+        q_block_scalar(src, src_type, T_Q8_0, y);
         return;
     }
-    float amax;
-    (void)first_absmax_avx2(src, src_type, v, a, &amax); /* MAX(amax, fabsf(v)) over a finite block */
     const float d = amax / ((1 << 7) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     store_fp16(y, fp32_to_fp16(d));
@@ -746,31 +745,25 @@ __attribute__((target("avx2"))) static void q8_0_block_avx2(const uint8_t *src, 
 /* ggml_quantize_chunk without an imatrix (what llama-quantize runs): nb blocks of src -> dst. */
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
-    float x[QK_K];
     const int avx2 = have_avx2();
-#if DISPATCH_AVX2
-    if (avx2 && (src_type == T_BF16 || src_type == T_F32) && dst_type != T_Q6_K) {
+    if (dst_type == T_Q6_K) {
+        float x[QK_K];
         for (Py_ssize_t i = 0; i < nb; ++i) {
-            if (dst_type == T_Q4_0) {
-                q4_0_block_avx2(src + i * item * QK, src_type, dst + i * 18);
-            } else {
-                q8_0_block_avx2(src + i * item * QK, src_type, dst + i * 34);
-            }
-        }
-        return;
-    }
-#endif
-    for (Py_ssize_t i = 0; i < nb; ++i) {
-        if (dst_type == T_Q4_0) {
-            load_block(src + i * item * QK, src_type, QK, x);
-            q4_0_block(x, dst + i * 18);
-        } else if (dst_type == T_Q8_0) {
-            load_block(src + i * item * QK, src_type, QK, x);
-            q8_0_block(x, dst + i * 34);
-        } else {
             load_block(src + i * item * QK_K, src_type, QK_K, x);
             q6_k_block(x, dst + i * 210, avx2);
         }
+        return;
+    }
+    const Py_ssize_t out = dst_type == T_Q4_0 ? 18 : 34;
+    for (Py_ssize_t i = 0; i < nb; ++i) {
+        const uint8_t *block = src + i * item * QK;
+#if DISPATCH_AVX2
+        if (avx2 && (src_type == T_BF16 || src_type == T_F32)) {
+            (dst_type == T_Q4_0 ? q4_0_block_avx2 : q8_0_block_avx2)(block, src_type, dst + i * out);
+            continue;
+        }
+#endif
+        q_block_scalar(block, src_type, dst_type, dst + i * out);
     }
 }
 
