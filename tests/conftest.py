@@ -24,6 +24,8 @@ import fixtures as mf
 import pytest
 import reference
 
+from dflash_gguf.quantize import kernels
+
 REFERENCE_COMPARISONS: list[str] = []
 REFERENCE_MARK = "reference"
 # Every comparing test is marked, so an append from an unmarked test is a dropped mark: fail the run.
@@ -40,6 +42,27 @@ _outcome: dict[str, str] = {}  # nodeid -> "passed" | "failed" | "skipped"
 _problems: list[str] = []  # filled by pytest_sessionfinish, printed by pytest_terminal_summary
 _marked_ids: list[str] = []  # selected marked tests, in collection order
 
+
+def use_kernels(path: str) -> Iterator[str]:
+    """Make ``path`` ("compiled" or "numpy") the active kernel path for one test, restoring the previous one
+    afterwards; the compiled kernels skip, or fail on CI, when the extension was not built."""
+    if path == "compiled" and not kernels.compiled_available():
+        reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
+        if reference.on_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    previous = kernels.kernel_path()
+    kernels.set_kernel_path(path)
+    try:
+        yield path
+    finally:
+        kernels.set_kernel_path(previous)
+
+
+@pytest.fixture(params=kernels.KERNEL_PATHS)
+def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test on the compiled kernels and on the numpy fallback."""
+    yield from use_kernels(request.param)
 
 def llama_cpp_src() -> Path | None:
     """The b11434 source tree when it is set up, else None (the Qwen fixtures then need the guard)."""

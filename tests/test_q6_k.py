@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from dflash_gguf.quantize import kernels
@@ -36,18 +36,8 @@ F = np.float32
 
 @pytest.fixture(autouse=True, params=kernels.KERNEL_PATHS)
 def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test on the compiled kernels and on the numpy fallback (compiled: skip, or fail on CI, if not built)."""
-    if request.param == "compiled" and not kernels.compiled_available():
-        reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
-        if reference.on_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
-    previous = kernels.kernel_path()
-    kernels.set_kernel_path(request.param)
-    try:
-        yield request.param
-    finally:
-        kernels.set_kernel_path(previous)
+    """Every test on the compiled kernels and on the numpy fallback."""
+    yield from use_kernels(request.param)
 
 
 # -- inputs ------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import fixtures as mf
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import reference
 from click.testing import CliRunner
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType, GGUFReader
 
 from dflash_gguf.cli import main
@@ -394,28 +393,6 @@ def test_package_binary_is_found_when_importable(monkeypatch: pytest.MonkeyPatch
 
 
 # -- kernels: bit-exactness of the Q4_0/Q8_0 kernels, compiled and numpy --------------------------------
-
-@pytest.fixture(params=kernels.KERNEL_PATHS)
-def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test on the compiled kernels and on the numpy fallback (the compiled ones skip, or fail on CI,
-    when the extension was not built)."""
-    yield from use_kernels(request.param)
-
-
-def use_kernels(path: str) -> Iterator[str]:
-    """Make ``path`` the active kernel path for one test, restoring the previous one afterwards."""
-    if path == "compiled" and not kernels.compiled_available():
-        reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
-        if reference.on_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
-    previous = kernels.kernel_path()
-    kernels.set_kernel_path(path)
-    try:
-        yield path
-    finally:
-        kernels.set_kernel_path(previous)
-
 
 def _edge_blocks() -> np.ndarray:
     """Finite edge cases for the block quantizers: ties, negative max, exact .5 cases, tiny/huge scales."""

@@ -12,10 +12,10 @@
  * give 0.
  *
  * The hot scans use GCC/clang vector extensions (and, on x86, SSE2 intrinsics: the x86-64 baseline);
- * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits and the
- * Q4_0/Q8_0 blocks of BF16/F32 input also have AVX2 versions, chosen at run time when the CPU has AVX2 (see
- * DISPATCH_AVX2), so the build stays portable; they perform the same float operations, so they give the
- * same bytes.
+ * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits and
+ * Q4_0/Q8_0 (8 blocks at a time, any source type) also have AVX2 versions, chosen at run time when the CPU
+ * has AVX2 (see DISPATCH_AVX2), so the build stays portable; they perform the same float operations, so they
+ * give the same bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -630,115 +630,307 @@ static void q_block_scalar(const uint8_t *src, int src_type, int dst_type, uint8
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * Q4_0 and Q8_0 with AVX2, chosen at run time like Q6_K's fits (the same bytes as q4_0_block and
+ * q8_0_block, which remain the path without AVX2). Blocks go in batches of QBATCH:
+ *
+ * - per block, the largest |x| as bits: for BF16 on the 16-bit words themselves (|x| is the word without
+ *   its sign bit, and for values that are not NaN the order of those bits is the order of |x|), for
+ *   F32 (and F16, widened first by f16_widen_avx2) on the float32 bits the same way. The maximum of
+ *   integers is exact in any order. A NaN or inf has larger bits than every finite value, so the
+ *   maximum also says whether the block is finite. Q4_0's `max` is then the first value whose |x| has
+ *   those bits (compare-equal mask, lowest set bit): C's first value of largest |x|; when every |x| is
+ *   0, +0.0, C's initial value (never a -0.0 of the block).
+ * - for the batch at once: d, id and the fp16 d with the float operations of C (vdivps is C's float
+ *   division; fp32_to_fp16_avx2 is fp32_to_fp16 lane by lane), and the test that sends a block to the
+ *   scalar code: a NaN or inf in it, or |id * max| beyond the bound that makes every conversion below a
+ *   plain one (Q4_0: |x * id| <= |max * id| <= 8.5, as rounding is monotonic, so x * id + 8.5f is in
+ *   [0, 17] and C's (int8_t) is cvttps2dq; Q8_0: |x * id| < 127.5, so roundf gives [-127, 127]). For
+ *   finite blocks |max * id| is 8 or 127 within a few ulps unless d underflows (then id = 0, also fine)
+ *   or 1/d overflows (id = inf: scalar path), so the scalar path takes only the non-finite blocks and
+ *   those of tiny scales. (The bound alone would already catch a NaN or inf, through a NaN |max * id|;
+ *   the explicit test does not rely on that.)
+ * - per block, the values quantized 8 at a time with C's separate multiply and add (no FMA: the
+ *   functions target AVX2 alone), converted, and packed with saturating packs that saturate nothing
+ *   (the values are in range, above).
+ *
+ * BF16 words are widened in registers by interleaving them with zero words (vpunpck[lh]wd): each
+ * 128-bit lane then holds elements 0-3 | 8-11 (low) and 4-7 | 12-15 (high) of 16, an order that the
+ * packs undo (Q4_0's nibble pairs x[j], x[j + 16] sit in the same lane of the two halves).
+ * --------------------------------------------------------------------------------------------------- */
 #if DISPATCH_AVX2
-/* Q4_0 and Q8_0 blocks of BF16 or F32 input with AVX2, for CPUs that have it. A block holding NaN or inf, or
- * outside the usual range, takes q_block_scalar, so only finite blocks are done here, with the same float
- * operations in the same order:
- * - the absolute maximum: maxps over the |x| (exact, no NaN), then C's first value of that magnitude,
- *   found by comparing each |x| with it (+0.0 when every |x| is 0, as C's scan starting from 0 leaves it);
- * - d, id and the fp16 scale: C's scalar code;
- * - the values: x * id, then + 8.5f (Q4_0) or C's round_i8 (Q8_0), as separate mulps and addps (never fused),
- *   converted by cvttps2dq, which is C's (int) on these ranges. */
+#define QBATCH 8
 
-/* The block's 32 values widened into v, its largest |x| (*amax) and C's signed max (*max, read back from src).
- * Returns 0, and sets nothing else, when the block holds a NaN or inf: the scalar code takes it. */
-__attribute__((target("avx2"))) static inline int finite_absmax_avx2(const uint8_t *src, int src_type, __m256 v[4],
-                                                                    float *amax, float *max) {
-    const __m256i expo = _mm256_set1_epi32(0x7F800000);
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256i bad = _mm256_setzero_si256();
-    __m256 a[4];
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+/* fp32_to_fp16 on 8 lanes: the same float and integer operations (fabsf is clearing the sign bit). */
+__attribute__((target("avx2"))) static inline __m128i fp32_to_fp16_avx2(__m256 f) {
+    const v8u w = (v8u)f;
+    v8f base = ((v8f)(w & 0x7FFFFFFFu) * 0x1.0p+112f) * 0x1.0p-110f;
+    const v8u shl1_w = w + w;
+    const v8u sign = w & 0x80000000u;
+    /* bias < 0x71000000 ? 0x71000000 : bias, unsigned */
+    const v8u bias = (v8u)_mm256_max_epu32((__m256i)(shl1_w & 0xFF000000u), _mm256_set1_epi32(0x71000000));
+    base = (v8f)((bias >> 1) + 0x07800000u) + base;
+    const v8u bits = (v8u)base;
+    const v8u nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+    const v8u nan = (v8u)(shl1_w > 0xFF000000u); /* unsigned compare: all-ones lanes */
+    const v8u h = (sign >> 16) | (nan & 0x7E00u) | (~nan & nonsign);
+    /* every lane <= 0xFFFF: the unsigned saturation of packusdw keeps it */
+    return _mm_packus_epi32(_mm256_castsi256_si128((__m256i)h), _mm256_extracti128_si256((__m256i)h, 1));
+}
+
+/* ggml_compute_fp16_to_fp32 on 8 lanes (the same integer and float operations), for the 32 F16 words
+ * at p -> x: load_block's F16 widening, vectorised. */
+__attribute__((target("avx2"))) static inline void f16_widen_avx2(const uint8_t *p, float *x) {
+    for (int k = 0; k < QK / 8; ++k) {
+        const v8u w = (v8u)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * k))) << 16;
+        const v8u sign = w & 0x80000000u;
+        const v8u two_w = w + w;
+        const v8f normalized = (v8f)((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+        const v8f denormalized = (v8f)((two_w >> 17) | (126u << 23)) - 0.5f;
+        const v8u denorm = (v8u)(two_w < (1u << 27));
+        _mm256_storeu_si256((__m256i *)(x + 8 * k),
+                            (__m256i)(sign | (denorm & (v8u)denormalized) | (~denorm & (v8u)normalized)));
+    }
+}
+
+/* The bits of the largest |x| over 32 BF16 words at p (above 0x7F7F: the block has a NaN or inf), and
+ * the words without their sign bits. */
+__attribute__((target("avx2"))) static inline uint32_t bf16_amax_avx2(const uint8_t *p, __m256i *a0, __m256i *a1) {
+    const __m256i m = _mm256_set1_epi16(0x7FFF);
+    *a0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), m);
+    *a1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 32)), m);
+    const __m256i t = _mm256_max_epi16(*a0, *a1); /* 0..0x7FFF: signed is unsigned */
+    const __m128i u = _mm_max_epi16(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    /* the maximum of 8 as a minimum of 0x7FFF - u (phminposuw) */
+    const __m128i mn = _mm_minpos_epu16(_mm_xor_si128(u, _mm_set1_epi16(0x7FFF)));
+    return 0x7FFFu ^ ((uint32_t)_mm_cvtsi128_si32(mn) & 0xFFFFu);
+}
+
+/* C's first value of largest |x| (Q4_0's max) over 32 BF16 words at p; *abits as bf16_amax_avx2. */
+__attribute__((target("avx2"))) static inline float bf16_first_absmax_avx2(const uint8_t *p, uint32_t *abits) {
+    __m256i a0, a1;
+    const uint32_t am = bf16_amax_avx2(p, &a0, &a1);
+    *abits = am;
+    const __m256i amv = _mm256_set1_epi16((short)am);
+    /* two mask bits a word: the lowest set bit is 2 * (first index) */
+    const uint64_t eq = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(a0, amv)) |
+                        (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(a1, amv)) << 32;
+    uint16_t h;
+    memcpy(&h, p + __builtin_ctzll(eq), 2);
+    return am ? u2f((uint32_t)h << 16) : 0.0f;
+}
+
+/* The float32 bits of the largest |x| over 32 float32 values at p (above 0x7F7FFFFF: a NaN or inf), and
+ * the values without their sign bits. */
+__attribute__((target("avx2"))) static inline uint32_t f32_amax_avx2(const uint8_t *p, __m256i a[4]) {
+    const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
     for (int k = 0; k < 4; ++k) {
-        if (src_type == T_BF16) {
-            const __m128i h = _mm_loadu_si128((const __m128i *)(src + 16 * k));
-            v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        } else {
-            v[k] = _mm256_loadu_ps((const float *)src + 8 * k);
+        a[k] = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 32 * k)), m);
+    }
+    const __m256i t = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));
+    __m128i u = _mm_max_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_max_epi32(u, _mm_shuffle_epi32(u, 0x4E));
+    u = _mm_max_epi32(u, _mm_shuffle_epi32(u, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(u);
+}
+
+/* C's first value of largest |x| over 32 float32 values at p; *abits as f32_amax_avx2. */
+__attribute__((target("avx2"))) static inline float f32_first_absmax_avx2(const uint8_t *p, uint32_t *abits) {
+    __m256i a[4];
+    const uint32_t am = f32_amax_avx2(p, a);
+    *abits = am;
+    const __m256i amv = _mm256_set1_epi32((int)am);
+    uint32_t eq = 0;
+    for (int k = 0; k < 4; ++k) {
+        eq |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a[k], amv))) << (8 * k);
+    }
+    float v;
+    memcpy(&v, p + 4 * __builtin_ctz(eq), 4);
+    return am ? v : 0.0f;
+}
+
+/* The 32 BF16 words at p widened, in the lane order described above: a0 = elements 0-3 | 8-11,
+ * b0 = 4-7 | 12-15, a1 and b1 the same plus 16. */
+__attribute__((target("avx2"))) static inline void bf16_widen_avx2(const uint8_t *p, __m256 *a0, __m256 *b0,
+                                                                  __m256 *a1, __m256 *b1) {
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i v0 = _mm256_loadu_si256((const __m256i *)p), v1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    *a0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v0));
+    *b0 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v0));
+    *a1 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v1));
+    *b1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v1));
+}
+
+/* MIN(15, (int8_t)(x * id + 8.5f)) for x * id + 8.5f in [0, 17]: truncation, then the minimum */
+__attribute__((target("avx2"))) static inline __m256i q4_0_q_avx2(__m256 v, __m256 id) {
+    const __m256 t = _mm256_add_ps(_mm256_mul_ps(v, id), _mm256_set1_ps(8.5f));
+    return _mm256_min_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(15));
+}
+
+/* The 16 bytes xi0 | (xi1 << 4) of one block, from lo = x[0..16) and hi = x[16..32) in matching lanes,
+ * whose 16-bit packs (a of lo/hi, then b) give j = 0..15 in order when perm is 0, or
+ * j = 0-3, 8-11 | 4-7, 12-15 when perm is 1 (fixed by a qword permutation). */
+__attribute__((target("avx2"))) static inline void q4_0_pack_avx2(__m256 a0, __m256 b0, __m256 a1, __m256 b1,
+                                                                 __m256 id, int perm, uint8_t *y) {
+    const __m256i A = _mm256_or_si256(q4_0_q_avx2(a0, id), _mm256_slli_epi32(q4_0_q_avx2(a1, id), 4));
+    const __m256i B = _mm256_or_si256(q4_0_q_avx2(b0, id), _mm256_slli_epi32(q4_0_q_avx2(b1, id), 4));
+    __m256i P = _mm256_packs_epi32(A, B); /* 0..255: no saturation */
+    if (perm) {
+        P = _mm256_permute4x64_epi64(P, 0xD8);
+    }
+    _mm_storeu_si128((__m128i *)y, _mm_packus_epi16(_mm256_castsi256_si128(P), _mm256_extracti128_si256(P, 1)));
+}
+
+/* (int8_t) roundf(x * id) for |x * id| < 127.5: round_i8's two truncations */
+__attribute__((target("avx2"))) static inline __m256i q8_0_q_avx2(__m256 v, __m256 id) {
+    const __m256 s = _mm256_mul_ps(v, id);
+    const __m256i t = _mm256_cvttps_epi32(s);
+    const __m256 frac = _mm256_sub_ps(s, _mm256_cvtepi32_ps(t));
+    return _mm256_add_epi32(t, _mm256_cvttps_epi32(_mm256_add_ps(frac, frac)));
+}
+
+/* quantize_row_q4_0_ref over nb blocks of src_type values. */
+__attribute__((target("avx2"))) static void q4_0_rows_avx2(const uint8_t *src, int src_type, uint8_t *dst,
+                                                          Py_ssize_t nb) {
+    const Py_ssize_t bsize = (src_type == T_F32 ? 4 : 2) * QK; /* source bytes a block */
+    float xh[QBATCH][QK]; /* F16 widened */
+    Py_ssize_t i = 0;
+    for (; i + QBATCH <= nb; i += QBATCH) {
+        const uint8_t *s = src + i * bsize;
+        uint8_t *y = dst + i * 18;
+        float mx[QBATCH];
+        int fin = 0;
+        for (int b = 0; b < QBATCH; ++b) {
+            uint32_t ab;
+            if (src_type == T_BF16) {
+                mx[b] = bf16_first_absmax_avx2(s + b * bsize, &ab);
+                fin |= (ab <= 0x7F7Fu) << b;
+            } else {
+                const uint8_t *p = s + b * bsize;
+                if (src_type == T_F16) {
+                    f16_widen_avx2(p, xh[b]);
+                    p = (const uint8_t *)xh[b];
+                }
+                mx[b] = f32_first_absmax_avx2(p, &ab);
+                fin |= (ab <= 0x7F7FFFFFu) << b;
+            }
         }
-        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v[k]), expo), expo));
-        a[k] = _mm256_and_ps(v[k], abs_mask);
+        const __m256 sgn = _mm256_set1_ps(-0.0f);
+        const __m256 M = _mm256_loadu_ps(mx);
+        const __m256 D = _mm256_div_ps(M, _mm256_set1_ps(-8.0f));
+        /* d ? 1.0f / d : 0.0f */
+        const __m256 ID = _mm256_and_ps(_mm256_cmp_ps(D, _mm256_setzero_ps(), _CMP_NEQ_UQ),
+                                        _mm256_div_ps(_mm256_set1_ps(1.0f), D));
+        const __m256 r = _mm256_mul_ps(_mm256_andnot_ps(sgn, ID), _mm256_andnot_ps(sgn, M));
+        const int fast = _mm256_movemask_ps(_mm256_cmp_ps(r, _mm256_set1_ps(8.5f), _CMP_LE_OQ)) & fin;
+        uint16_t h[QBATCH];
+        float id[QBATCH];
+        _mm_storeu_si128((__m128i *)h, fp32_to_fp16_avx2(D));
+        _mm256_storeu_ps(id, ID);
+        for (int b = 0; b < QBATCH; ++b) {
+            const uint8_t *p = s + b * bsize;
+            uint8_t *yb = y + 18 * b;
+            if (!((fast >> b) & 1)) {
+                q_block_scalar(p, src_type, T_Q4_0, yb);
+                continue;
+            }
+            const __m256 idv = _mm256_set1_ps(id[b]);
+            store_fp16(yb, h[b]);
+            if (src_type == T_BF16) {
+                __m256 a0, b0, a1, b1;
+                bf16_widen_avx2(p, &a0, &b0, &a1, &b1);
+                q4_0_pack_avx2(a0, b0, a1, b1, idv, 0, yb + 2);
+            } else {
+                const float *xf = src_type == T_F16 ? xh[b] : NULL;
+                __m256 v[4];
+                for (int k = 0; k < 4; ++k) {
+                    v[k] = xf ? _mm256_loadu_ps(xf + 8 * k) : _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
+                }
+                q4_0_pack_avx2(v[0], v[1], v[2], v[3], idv, 1, yb + 2);
+            }
+        }
     }
-    if (!_mm256_testz_si256(bad, bad)) {
-        return 0;
+    for (; i < nb; ++i) {
+        q_block_scalar(src + i * bsize, src_type, T_Q4_0, dst + i * 18);
     }
-    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
-    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
-    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
-    *amax = _mm256_cvtss_f32(m);
-    if (*amax == 0.0f) {
-        *max = 0.0f;
-        return 1;
-    }
-    uint32_t hits = 0;
-    for (int k = 0; k < 4; ++k) {
-        hits |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a[k], m, _CMP_EQ_OQ)) << (8 * k);
-    }
-    const int first = __builtin_ctz(hits);
-    if (src_type == T_BF16) {
-        uint16_t h;
-        memcpy(&h, src + 2 * first, 2);
-        *max = u2f((uint32_t)h << 16);
-    } else {
-        memcpy(max, src + 4 * first, 4);
-    }
-    return 1;
 }
 
-/* 16 int32 lanes (two vectors, values 0..255 or -128..127 as the caller packs them) to 16 bytes. */
-__attribute__((target("avx2"))) static inline __m128i pack16_avx2(__m256i lo, __m256i hi, int is_signed) {
-    const __m128i a = _mm_packs_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
-    const __m128i b = _mm_packs_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
-    return is_signed ? _mm_packs_epi16(a, b) : _mm_packus_epi16(a, b);
-}
-
-__attribute__((target("avx2"))) static void q4_0_block_avx2(const uint8_t *src, int src_type, uint8_t *y) {
-    __m256 v[4];
-    float amax, max;
-    if (!finite_absmax_avx2(src, src_type, v, &amax, &max)) {
-        q_block_scalar(src, src_type, T_Q4_0, y);
-        return;
+/* quantize_row_q8_0_ref over nb blocks of src_type values. */
+__attribute__((target("avx2"))) static void q8_0_rows_avx2(const uint8_t *src, int src_type, uint8_t *dst,
+                                                          Py_ssize_t nb) {
+    const Py_ssize_t bsize = (src_type == T_F32 ? 4 : 2) * QK;
+    float xh[QBATCH][QK]; /* F16 widened */
+    Py_ssize_t i = 0;
+    for (; i + QBATCH <= nb; i += QBATCH) {
+        const uint8_t *s = src + i * bsize;
+        uint8_t *y = dst + i * 34;
+        float amx[QBATCH];
+        int fin = 0;
+        for (int b = 0; b < QBATCH; ++b) {
+            if (src_type == T_BF16) {
+                __m256i a0, a1;
+                const uint32_t ab = bf16_amax_avx2(s + b * bsize, &a0, &a1);
+                amx[b] = u2f(ab << 16); /* MAX(amax, fabsf(v)) from +0.0 over finite values */
+                fin |= (ab <= 0x7F7Fu) << b;
+            } else {
+                const uint8_t *p = s + b * bsize;
+                if (src_type == T_F16) {
+                    f16_widen_avx2(p, xh[b]);
+                    p = (const uint8_t *)xh[b];
+                }
+                __m256i a[4];
+                const uint32_t ab = f32_amax_avx2(p, a);
+                amx[b] = u2f(ab);
+                fin |= (ab <= 0x7F7FFFFFu) << b;
+            }
+        }
+        const __m256 AM = _mm256_loadu_ps(amx);
+        const __m256 D = _mm256_div_ps(AM, _mm256_set1_ps((float)((1 << 7) - 1)));
+        const __m256 ID = _mm256_and_ps(_mm256_cmp_ps(D, _mm256_setzero_ps(), _CMP_NEQ_UQ),
+                                        _mm256_div_ps(_mm256_set1_ps(1.0f), D));
+        const int fast = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_mul_ps(ID, AM), _mm256_set1_ps(127.5f),
+                                                          _CMP_LT_OQ)) & fin;
+        uint16_t h[QBATCH];
+        float id[QBATCH];
+        _mm_storeu_si128((__m128i *)h, fp32_to_fp16_avx2(D));
+        _mm256_storeu_ps(id, ID);
+        for (int b = 0; b < QBATCH; ++b) {
+            const uint8_t *p = s + b * bsize;
+            uint8_t *yb = y + 34 * b;
+            if (!((fast >> b) & 1)) {
+                q_block_scalar(p, src_type, T_Q8_0, yb);
+                continue;
+            }
+            const __m256 idv = _mm256_set1_ps(id[b]);
+            store_fp16(yb, h[b]);
+            __m256i R;
+            if (src_type == T_BF16) {
+                __m256 a0, b0, a1, b1;
+                bf16_widen_avx2(p, &a0, &b0, &a1, &b1);
+                /* 16-bit: elements 0..15, then 16..31, in order; bytes: 0-7, 16-23 | 8-15, 24-31 */
+                R = _mm256_packs_epi16(_mm256_packs_epi32(q8_0_q_avx2(a0, idv), q8_0_q_avx2(b0, idv)),
+                                       _mm256_packs_epi32(q8_0_q_avx2(a1, idv), q8_0_q_avx2(b1, idv)));
+                R = _mm256_permute4x64_epi64(R, 0xD8);
+            } else {
+                const float *xf = src_type == T_F16 ? xh[b] : NULL;
+                __m256i q[4];
+                for (int k = 0; k < 4; ++k) {
+                    const __m256 v = xf ? _mm256_loadu_ps(xf + 8 * k)
+                                        : _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
+                    q[k] = q8_0_q_avx2(v, idv);
+                }
+                /* dwords of 4 bytes: 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31 */
+                R = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+                R = _mm256_permutevar8x32_epi32(R, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            }
+            _mm256_storeu_si256((__m256i *)(yb + 2), R);
+        }
     }
-    const float d = max / -8;
-    const float id = d ? 1.0f / d : 0.0f;
-    if (!(fabsf(id) * fabsf(max) <= 64.0f)) { /* outside the range where cvttps2dq is C's (int8_t) */
-        q_block_scalar(src, src_type, T_Q4_0, y);
-        return;
+    for (; i < nb; ++i) {
+        q_block_scalar(src + i * bsize, src_type, T_Q8_0, dst + i * 34);
     }
-    store_fp16(y, fp32_to_fp16(d));
-    const __m256 idv = _mm256_set1_ps(id), half = _mm256_set1_ps(8.5f);
-    const __m256i fifteen = _mm256_set1_epi32(15), low = _mm256_set1_epi32(0xFF);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) {
-        q[k] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[k], idv), half)), fifteen);
-        q[k] = _mm256_and_si256(q[k], low); /* C's (uint8_t) of the clamped int */
-    }
-    /* byte j = xi0 | xi1 << 4 with xi0 from x[j], xi1 from x[16 + j], kept to 8 bits */
-    const __m256i b0 = _mm256_and_si256(_mm256_or_si256(q[0], _mm256_slli_epi32(q[2], 4)), low);
-    const __m256i b1 = _mm256_and_si256(_mm256_or_si256(q[1], _mm256_slli_epi32(q[3], 4)), low);
-    _mm_storeu_si128((__m128i *)(y + 2), pack16_avx2(b0, b1, 0));
-}
-
-__attribute__((target("avx2"))) static void q8_0_block_avx2(const uint8_t *src, int src_type, uint8_t *y) {
-    __m256 v[4];
-    float amax, max;
-    if (!finite_absmax_avx2(src, src_type, v, &amax, &max)) { /* amax: MAX(amax, fabsf(v)) of a finite block */
-        q_block_scalar(src, src_type, T_Q8_0, y);
-        return;
-    }
-    const float d = amax / ((1 << 7) - 1);
-    const float id = d ? 1.0f / d : 0.0f;
-    store_fp16(y, fp32_to_fp16(d));
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) { /* round_i8: |x * id| <= 127 here, so no clipping to 0 */
-        const __m256 r = _mm256_mul_ps(v[k], idv);
-        const __m256i t = _mm256_cvttps_epi32(r);
-        const __m256 frac = _mm256_sub_ps(r, _mm256_cvtepi32_ps(t));
-        q[k] = _mm256_add_epi32(t, _mm256_cvttps_epi32(_mm256_add_ps(frac, frac)));
-    }
-    _mm_storeu_si128((__m128i *)(y + 2), pack16_avx2(q[0], q[1], 1));
-    _mm_storeu_si128((__m128i *)(y + 18), pack16_avx2(q[2], q[3], 1));
 }
 #endif
 
@@ -754,16 +946,15 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
         }
         return;
     }
+#if DISPATCH_AVX2
+    if (avx2) {
+        (dst_type == T_Q4_0 ? q4_0_rows_avx2 : q8_0_rows_avx2)(src, src_type, dst, nb);
+        return;
+    }
+#endif
     const Py_ssize_t out = dst_type == T_Q4_0 ? 18 : 34;
     for (Py_ssize_t i = 0; i < nb; ++i) {
-        const uint8_t *block = src + i * item * QK;
-#if DISPATCH_AVX2
-        if (avx2 && (src_type == T_BF16 || src_type == T_F32)) {
-            (dst_type == T_Q4_0 ? q4_0_block_avx2 : q8_0_block_avx2)(block, src_type, dst + i * out);
-            continue;
-        }
-#endif
-        q_block_scalar(block, src_type, dst_type, dst + i * out);
+        q_block_scalar(src + i * item * QK, src_type, dst_type, dst + i * out);
     }
 }
 
