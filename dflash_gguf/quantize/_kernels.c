@@ -791,145 +791,123 @@ __attribute__((target("avx2"))) static inline __m256i q8_0_q_avx2(__m256 v, __m2
     return _mm256_add_epi32(t, _mm256_cvttps_epi32(_mm256_add_ps(frac, frac)));
 }
 
-/* quantize_row_q4_0_ref over nb blocks of src_type values. */
-__attribute__((target("avx2"))) static void q4_0_rows_avx2(const uint8_t *src, int src_type, uint8_t *dst,
-                                                          Py_ssize_t nb) {
-    const Py_ssize_t bsize = (src_type == T_F32 ? 4 : 2) * QK; /* source bytes a block */
-    float xh[QBATCH][QK]; /* F16 widened */
-    Py_ssize_t i = 0;
-    for (; i + QBATCH <= nb; i += QBATCH) {
-        const uint8_t *s = src + i * bsize;
-        uint8_t *y = dst + i * 18;
-        float mx[QBATCH];
-        int fin = 0;
-        for (int b = 0; b < QBATCH; ++b) {
-            uint32_t ab;
-            if (src_type == T_BF16) {
-                mx[b] = bf16_first_absmax_avx2(s + b * bsize, &ab);
-                fin |= (ab <= 0x7F7Fu) << b;
-            } else {
-                const uint8_t *p = s + b * bsize;
-                if (src_type == T_F16) {
-                    f16_widen_avx2(p, xh[b]);
-                    p = (const uint8_t *)xh[b];
-                }
-                mx[b] = f32_first_absmax_avx2(p, &ab);
-                fin |= (ab <= 0x7F7FFFFFu) << b;
-            }
-        }
-        const __m256 sgn = _mm256_set1_ps(-0.0f);
-        const __m256 M = _mm256_loadu_ps(mx);
-        const __m256 D = _mm256_div_ps(M, _mm256_set1_ps(-8.0f));
-        /* d ? 1.0f / d : 0.0f */
-        const __m256 ID = _mm256_and_ps(_mm256_cmp_ps(D, _mm256_setzero_ps(), _CMP_NEQ_UQ),
-                                        _mm256_div_ps(_mm256_set1_ps(1.0f), D));
-        const __m256 r = _mm256_mul_ps(_mm256_andnot_ps(sgn, ID), _mm256_andnot_ps(sgn, M));
-        const int fast = _mm256_movemask_ps(_mm256_cmp_ps(r, _mm256_set1_ps(8.5f), _CMP_LE_OQ)) & fin;
-        uint16_t h[QBATCH];
-        float id[QBATCH];
-        _mm_storeu_si128((__m128i *)h, fp32_to_fp16_avx2(D));
-        _mm256_storeu_ps(id, ID);
-        for (int b = 0; b < QBATCH; ++b) {
-            const uint8_t *p = s + b * bsize;
-            uint8_t *yb = y + 18 * b;
-            if (!((fast >> b) & 1)) {
-                q_block_scalar(p, src_type, T_Q4_0, yb);
-                continue;
-            }
-            const __m256 idv = _mm256_set1_ps(id[b]);
-            store_fp16(yb, h[b]);
-            if (src_type == T_BF16) {
-                __m256 a0, b0, a1, b1;
-                bf16_widen_avx2(p, &a0, &b0, &a1, &b1);
-                q4_0_pack_avx2(a0, b0, a1, b1, idv, 0, yb + 2);
-            } else {
-                const float *xf = src_type == T_F16 ? xh[b] : NULL;
-                __m256 v[4];
-                for (int k = 0; k < 4; ++k) {
-                    v[k] = xf ? _mm256_loadu_ps(xf + 8 * k) : _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
-                }
-                q4_0_pack_avx2(v[0], v[1], v[2], v[3], idv, 1, yb + 2);
-            }
-        }
-    }
-    for (; i < nb; ++i) {
-        q_block_scalar(src + i * bsize, src_type, T_Q4_0, dst + i * 18);
-    }
+/* For a batch's block maxima m (Q4_0: C's signed max; Q8_0: the largest |x|): d = m / -8 or m / 127,
+ * id = d ? 1.0f / d : 0.0f, and the fp16 d, with C's float operations. Returns the blocks of `fin` whose
+ * |id * m| is within the bound that keeps every conversion plain (Q4_0: <= 8.5; Q8_0: < 127.5; see above);
+ * the others take the scalar code. */
+__attribute__((target("avx2"))) static inline int batch_scales_avx2(const float m[QBATCH], int dst_type, int fin,
+                                                                   uint16_t h[QBATCH], float id[QBATCH]) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    const __m256 M = _mm256_loadu_ps(m);
+    const __m256 D = _mm256_div_ps(M, _mm256_set1_ps(dst_type == T_Q4_0 ? -8.0f : (float)((1 << 7) - 1)));
+    const __m256 ID = _mm256_and_ps(_mm256_cmp_ps(D, _mm256_setzero_ps(), _CMP_NEQ_UQ),
+                                    _mm256_div_ps(_mm256_set1_ps(1.0f), D));
+    const __m256 r = _mm256_mul_ps(_mm256_andnot_ps(sgn, ID), _mm256_andnot_ps(sgn, M));
+    const __m256 ok = dst_type == T_Q4_0 ? _mm256_cmp_ps(r, _mm256_set1_ps(8.5f), _CMP_LE_OQ)
+                                         : _mm256_cmp_ps(r, _mm256_set1_ps(127.5f), _CMP_LT_OQ);
+    _mm_storeu_si128((__m128i *)h, fp32_to_fp16_avx2(D));
+    _mm256_storeu_ps(id, ID);
+    return _mm256_movemask_ps(ok) & fin;
 }
 
-/* quantize_row_q8_0_ref over nb blocks of src_type values. */
-__attribute__((target("avx2"))) static void q8_0_rows_avx2(const uint8_t *src, int src_type, uint8_t *dst,
-                                                          Py_ssize_t nb) {
-    const Py_ssize_t bsize = (src_type == T_F32 ? 4 : 2) * QK;
+/* The 16 bytes of one Q4_0 block after its scale (p: the source block; xf: its F16 values widened, or NULL). */
+__attribute__((target("avx2"))) static inline void q4_0_quants_avx2(const uint8_t *p, int src_type, const float *xf,
+                                                                   __m256 idv, uint8_t *y) {
+    if (src_type == T_BF16) {
+        __m256 a0, b0, a1, b1;
+        bf16_widen_avx2(p, &a0, &b0, &a1, &b1);
+        q4_0_pack_avx2(a0, b0, a1, b1, idv, 0, y);
+        return;
+    }
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) {
+        v[k] = xf ? _mm256_loadu_ps(xf + 8 * k) : _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
+    }
+    q4_0_pack_avx2(v[0], v[1], v[2], v[3], idv, 1, y);
+}
+
+/* The 32 bytes of one Q8_0 block after its scale (arguments as q4_0_quants_avx2). */
+__attribute__((target("avx2"))) static inline void q8_0_quants_avx2(const uint8_t *p, int src_type, const float *xf,
+                                                                   __m256 idv, uint8_t *y) {
+    __m256i R;
+    if (src_type == T_BF16) {
+        __m256 a0, b0, a1, b1;
+        bf16_widen_avx2(p, &a0, &b0, &a1, &b1);
+        /* 16-bit: elements 0..15, then 16..31, in order; bytes: 0-7, 16-23 | 8-15, 24-31 */
+        R = _mm256_packs_epi16(_mm256_packs_epi32(q8_0_q_avx2(a0, idv), q8_0_q_avx2(b0, idv)),
+                               _mm256_packs_epi32(q8_0_q_avx2(a1, idv), q8_0_q_avx2(b1, idv)));
+        R = _mm256_permute4x64_epi64(R, 0xD8);
+    } else {
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m256 v = xf ? _mm256_loadu_ps(xf + 8 * k)
+                                : _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
+            q[k] = q8_0_q_avx2(v, idv);
+        }
+        /* dwords of 4 bytes: 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31 */
+        R = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        R = _mm256_permutevar8x32_epi32(R, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
+    _mm256_storeu_si256((__m256i *)y, R);
+}
+
+/* quantize_row_q4_0_ref or quantize_row_q8_0_ref (dst_type) over nb blocks of src_type values. */
+__attribute__((target("avx2"))) static void q4_0_q8_0_rows_avx2(const uint8_t *src, int src_type, uint8_t *dst,
+                                                               int dst_type, Py_ssize_t nb) {
+    const Py_ssize_t bsize = (src_type == T_F32 ? 4 : 2) * QK; /* source bytes a block */
+    const Py_ssize_t out = dst_type == T_Q4_0 ? 18 : 34;
+    const int q4 = dst_type == T_Q4_0;
     float xh[QBATCH][QK]; /* F16 widened */
     Py_ssize_t i = 0;
     for (; i + QBATCH <= nb; i += QBATCH) {
         const uint8_t *s = src + i * bsize;
-        uint8_t *y = dst + i * 34;
-        float amx[QBATCH];
+        uint8_t *y = dst + i * out;
+        float m[QBATCH]; /* Q4_0: C's signed max; Q8_0: the largest |x| (MAX(amax, fabsf(v)) from +0.0) */
         int fin = 0;
         for (int b = 0; b < QBATCH; ++b) {
-            if (src_type == T_BF16) {
-                __m256i a0, a1;
-                const uint32_t ab = bf16_amax_avx2(s + b * bsize, &a0, &a1);
-                amx[b] = u2f(ab << 16); /* MAX(amax, fabsf(v)) from +0.0 over finite values */
-                fin |= (ab <= 0x7F7Fu) << b;
-            } else {
-                const uint8_t *p = s + b * bsize;
-                if (src_type == T_F16) {
-                    f16_widen_avx2(p, xh[b]);
-                    p = (const uint8_t *)xh[b];
-                }
-                __m256i a[4];
-                const uint32_t ab = f32_amax_avx2(p, a);
-                amx[b] = u2f(ab);
-                fin |= (ab <= 0x7F7FFFFFu) << b;
-            }
-        }
-        const __m256 AM = _mm256_loadu_ps(amx);
-        const __m256 D = _mm256_div_ps(AM, _mm256_set1_ps((float)((1 << 7) - 1)));
-        const __m256 ID = _mm256_and_ps(_mm256_cmp_ps(D, _mm256_setzero_ps(), _CMP_NEQ_UQ),
-                                        _mm256_div_ps(_mm256_set1_ps(1.0f), D));
-        const int fast = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_mul_ps(ID, AM), _mm256_set1_ps(127.5f),
-                                                          _CMP_LT_OQ)) & fin;
-        uint16_t h[QBATCH];
-        float id[QBATCH];
-        _mm_storeu_si128((__m128i *)h, fp32_to_fp16_avx2(D));
-        _mm256_storeu_ps(id, ID);
-        for (int b = 0; b < QBATCH; ++b) {
             const uint8_t *p = s + b * bsize;
-            uint8_t *yb = y + 34 * b;
-            if (!((fast >> b) & 1)) {
-                q_block_scalar(p, src_type, T_Q8_0, yb);
+            uint32_t ab;
+            if (src_type == T_BF16) {
+                if (q4) {
+                    m[b] = bf16_first_absmax_avx2(p, &ab);
+                } else {
+                    __m256i a0, a1;
+                    ab = bf16_amax_avx2(p, &a0, &a1);
+                    m[b] = u2f(ab << 16);
+                }
+                fin |= (ab <= 0x7F7Fu) << b;
                 continue;
             }
-            const __m256 idv = _mm256_set1_ps(id[b]);
-            store_fp16(yb, h[b]);
-            __m256i R;
-            if (src_type == T_BF16) {
-                __m256 a0, b0, a1, b1;
-                bf16_widen_avx2(p, &a0, &b0, &a1, &b1);
-                /* 16-bit: elements 0..15, then 16..31, in order; bytes: 0-7, 16-23 | 8-15, 24-31 */
-                R = _mm256_packs_epi16(_mm256_packs_epi32(q8_0_q_avx2(a0, idv), q8_0_q_avx2(b0, idv)),
-                                       _mm256_packs_epi32(q8_0_q_avx2(a1, idv), q8_0_q_avx2(b1, idv)));
-                R = _mm256_permute4x64_epi64(R, 0xD8);
-            } else {
-                const float *xf = src_type == T_F16 ? xh[b] : NULL;
-                __m256i q[4];
-                for (int k = 0; k < 4; ++k) {
-                    const __m256 v = xf ? _mm256_loadu_ps(xf + 8 * k)
-                                        : _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
-                    q[k] = q8_0_q_avx2(v, idv);
-                }
-                /* dwords of 4 bytes: 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31 */
-                R = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-                R = _mm256_permutevar8x32_epi32(R, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            if (src_type == T_F16) {
+                f16_widen_avx2(p, xh[b]);
+                p = (const uint8_t *)xh[b];
             }
-            _mm256_storeu_si256((__m256i *)(yb + 2), R);
+            if (q4) {
+                m[b] = f32_first_absmax_avx2(p, &ab);
+            } else {
+                __m256i a[4];
+                ab = f32_amax_avx2(p, a);
+                m[b] = u2f(ab);
+            }
+            fin |= (ab <= 0x7F7FFFFFu) << b;
+        }
+        uint16_t h[QBATCH];
+        float id[QBATCH];
+        const int fast = batch_scales_avx2(m, dst_type, fin, h, id);
+        for (int b = 0; b < QBATCH; ++b) {
+            const uint8_t *p = s + b * bsize;
+            uint8_t *yb = y + out * b;
+            if (!((fast >> b) & 1)) {
+                q_block_scalar(p, src_type, dst_type, yb);
+                continue;
+            }
+            store_fp16(yb, h[b]);
+            const float *xf = src_type == T_F16 ? xh[b] : NULL;
+            (q4 ? q4_0_quants_avx2 : q8_0_quants_avx2)(p, src_type, xf, _mm256_set1_ps(id[b]), yb + 2);
         }
     }
     for (; i < nb; ++i) {
-        q_block_scalar(src + i * bsize, src_type, T_Q8_0, dst + i * 34);
+        q_block_scalar(src + i * bsize, src_type, dst_type, dst + i * out);
     }
 }
 #endif
@@ -948,7 +926,7 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
     }
 #if DISPATCH_AVX2
     if (avx2) {
-        (dst_type == T_Q4_0 ? q4_0_rows_avx2 : q8_0_rows_avx2)(src, src_type, dst, nb);
+        q4_0_q8_0_rows_avx2(src, src_type, dst, dst_type, nb);
         return;
     }
 #endif
