@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,6 +212,21 @@ def vocab_sha256(get: Callable[[str], Any]) -> str:
     JSON, read through ``get`` (``GGUFPlan.get`` while writing, ``GGUFMeta.get`` while verifying)."""
     h = hashlib.sha256()
     for key in VOCAB_HASH_KEYS:
-        value = get(key)
-        h.update(json.dumps(value.tolist() if hasattr(value, "tolist") else value, ensure_ascii=False).encode())
+        for piece in _json_pieces(get(key)):
+            h.update(piece.encode())
     return h.hexdigest()
+
+
+def _json_pieces(value: Any, run: int = 1 << 16) -> Iterator[str]:
+    """``json.dumps(value, ensure_ascii=False)`` in pieces: 515k merges never become one 100 MB string."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+        yield json.dumps(value, ensure_ascii=False)
+        return
+    yield "["
+    for start in range(0, len(value), run):
+        if start:
+            yield ", "
+        yield json.dumps(value[start:start + run], ensure_ascii=False)[1:-1]
+    yield "]"

@@ -6,8 +6,13 @@ A parsed 262k-token tokenizer.json holds ~130 MB of Python objects, so two more 
 file with the same bytes under another path (the pipeline's tokenizer overlay copies tokenizer.json) shares the
 parse, and :func:`forget` drops the cache between pipeline stages, which need it only within themselves.
 
+A tokenizers file's ``model.merges`` (515k pairs in Gemma-4's) is the bulk of it: parsed whole, its text alone is a
+113 MB Python string. :func:`read_json` therefore leaves that one array as its validated UTF-8 text, a
+:class:`JsonArrayText` that :func:`array_runs` decodes a few thousand elements at a time.
+
 Errors are the callers': :func:`read_json` raises ``OSError``, ``UnicodeDecodeError`` or ``ValueError``
-(``json.JSONDecodeError``), and each stage turns them into its own message and exit code.
+(``json.JSONDecodeError``), and each stage turns them into its own message and exit code. A
+:class:`JsonArrayText` was checked when it was read, so decoding it later cannot fail.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import functools
 import gc
 import hashlib
 import json
+import re
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +40,12 @@ def _parse(path: str, size: int, mtime_ns: int) -> Any:
     if key in _BY_CONTENT:
         _BY_CONTENT.move_to_end(key)
         return _BY_CONTENT[key]
-    text = raw.decode("utf-8")
-    del raw  # the bytes and the decoded text would otherwise both live through the parse
-    value = json.loads(text)
-    del text
+    value = _parse_lean(raw)
+    if value is None:
+        text = raw.decode("utf-8")
+        del raw  # the bytes and the decoded text would otherwise both live through the parse
+        value = json.loads(text)
+        del text
     _BY_CONTENT[key] = value
     while len(_BY_CONTENT) > _CONTENT_ENTRIES:
         _BY_CONTENT.popitem(last=False)
@@ -47,6 +56,91 @@ def read_json(path: Path) -> Any:
     """The parsed content of ``path`` (shared, do not mutate)."""
     st = Path(path).stat()
     return _parse(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+class JsonArrayText:
+    """A JSON array kept as its UTF-8 text, cut into runs of whole elements that each decode on their own.
+
+    Holds a view of the file's bytes (~25 MB for Gemma-4's merges) instead of ~100 MB of parsed strings and the
+    113 MB text they were parsed from; each run was matched by a strict JSON grammar and decoded as UTF-8 once
+    when read, so :meth:`runs` cannot fail later."""
+
+    __slots__ = ("_spans", "_text")
+
+    def __init__(self, text: memoryview, spans: tuple[tuple[int, int], ...]) -> None:
+        self._text, self._spans = text, spans
+
+    def __bool__(self) -> bool:
+        return bool(self._spans)
+
+    def runs(self) -> Iterator[list[Any]]:
+        for start, end in self._spans:
+            yield json.loads("[" + str(self._text[start:end], "utf-8") + "]")
+
+
+def array_runs(value: Any) -> Iterator[list[Any]]:
+    """A JSON array's elements, a run (a list of up to a few thousand) at a time, whether it was read whole (a
+    list) or left as text (:class:`JsonArrayText`); nothing for any other value."""
+    if isinstance(value, JsonArrayText):
+        yield from value.runs()
+    elif isinstance(value, list):
+        for start in range(0, len(value), _RUN_ELEMENTS):
+            yield value[start:start + _RUN_ELEMENTS]
+
+
+# The strict JSON grammar of a merges array's elements (RFC 8259 strings; "a b" or ["a", "b"]), possessive so a
+# 30 MB array is matched in a fraction of a second; a run is up to _RUN_ELEMENTS elements.
+_RUN_ELEMENTS = 4096
+_STRING = rb'"[^"\\\x00-\x1f]*+(?:\\(?:["\\/bfnrt]|u[0-9A-Fa-f]{4})[^"\\\x00-\x1f]*+)*+"'
+_WS = rb"[ \t\n\r]*+"  # JSON's whitespace, narrower than \s
+_ELEMENT = rb"(?:%s|\[%s%s%s,%s%s%s\])" % (_STRING, _WS, _STRING, _WS, _WS, _STRING, _WS)
+_RUN = re.compile(rb"%s%s(?:%s,%s%s){0,%d}+" % (_WS, _ELEMENT, _WS, _WS, _ELEMENT, _RUN_ELEMENTS - 1))
+# An unescaped quote can only follow "{" or "," outside a string, so this is a "merges" key somewhere in the
+# document; which one is settled by parsing the rest with a sentinel in its place.
+_MERGES_KEY = re.compile(rb'[{,]%s"merges"%s:%s(?=\[)' % (_WS, _WS, _WS))
+_AFTER_RUN = re.compile(rb"%s([,\]])" % _WS)
+_EMPTY_REST = re.compile(rb"%s\]" % _WS)
+_SENTINEL = "\x00merges kept as text"
+
+
+def _array_spans(raw: bytes, start: int) -> tuple[tuple[tuple[int, int], ...], int] | None:
+    """Spans of the runs of elements of the array whose "[" is at ``start`` (each a JSON array once bracketed) and
+    the offset after its "]"; None when it is not an array of strings or string pairs."""
+    spans: list[tuple[int, int]] = []
+    pos = start + 1
+    if (empty := _EMPTY_REST.match(raw, pos)) is not None:
+        return (), empty.end()
+    while (run := _RUN.match(raw, pos)) is not None and (after := _AFTER_RUN.match(raw, run.end())) is not None:
+        spans.append((run.start(), run.end()))
+        pos = after.end()
+        if after.group(1) == b"]":
+            return tuple(spans), pos
+    return None
+
+
+def _parse_lean(raw: bytes) -> Any:
+    """``raw`` parsed with its tokenizers ``model.merges`` left as text, or None when it has none to leave."""
+    for key in _MERGES_KEY.finditer(raw):
+        found = _array_spans(raw, key.end())
+        if found is None or not found[0]:
+            continue
+        spans, end = found
+        try:
+            value = json.loads((raw[:key.end()] + json.dumps(_SENTINEL).encode() + raw[end:]).decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError too: the whole file is then read (and refused) as it is
+            return None
+        model = value.get("model") if isinstance(value, dict) else None
+        if not isinstance(model, dict) or model.get("merges") != _SENTINEL:
+            continue
+        view = memoryview(raw)
+        try:
+            for start, stop in spans:
+                str(view[start:stop], "utf-8")
+        except UnicodeDecodeError:
+            return None
+        model["merges"] = JsonArrayText(view, spans)
+        return value
+    return None
 
 
 def forget() -> None:

@@ -10,12 +10,13 @@ then tokenizer_config, chat template from tokenizer_config then chat_template.ji
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ggufio import GGUFPlan
-from ..jsonfile import read_json
+from ..ggufio import GGUFPlan, StringArray
+from ..jsonfile import array_runs, read_json
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ _ADD_KEYS = {"bos": "add_bos_token", "eos": "add_eos_token", "sep": "add_sep_tok
 
 @dataclass
 class SpecialTokens:
-    merges: list[str] = field(default_factory=list)
+    merges: Sequence[str] = ()
     ids: dict[str, int] = field(default_factory=dict)
     add: dict[str, bool] = field(default_factory=dict)
     chat_template: str | list[dict[str, str]] | None = None
@@ -60,14 +61,19 @@ class SpecialTokens:
             plan.add_bool("tokenizer.ggml.normalizer.strip_accents", self.strip_accents)
 
 
-def _merges(tokenizer: dict[str, Any]) -> list[str]:
-    merges = tokenizer.get("model", {}).get("merges")
-    if not isinstance(merges, list) or not merges:
-        return []
-    if isinstance(merges[0], str):
-        return merges
-    # [left, right] pairs (transformers >= 4.45): a space inside a part becomes chr(ord(" ") + 256), U+0120
-    return [f"{left.replace(' ', chr(0x120))} {right.replace(' ', chr(0x120))}" for left, right in merges]
+def _merges(tokenizer: dict[str, Any]) -> StringArray:
+    """The merges as GGUF strings, encoded a run at a time (515k of them as Python strings are ~40 MB)."""
+    def runs() -> Iterator[list[str]]:
+        pairs: bool | None = None  # the first merge decides the form, as in gguf-py
+        for run in array_runs(tokenizer.get("model", {}).get("merges")):
+            if pairs is None:
+                pairs = bool(run) and not isinstance(run[0], str)
+            if not pairs:
+                yield run
+            else:  # [left, right] pairs (transformers >= 4.45): a space inside a part becomes U+0120
+                yield [f"{left.replace(' ', chr(0x120))} {right.replace(' ', chr(0x120))}" for left, right in run]
+
+    return StringArray.from_runs(runs())
 
 
 def _normalizer_flags(st: SpecialTokens, norm: dict[str, Any]) -> None:
@@ -144,7 +150,7 @@ def read_special_tokens(tok_dir: Path, *, n_vocab: int | None = None, load_merge
     added: list[dict[str, Any]] = []
     if (tok_dir / "tokenizer.json").is_file():
         tokenizer = read_json(tok_dir / "tokenizer.json")
-        st.merges = _merges(tokenizer) if load_merges else []
+        st.merges = _merges(tokenizer) if load_merges else ()
         if norm := tokenizer.get("normalizer"):
             _normalizer_flags(st, norm)
         added = tokenizer.get("added_tokens", [])

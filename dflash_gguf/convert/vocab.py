@@ -120,6 +120,7 @@ def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
             types.append(TokenType.BYTE)
         else:
             types.append(TokenType.CONTROL if i in special_ids else TokenType.NORMAL)
+    del full, reverse  # ~20 MB at 262k tokens, not needed while the merges are packed
     for t in sorted((t for t in tj.get("added_tokens", []) if t["id"] >= n_base), key=lambda t: t["id"]):
         tokens.append(t["content"])
         types.append(TokenType.CONTROL if t["content"] in names else TokenType.USER_DEFINED)

@@ -8,9 +8,10 @@ u64 count + elements, tensor data aligned to ``general.alignment`` (default 32).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -61,14 +62,76 @@ def pack_string(s: str | bytes) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _pack_strings(values: Sequence[str | bytes], chunk: int = 1 << 16) -> bytearray:
+def _pack_strings(values: Sequence[str | bytes], chunk: int = 1 << 16) -> bytes | bytearray:
     """A string array's elements, packed a slice at a time: a 262k-token vocabulary and its 515k merges never
     exist as one list of encoded elements next to the strings, and no Python-level loop runs per element."""
+    if isinstance(values, StringArray):
+        return values.encoded
     out = bytearray()
     for start in range(0, len(values), chunk):
         encoded = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values[start:start + chunk]]
         out += b"".join(chain.from_iterable(zip(map(_U64.pack, map(len, encoded)), encoded, strict=True)))
     return out
+
+
+class StringArray(Sequence[str]):
+    """A GGUF string array kept as its encoded elements, each decoded when asked for.
+
+    Why: a 262k-token vocabulary and its 515k merges as Python strings are ~780k objects (~100 MB per file, and
+    verify reads two), where their encoding is ~30 MB and is what a writer needs anyway. Two arrays are equal when
+    their encodings are."""
+
+    __slots__ = ("_encoded", "_starts")
+
+    def __init__(self, encoded: bytes, starts: array[int]) -> None:
+        self._encoded, self._starts = encoded, starts  # element i: u64 length at starts[i] - 8, then its bytes
+
+    @classmethod
+    def from_runs(cls, runs: Iterable[Sequence[str]]) -> StringArray:
+        """Encode strings a run at a time, never all of them as Python objects at once."""
+        encoded, starts = bytearray(), array("q")
+        for run in runs:
+            for raw in (s.encode("utf-8") for s in run):
+                encoded += _U64.pack(len(raw))
+                starts.append(len(encoded))
+                encoded += raw
+        return cls(bytes(encoded), starts)
+
+    @property
+    def encoded(self) -> bytes:
+        """The elements as a GGUF string array encodes them (each a u64 length, then UTF-8), without the count."""
+        return self._encoded
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def _end(self, i: int) -> int:
+        return self._starts[i + 1] - 8 if i + 1 < len(self._starts) else len(self._encoded)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self._starts))[index]  # negative indices, and IndexError past the end
+        return self._encoded[self._starts[i]:self._end(i)].decode("utf-8", errors="replace")
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self._starts)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray):
+            return self._encoded == other._encoded
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return f"StringArray({len(self)} strings)"
 
 
 def pack_value(value: Any, vtype: int, subtype: int | None = None) -> bytes:
@@ -90,9 +153,10 @@ def pack_kv(key: str, vtype: int, value: Any, subtype: int | None = None) -> byt
     return pack_string(key) + struct.pack("<I", vtype) + pack_value(value, vtype, subtype)
 
 
-def pack_header(n_tensors: int, kv_bytes: Sequence[bytes]) -> bytes:
-    """Magic, version, counts and the already-encoded KV pairs."""
-    return MAGIC + struct.pack("<IQQ", VERSION, n_tensors, len(kv_bytes)) + b"".join(kv_bytes)
+def header_parts(n_tensors: int, kv_bytes: Sequence[bytes]) -> list[bytes]:
+    """Magic, version, counts and the already-encoded KV pairs, as pieces to write one after another (a 262k
+    vocabulary's KV pairs are ~35 MB: joined, and copied again into a buffer, they were a third of peak memory)."""
+    return [MAGIC + struct.pack("<IQQ", VERSION, n_tensors, len(kv_bytes)), *kv_bytes]
 
 
 def pack_tensor_info(name: str, ne: Sequence[int], qtype: int, offset: int) -> bytes:

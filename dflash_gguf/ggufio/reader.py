@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from gguf import quants as gguf_quants
 
 from ..errors import InputError
 from . import layout
-from .layout import ALIGNMENT, MAGIC, SCALARS, SUPPORTED_VERSIONS, float_to_f32, type_name
+from .layout import ALIGNMENT, MAGIC, SCALARS, SUPPORTED_VERSIONS, StringArray, float_to_f32, type_name
 
 MAX_TENSORS = 1 << 20  # a 1T-parameter MoE has < 100k tensors
 MAX_KV = 1 << 16  # real files have < 100 keys; token lists are one key each
@@ -34,7 +35,8 @@ _U64 = struct.Struct("<Q")
 
 @dataclass(frozen=True)
 class KV:
-    """One metadata value; arrays of numbers stay numpy arrays (cheap for 150k-entry token types)."""
+    """One metadata value; arrays of numbers stay numpy arrays (cheap for 150k-entry token types), string arrays
+    are :class:`StringArray`."""
 
     vtype: int
     value: Any
@@ -118,11 +120,12 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def _strings(self, count: int, what: str) -> list[str]:
-        """A string array in a tight loop (a 150k-token vocabulary must read in well under a second)."""
+    def _strings(self, count: int, what: str) -> StringArray:
+        """A string array, every length checked in a tight loop, kept encoded (see :class:`StringArray`)."""
         unpack, buf, size, pos = _U64.unpack_from, self.buf, self.size, self.pos
-        out: list[str] = []
-        append = out.append
+        first = pos
+        starts = array("q")
+        append = starts.append
         for i in range(count):
             if pos + 8 > size:
                 self.pos = pos
@@ -132,10 +135,10 @@ class _Cursor:
             if n > size - pos:
                 self.pos = pos
                 raise self.fail(f"element {i} of {what} claims {n} bytes but only {size - pos} remain")
-            append(buf[pos:pos + n].decode("utf-8", errors="replace"))
+            append(pos - first)
             pos += n
         self.pos = pos
-        return out
+        return StringArray(bytes(buf[first:pos]), starts)
 
     def value(self, vtype: int, what: str) -> KV:
         if vtype in SCALARS:

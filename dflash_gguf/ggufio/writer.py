@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from .hashing import FollowingHasher
-from .layout import pack_header, pack_kv, pack_tensor_info, pad, tensor_nbytes
+from .layout import StringArray, header_parts, pack_kv, pack_tensor_info, pad, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class GGUFPlan:
         if len(values) == 0:
             return
         sub = subtype or GGUFValueType.get_type(values[0])  # gguf-py's own inference: ints INT32
-        self.add(key, GGUFValueType.ARRAY, list(values), sub)
+        self.add(key, GGUFValueType.ARRAY, values if isinstance(values, StringArray) else list(values), sub)
 
     def get(self, key: str) -> Any:
         kv = self.kv.get(key)
@@ -109,8 +109,8 @@ class GGUFPlan:
 
     # -- output -----------------------------------------------------------------------------
     def header_bytes(self) -> bytes:
-        out = bytearray(pack_header(len(self.tensors), [pack_kv(k, kv.vtype, kv.value, kv.subtype)
-                                                        for k, kv in self.kv.items()]))
+        out = bytearray(b"".join(header_parts(len(self.tensors), [pack_kv(k, kv.vtype, kv.value, kv.subtype)
+                                                                  for k, kv in self.kv.items()])))
         offset = 0
         for t in self.tensors:
             out += pack_tensor_info(t.name, t.ne, t.qtype, offset)

@@ -212,21 +212,23 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
     return jobs
 
 
-def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> bytes:
+def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> list[bytes]:
+    """The output's header as pieces (the input's KV encodings are shared, never joined into one copy)."""
     kvs = [raw for key, raw in gguf.kv_raw.items()
            if key not in _MOVED_KEYS and key not in (KEY_QUANTIZER, KEY_QUANTIZER_VERSION)]
     kvs.append(layout.pack_kv("general.quantization_version", VT.UINT32, layout.GGML_QUANT_VERSION))
     kvs.append(layout.pack_kv("general.file_type", VT.UINT32, int(FTYPES[type_name][0])))
     kvs.append(layout.pack_kv(KEY_QUANTIZER, VT.STRING, "builtin"))
     kvs.append(layout.pack_kv(KEY_QUANTIZER_VERSION, VT.STRING, BUILTIN_VERSION))
-    out = bytearray(layout.pack_header(len(jobs), kvs))
+    parts = layout.header_parts(len(jobs), kvs)
+    infos = bytearray()
     offset = 0
     for j in jobs:
         # llama-quantize writes each tensor's ne up to ggml_n_dims: a [64, 1] tensor is written as [64]
-        out += layout.pack_tensor_info(j.src.name, j.src.ne[:ggml_n_dims(j.src.ne)], j.dst_type, offset)
+        infos += layout.pack_tensor_info(j.src.name, j.src.ne[:ggml_n_dims(j.src.ne)], j.dst_type, offset)
         offset += pad(j.dst_nbytes)
-    out += bytes(pad(len(out)) - len(out))
-    return bytes(out)
+    size = sum(map(len, parts)) + len(infos)
+    return [*parts, bytes(infos), bytes(pad(size) - size)]
 
 
 def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
@@ -343,7 +345,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                   for j in jobs if _read_ahead(j)]
         with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool, ReadAhead(ranges) as readahead:
-            f.write(_header(gguf, jobs, type_name))
+            f.writelines(_header(gguf, jobs, type_name))
 
             def write_next() -> None:
                 nonlocal done, written
@@ -439,7 +441,7 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
     fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
     for msg in fallbacks:
         log.warning("%s", msg)
-    size = len(_header(gguf, jobs, type_name)) + sum(pad(j.dst_nbytes) for j in jobs)
+    size = sum(map(len, _header(gguf, jobs, type_name))) + sum(pad(j.dst_nbytes) for j in jobs)
     if dry_run:
         return BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
     check_free_space(Path(outfile), size)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from sentencepiece import sentencepiece_model_pb2 as pb
 
 from ..errors import TokenizerError
 from ..hf_configs import parse_tokenizer_json
-from ..jsonfile import read_json
+from ..jsonfile import array_runs, read_json
 
 WS = "\u2581"  # SentencePiece's visible space
 # SentencePiece names its byte-fallback pieces <0xAB>, upper case only (a lower-case one is an ordinary piece).
@@ -127,19 +128,19 @@ def _check_pre_tokenizer(path: Path, pre: dict[str, Any] | None) -> None:
     )
 
 
-def _merge_pairs(path: Path, merges: list[Any]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for m in merges:
-        if isinstance(m, str):
-            left, sep, right = m.partition(" ")
-            if not sep:
-                raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
-            out.append((left, right))
-        elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
-            out.append((m[0], m[1]))
-        else:
-            raise TokenizerError(f"{path}: merge {m!r} is not a pair of strings. Re-download tokenizer.json.")
-    return out
+def _merge_results(path: Path, merges: Any) -> Iterator[str]:
+    """What each merge produces (left + right), in rank order, a run of the array at a time."""
+    for run in array_runs(merges):
+        for m in run:
+            if isinstance(m, str):
+                left, sep, right = m.partition(" ")
+                if not sep:
+                    raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
+                yield left + right
+            elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
+                yield m[0] + m[1]
+            else:
+                raise TokenizerError(f"{path}: merge {m!r} is not a pair of strings. Re-download tokenizer.json.")
 
 
 def _named_special(tok_dir: Path, pieces: dict[str, int]) -> dict[str, int]:
@@ -251,10 +252,11 @@ def read_tokenizer_json(path: Path) -> TokenizerJsonVocab:
         raise TokenizerError(f"{path}: unk_token {unk!r} is not in the vocabulary; SentencePiece requires one "
                              "UNKNOWN piece. Re-download tokenizer.json.")
 
-    merges = _merge_pairs(path, model.get("merges") or [])
-    first_rank: dict[str, int] = {}
-    for rank, (left, right) in enumerate(merges):
-        first_rank.setdefault(left + right, rank)
+    first_rank = [-1] * len(pieces)  # by id: the rank of the first merge producing the piece, -1 for none
+    n_merges = 0
+    for n_merges, result in enumerate(_merge_results(path, model.get("merges")), start=1):
+        if (i := index.get(result)) is not None and first_rank[i] < 0:
+            first_rank[i] = n_merges - 1
     named = _named_special(path.parent, index)  # bos/eos/pad, as tokenizer_config.json names them
     reserved = {i for i in named.values() if i in added and i != index[unk]}
     types: list[str] = []
@@ -273,11 +275,11 @@ def read_tokenizer_json(path: Path) -> TokenizerJsonVocab:
             types.append("NORMAL")
         if types[-1] != "NORMAL":
             scores.append(0.0)
-        elif p in first_rank:
-            scores.append(-float(first_rank[p]))
+        elif first_rank[i] >= 0:
+            scores.append(-float(first_rank[i]))
         else:
             unreachable += len(p) > 1
-            scores.append(-float(len(merges) + i))
+            scores.append(-float(n_merges + i))
     n_bytes = types.count("BYTE")
     if n_bytes != 256:
         raise TokenizerError(f"{path}: byte_fallback is on but {n_bytes} of the 256 <0xNN> pieces exist. "

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..ggufio.reader import GGUFMeta
+from ..ggufio import GGUFMeta, StringArray
 from .report import Report
 
 # Name fragments that mark a model derived from another one (lower-case, matched per name token).
@@ -163,7 +163,7 @@ def identity_from_gguf(meta: GGUFMeta) -> ModelIdentity:
         names.append(Evidence("general.basename/size_label/finetune", "-".join(parts)))
     names.append(Evidence("file name", meta.path.name))
     tags = meta.get("general.tags")
-    tag_list = [Evidence("general.tags", str(x)) for x in (tags if isinstance(tags, list) else [])]
+    tag_list = [Evidence("general.tags", str(x)) for x in (tags if isinstance(tags, list | StringArray) else [])]
     bases = []
     count = meta.get("general.base_model.count")
     for i in range(min(count if isinstance(count, int) else 0, 16)):
