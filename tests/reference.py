@@ -231,6 +231,53 @@ def run_llama_quantize(
     )
 
 
+# ----------------------------------------------------------------------------- libggml-base's quantizers
+
+# Runs in a child process: a GGML_ASSERT in the library aborts the process, and must not take pytest with it.
+_GGML_QUANTIZE_CHILD = r"""
+import ctypes, json, sys
+import numpy as np
+cfg = json.loads(sys.argv[1])
+lib = ctypes.CDLL(cfg["lib"])
+x = np.fromfile(cfg["inp"], dtype=np.float32)
+chunk = lib.ggml_quantize_chunk
+chunk.restype = ctypes.c_size_t
+chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                  ctypes.c_void_p]
+for job in cfg["jobs"]:
+    out = np.zeros(x.size // job["block"] * job["type_size"], np.uint8)
+    if job["n_per_row"]:
+        size = chunk(job["type"], x.ctypes.data, out.ctypes.data, 0, x.size // job["n_per_row"], job["n_per_row"],
+                     None)
+        assert size == out.size, size
+    else:
+        fn = getattr(lib, "quantize_row_" + job["name"] + "_ref")
+        fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        fn(x.ctypes.data, out.ctypes.data, x.size)
+    out.tofile(job["out"])
+print("ok", flush=True)
+"""
+
+
+def ggml_quantize(x: Any, jobs: Sequence[tuple[Any, int | None]], tmp: Path) -> list[Any]:
+    """b11434's libggml-base bytes for the float32 values ``x``, one array of blocks (n x type size, uint8) per
+    job. A job is (``GGMLQuantizationType``, None) for ``quantize_row_<type>_ref``, or (type, n_per_row) for
+    ``ggml_quantize_chunk`` over rows of that length without an imatrix, which is what llama-quantize calls."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+
+    inp = tmp / "ggml-in.f32"
+    np.ascontiguousarray(x, np.float32).tofile(inp)
+    specs = [{"type": int(qtype), "name": "q" + qtype.name[1:], "n_per_row": n_per_row, "out": str(tmp / f"ggml-{i}.q"),
+              "block": GGML_QUANT_SIZES[qtype][0], "type_size": GGML_QUANT_SIZES[qtype][1]}
+             for i, (qtype, n_per_row) in enumerate(jobs)]
+    cfg = {"lib": str(llama_bin("libggml-base.so")), "inp": str(inp), "jobs": specs}
+    res = subprocess.run([sys.executable, "-c", _GGML_QUANTIZE_CHILD, json.dumps(cfg)], env=_bin_env(),
+                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and "ok" in res.stdout, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    return [np.fromfile(spec["out"], np.uint8).reshape(-1, spec["type_size"]) for spec in specs]
+
+
 # ----------------------------------------------------------------------------- libllama via ctypes
 
 # struct llama_model_params in b11434's include/llama.h, in declaration order. It is passed and

@@ -13,9 +13,6 @@ the widened float32 values), at every position in a batch, and from unaligned bu
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,35 +190,9 @@ def _stored(x: np.ndarray, stype: Q) -> tuple[np.ndarray, np.ndarray]:
     return words, (words.astype(np.uint32) << np.uint32(16)).view(F)
 
 
-# -- the reference: libggml-base of the b11434 build, in a child process ----------------------------------
-
-_CHILD = r"""
-import ctypes, json, sys
-import numpy as np
-cfg = json.loads(sys.argv[1])
-lib = ctypes.CDLL(cfg["lib"])
-for name, inp, out, nbytes in cfg["jobs"]:
-    fn = getattr(lib, "quantize_row_" + name + "_ref")
-    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    x = np.fromfile(inp, dtype=np.float32)
-    y = np.zeros(x.size // 32 * nbytes, np.uint8)
-    fn(x.ctypes.data, y.ctypes.data, x.size)
-    y.tofile(out)
-print("ok", flush=True)
-"""
-
-
 def _ggml(x: np.ndarray, tmp: Path) -> dict[Q, np.ndarray]:
     """b11434's Q4_0 and Q8_0 bytes for the float32 blocks ``x`` (n x 32), as n x 18 / n x 34 uint8."""
-    lib = reference.llama_bin("libggml-base.so")
-    inp = tmp / "in.f32"
-    np.ascontiguousarray(x, F).tofile(inp)
-    jobs = [(t.name.lower(), str(inp), str(tmp / f"out.{t.name}"), NBYTES[t]) for t in QTYPES]
-    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps({"lib": str(lib), "jobs": jobs})],
-                         env=reference._bin_env(), capture_output=True, text=True, timeout=600,
-                         stdin=subprocess.DEVNULL)
-    assert res.returncode == 0 and "ok" in res.stdout, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
-    return {t: np.fromfile(tmp / f"out.{t.name}", np.uint8).reshape(-1, NBYTES[t]) for t in QTYPES}
+    return dict(zip(QTYPES, reference.ggml_quantize(x, [(t, None) for t in QTYPES], tmp), strict=True))
 
 
 def _assert_same(ours: np.ndarray, ref: np.ndarray, x: np.ndarray, what: str) -> None:

@@ -14,10 +14,7 @@ next to the kernel is no proof on its own, hence the reference tests).
 
 from __future__ import annotations
 
-import json
 import struct
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,52 +142,15 @@ def _random_blocks(n: int, seed: int) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, F) for k, v in out.items()}
 
 
-# -- the reference: libggml-base of the b11434 build, in a child process ----------------------------------
-
-_CHILD = r"""
-import ctypes, json, sys
-import numpy as np
-cfg = json.loads(sys.argv[1])
-lib = ctypes.CDLL(cfg["lib"])
-ref = lib.quantize_row_q6_K_ref
-ref.restype = None
-ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-chunk = lib.ggml_quantize_chunk
-chunk.restype = ctypes.c_size_t
-chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                  ctypes.c_void_p]
-x = np.fromfile(cfg["inp"], dtype=np.float32)
-nb = x.size // 256
-a = np.zeros(nb * 210, np.uint8)
-ref(x.ctypes.data, a.ctypes.data, x.size)
-b = np.zeros(nb * 210, np.uint8)
-n_per_row = 256 * cfg["blocks_per_row"]
-size = chunk(cfg["type"], x.ctypes.data, b.ctypes.data, 0, x.size // n_per_row, n_per_row, None)
-assert size == b.size, size
-a.tofile(cfg["out_ref"])
-b.tofile(cfg["out_chunk"])
-print("ok", flush=True)
-"""
-
-
 def _ggml_q6_k(x: np.ndarray, tmp: Path, blocks_per_row: int = 1) -> np.ndarray:
     """The b11434 libggml-base's Q6_K bytes for ``x`` (n x 256 float32), as (n x 210) uint8.
 
     Both entry points must agree: ggml_quantize_chunk (rows of ``blocks_per_row`` super-blocks, no
     imatrix: what llama-quantize calls) and quantize_row_q6_K_ref.
     """
-    lib = reference.llama_bin("libggml-base.so")
     x = np.ascontiguousarray(x, F).reshape(-1, QK_K)
     assert len(x) % blocks_per_row == 0
-    inp, out_ref, out_chunk = tmp / "in.f32", tmp / "ref.q6k", tmp / "chunk.q6k"
-    x.tofile(inp)
-    cfg = {"lib": str(lib), "inp": str(inp), "out_ref": str(out_ref), "out_chunk": str(out_chunk),
-           "type": int(Q.Q6_K), "blocks_per_row": blocks_per_row}
-    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], env=reference._bin_env(),
-                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert res.returncode == 0 and "ok" in res.stdout, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
-    via_ref = np.fromfile(out_ref, np.uint8).reshape(-1, Q6_K_BYTES)
-    via_chunk = np.fromfile(out_chunk, np.uint8).reshape(-1, Q6_K_BYTES)
+    via_ref, via_chunk = reference.ggml_quantize(x, [(Q.Q6_K, None), (Q.Q6_K, QK_K * blocks_per_row)], tmp)
     assert np.array_equal(via_ref, via_chunk), "ggml_quantize_chunk(Q6_K) differs from quantize_row_q6_K_ref"
     return via_ref
 
