@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any, overload
 
 import numpy as np
@@ -91,10 +91,10 @@ class StringArray(Sequence[str]):
         """Encode strings a run at a time, never all of them as Python objects at once."""
         encoded, starts = bytearray(), array("q")
         for run in runs:
-            for raw in (s.encode("utf-8") for s in run):
-                encoded += _U64.pack(len(raw))
-                starts.append(len(encoded))
-                encoded += raw
+            raws = [s.encode("utf-8") for s in run]
+            if raws:  # element k starts after its own length and every earlier element with its length
+                starts.extend(accumulate((8 + len(r) for r in raws[:-1]), initial=len(encoded) + 8))
+                encoded += b"".join(chain.from_iterable(zip(map(_U64.pack, map(len, raws)), raws, strict=True)))
         return cls(bytes(encoded), starts)
 
     @property
@@ -105,8 +105,13 @@ class StringArray(Sequence[str]):
     def __len__(self) -> int:
         return len(self._starts)
 
-    def _end(self, i: int) -> int:
-        return self._starts[i + 1] - 8 if i + 1 < len(self._starts) else len(self._encoded)
+    def _decoded(self, lo: int, hi: int) -> list[str]:
+        """Elements ``lo`` to ``hi - 1`` (0 <= lo <= hi <= len), decoded in one tight loop."""
+        encoded, starts = self._encoded, self._starts
+        ends = [start - 8 for start in starts[lo + 1:hi + 1]]
+        if hi == len(starts) and hi > lo:
+            ends.append(len(encoded))
+        return [encoded[a:b].decode("utf-8", errors="replace") for a, b in zip(starts[lo:hi], ends, strict=True)]
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -114,12 +119,16 @@ class StringArray(Sequence[str]):
     def __getitem__(self, index: slice) -> list[str]: ...
     def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            lo, hi, step = index.indices(len(self))
+            if step == 1:
+                return self._decoded(lo, max(lo, hi))
+            return [self[i] for i in range(lo, hi, step)]
         i = range(len(self._starts))[index]  # negative indices, and IndexError past the end
-        return self._encoded[self._starts[i]:self._end(i)].decode("utf-8", errors="replace")
+        return self._decoded(i, i + 1)[0]
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self._starts)))
+        for lo in range(0, len(self._starts), 1 << 16):
+            yield from self._decoded(lo, min(len(self._starts), lo + (1 << 16)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, StringArray):

@@ -128,19 +128,19 @@ def _check_pre_tokenizer(path: Path, pre: dict[str, Any] | None) -> None:
     )
 
 
-def _merge_results(path: Path, merges: Any) -> Iterator[str]:
+def _merge_results(path: Path, merges: Any) -> Iterator[list[str]]:
     """What each merge produces (left + right), in rank order, a run of the array at a time."""
     for run in array_runs(merges):
+        if all(type(m) is str and " " in m for m in run):  # "left right": drop the first space
+            yield [m.replace(" ", "", 1) for m in run]
+            continue
         for m in run:
-            if isinstance(m, str):
-                left, sep, right = m.partition(" ")
-                if not sep:
-                    raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
-                yield left + right
-            elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
-                yield m[0] + m[1]
-            else:
+            if isinstance(m, str) and " " not in m:
+                raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
+            if not isinstance(m, str | list) or isinstance(m, list) and \
+                    not (len(m) == 2 and all(isinstance(x, str) for x in m)):
                 raise TokenizerError(f"{path}: merge {m!r} is not a pair of strings. Re-download tokenizer.json.")
+        yield [m.replace(" ", "", 1) if isinstance(m, str) else m[0] + m[1] for m in run]
 
 
 def _named_special(tok_dir: Path, pieces: dict[str, int]) -> dict[str, int]:
@@ -254,9 +254,11 @@ def read_tokenizer_json(path: Path) -> TokenizerJsonVocab:
 
     first_rank = [-1] * len(pieces)  # by id: the rank of the first merge producing the piece, -1 for none
     n_merges = 0
-    for n_merges, result in enumerate(_merge_results(path, model.get("merges")), start=1):
-        if (i := index.get(result)) is not None and first_rank[i] < 0:
-            first_rank[i] = n_merges - 1
+    for results in _merge_results(path, model.get("merges")):
+        for rank, i in enumerate(map(index.get, results), start=n_merges):
+            if i is not None and first_rank[i] < 0:
+                first_rank[i] = rank
+        n_merges += len(results)
     named = _named_special(path.parent, index)  # bos/eos/pad, as tokenizer_config.json names them
     reserved = {i for i in named.values() if i in added and i != index[unk]}
     types: list[str] = []
