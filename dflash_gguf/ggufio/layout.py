@@ -62,16 +62,11 @@ def pack_string(s: str | bytes) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _pack_strings(values: Sequence[str | bytes], chunk: int = 1 << 16) -> bytes | bytearray:
-    """A string array's elements, packed a slice at a time: a 262k-token vocabulary and its 515k merges never
-    exist as one list of encoded elements next to the strings, and no Python-level loop runs per element."""
-    if isinstance(values, StringArray):
-        return values.encoded
-    out = bytearray()
-    for start in range(0, len(values), chunk):
-        encoded = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values[start:start + chunk]]
-        out += b"".join(chain.from_iterable(zip(map(_U64.pack, map(len, encoded)), encoded, strict=True)))
-    return out
+def _pack_strings(values: Sequence[str | bytes], chunk: int = 1 << 16) -> bytes:
+    """A string array's elements, packed a slice at a time (see :meth:`StringArray.from_runs`)."""
+    if not isinstance(values, StringArray):
+        values = StringArray.from_runs(values[start:start + chunk] for start in range(0, len(values), chunk))
+    return values.encoded
 
 
 class StringArray(Sequence[str]):
@@ -87,11 +82,12 @@ class StringArray(Sequence[str]):
         self._encoded, self._starts = encoded, starts  # element i: u64 length at starts[i] - 8, then its bytes
 
     @classmethod
-    def from_runs(cls, runs: Iterable[Sequence[str]]) -> StringArray:
-        """Encode strings a run at a time, never all of them as Python objects at once."""
+    def from_runs(cls, runs: Iterable[Sequence[str | bytes]]) -> StringArray:
+        """Encode strings a run at a time: they never all exist as Python objects at once, nor as one list of
+        encoded elements next to the strings, and no Python-level loop runs per element."""
         encoded, starts = bytearray(), array("q")
         for run in runs:
-            raws = [s.encode("utf-8") for s in run]
+            raws = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in run]
             if raws:  # element k starts after its own length and every earlier element with its length
                 starts.extend(accumulate((8 + len(r) for r in raws[:-1]), initial=len(encoded) + 8))
                 encoded += b"".join(chain.from_iterable(zip(map(_U64.pack, map(len, raws)), raws, strict=True)))
@@ -162,10 +158,13 @@ def pack_kv(key: str, vtype: int, value: Any, subtype: int | None = None) -> byt
     return pack_string(key) + struct.pack("<I", vtype) + pack_value(value, vtype, subtype)
 
 
-def header_parts(n_tensors: int, kv_bytes: Sequence[bytes]) -> list[bytes]:
-    """Magic, version, counts and the already-encoded KV pairs, as pieces to write one after another (a 262k
-    vocabulary's KV pairs are ~35 MB: joined, and copied again into a buffer, they were a third of peak memory)."""
-    return [MAGIC + struct.pack("<IQQ", VERSION, n_tensors, len(kv_bytes)), *kv_bytes]
+def header_parts(kv_bytes: Sequence[bytes], tensor_infos: Sequence[bytes]) -> list[bytes]:
+    """The whole header as pieces to write one after another: magic, version, counts, the already-encoded KV pairs
+    and tensor infos, and the padding up to the data section. Why pieces: a 262k vocabulary's KV pairs are ~35 MB,
+    and joined, then copied into a buffer, they were a third of a conversion's peak memory."""
+    head = MAGIC + struct.pack("<IQQ", VERSION, len(tensor_infos), len(kv_bytes))
+    size = len(head) + sum(map(len, kv_bytes)) + sum(map(len, tensor_infos))
+    return [head, *kv_bytes, *tensor_infos, bytes(pad(size) - size)]
 
 
 def pack_tensor_info(name: str, ne: Sequence[int], qtype: int, offset: int) -> bytes:

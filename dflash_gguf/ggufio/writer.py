@@ -109,14 +109,12 @@ class GGUFPlan:
 
     # -- output -----------------------------------------------------------------------------
     def header_bytes(self) -> bytes:
-        out = bytearray(b"".join(header_parts(len(self.tensors), [pack_kv(k, kv.vtype, kv.value, kv.subtype)
-                                                                  for k, kv in self.kv.items()])))
-        offset = 0
+        infos, offset = [], 0
         for t in self.tensors:
-            out += pack_tensor_info(t.name, t.ne, t.qtype, offset)
+            infos.append(pack_tensor_info(t.name, t.ne, t.qtype, offset))
             offset += pad(t.nbytes)
-        out += bytes(pad(len(out)) - len(out))
-        return bytes(out)
+        return b"".join(header_parts([pack_kv(k, kv.vtype, kv.value, kv.subtype) for k, kv in self.kv.items()],
+                                     infos))
 
     def write(self, path: Path, on_tensor: Callable[[TensorOut], None] | None = None,
               header: bytes | None = None) -> int:

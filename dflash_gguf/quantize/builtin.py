@@ -220,15 +220,12 @@ def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> list[byte
     kvs.append(layout.pack_kv("general.file_type", VT.UINT32, int(FTYPES[type_name][0])))
     kvs.append(layout.pack_kv(KEY_QUANTIZER, VT.STRING, "builtin"))
     kvs.append(layout.pack_kv(KEY_QUANTIZER_VERSION, VT.STRING, BUILTIN_VERSION))
-    parts = layout.header_parts(len(jobs), kvs)
-    infos = bytearray()
-    offset = 0
+    infos, offset = [], 0
     for j in jobs:
         # llama-quantize writes each tensor's ne up to ggml_n_dims: a [64, 1] tensor is written as [64]
-        infos += layout.pack_tensor_info(j.src.name, j.src.ne[:ggml_n_dims(j.src.ne)], j.dst_type, offset)
+        infos.append(layout.pack_tensor_info(j.src.name, j.src.ne[:ggml_n_dims(j.src.ne)], j.dst_type, offset))
         offset += pad(j.dst_nbytes)
-    size = sum(map(len, parts)) + len(infos)
-    return [*parts, bytes(infos), bytes(pad(size) - size)]
+    return layout.header_parts(kvs, infos)
 
 
 def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:

@@ -135,10 +135,10 @@ def _merge_results(path: Path, merges: Any) -> Iterator[list[str]]:
             yield [m.replace(" ", "", 1) for m in run]
             continue
         for m in run:
-            if isinstance(m, str) and " " not in m:
-                raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
-            if not isinstance(m, str | list) or isinstance(m, list) and \
-                    not (len(m) == 2 and all(isinstance(x, str) for x in m)):
+            if isinstance(m, str):
+                if " " not in m:
+                    raise TokenizerError(f"{path}: merge {m!r} is not 'left right'. Re-download tokenizer.json.")
+            elif not (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m)):
                 raise TokenizerError(f"{path}: merge {m!r} is not a pair of strings. Re-download tokenizer.json.")
         yield [m.replace(" ", "", 1) if isinstance(m, str) else m[0] + m[1] for m in run]
 
