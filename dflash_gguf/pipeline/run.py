@@ -284,30 +284,37 @@ class _Run:
         drafters = [fetch_source(d, DRAFTER_PATTERNS) for d in drafters]
         reads_target = any(stages.drafter_reads_target_weights(d) for d in drafters)  # the check needs the weights
         target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
-        if m.data["options"]["drafter_method"] == "builtin":
-            for d in drafters:
-                stages.check_drafter(d, target)
-                jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
-        if not gguf_path and not reads_target:
-            target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
-        m.data["sources"]["target"] = target.to_dict()
-        m.data["sources"]["drafter"] = drafters[0].to_dict()
-        if several:
-            m.data["sources"]["drafters"] = [d.to_dict() for d in drafters]
-        m.save()
+        with contextlib.ExitStack() as reading:  # the target's weights stream in while the CPU does the work before
+            read_ahead = gguf_path is None and self.method.kind == "builtin"
+            if read_ahead and (target.repo is None or reads_target):  # the weights are here already
+                reading.enter_context(stages.reading_ahead(target.path, target=True))
+            if m.data["options"]["drafter_method"] == "builtin":
+                for d in drafters:
+                    stages.check_drafter(d, target)
+                    jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
+            if not gguf_path and not reads_target:
+                target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
+                if read_ahead and target.repo is not None:
+                    reading.enter_context(stages.reading_ahead(target.path, target=True))
+            m.data["sources"]["target"] = target.to_dict()
+            m.data["sources"]["drafter"] = drafters[0].to_dict()
+            if several:
+                m.data["sources"]["drafters"] = [d.to_dict() for d in drafters]
+            m.save()
 
-        tok = self.tokenizer(target)
-        jsonfile.forget()
-        m.data["tokenizer"] = tok.to_dict() | {"overlay": os.path.relpath(tok.overlay, self.outdir)
-                                               if tok.overlay else None}
-        m.save()
+            tok = self.tokenizer(target)
+            jsonfile.forget()
+            m.data["tokenizer"] = tok.to_dict() | {"overlay": os.path.relpath(tok.overlay, self.outdir)
+                                                   if tok.overlay else None}
+            m.save()
 
-        final_t, made_t = self.target(target, tok, gguf_path)
-        jsonfile.forget()
+            final_t, made_t = self.target(target, tok, gguf_path)
+            jsonfile.forget()
         made: list[tuple[Path, dict[str, Any], Report]] = []
         for i, d in enumerate(drafters):
-            final_d, made_d = self.drafter(d, target, tok, final_t.name, "drafter" if i == 0 else f"drafter{i + 1}",
-                                           several)
+            with stages.reading_ahead(d.path, target=False):  # while its vocabulary is built
+                final_d, made_d = self.drafter(d, target, tok, final_t.name,
+                                               "drafter" if i == 0 else f"drafter{i + 1}", several)
             jsonfile.forget()
             made.append((final_d, made_d, stages.verify_pair(final_d, final_t,
                                                              allow_derived_target=opts.allow_derived_target)))

@@ -36,7 +36,7 @@ from ..errors import InputError, QuantizeError
 from ..ggufio import GGUFPlan, Written, layout
 from ..ggufio.hashing import FollowingHasher
 from ..ggufio.layout import ALIGNMENT, pad, row_bytes
-from ..ggufio.readahead import ByteRange, ReadAhead
+from ..ggufio.readahead import ByteRange, DropBehind
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from . import kernels
 from .rules import (
@@ -323,7 +323,8 @@ class _Sources:
 
 
 def _read_ahead(job: TensorJob) -> bool:
-    """Whether the job's input is read ahead: bytes already on disk (a spooled tensor is made when its turn comes)."""
+    """Whether the job's input streams from the page cache: bytes already on disk (a spooled tensor is made when its
+    turn comes, in a scratch file deleted after it)."""
     return job.src.spool is None and job.src.nbytes > 0
 
 
@@ -341,7 +342,8 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
         ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
                   for j in jobs if _read_ahead(j)]
         with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
-                ThreadPoolExecutor(max_workers=max(1, threads)) as pool, ReadAhead(ranges) as readahead:
+                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            dropped = DropBehind(ranges)  # each input byte is read once: keep the page cache from filling
             f.writelines(_header(gguf, jobs, type_name))
 
             def write_next() -> None:
@@ -358,7 +360,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 written = 0
                 done += job.src.nbytes
                 if _read_ahead(job):
-                    readahead.consumed(job.src.nbytes)
+                    dropped.consumed(job.src.nbytes)
                 sources.release(job.src)
                 f.flush()  # the follower reads the file: hand it only bytes that are in it
                 hasher.advance(f.tell())

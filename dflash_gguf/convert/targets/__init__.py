@@ -45,13 +45,14 @@ from ... import provenance as prov
 from ...errors import ConfigError, NotCoveredError, TensorError
 from ...ggufio import GGUFPlan, TensorOut
 from ...ggufio.layout import GGML_QUANT_VERSION
+from ...ggufio.readahead import warm_up
 from ...hf_configs import read_config
 from ...registry import by_architecture
 from ..configs import read_target_config
 from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
 from ..result import ConvertResult, finish, target_record
-from ..safetensors import index_checkpoint
+from ..safetensors import TensorRef, index_checkpoint
 from ..vocab import VocabInfo
 from .base import TargetSource, TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
 from .writers import spec_writer
@@ -191,10 +192,26 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     start = time.perf_counter()
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir)
-    plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name)
-    recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256, provenance)
-    return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
-                  dry_run=dry_run, on_progress=on_progress)
+    refs = [] if dry_run else _read_order(fam)
+    with warm_up((ref.path, ref.offset, ref.nbytes) for ref in refs):  # the disk streams while the vocabulary builds
+        plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name)
+        recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256,
+                                 provenance)
+        return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
+                      dry_run=dry_run, on_progress=on_progress)
+
+
+def _read_order(fam: TextFamily) -> list[TensorRef]:
+    return [spec.ref for spec in plan_tensors(fam) if spec.ref is not None]
+
+
+def read_order(model_dir: Path) -> list[TensorRef]:
+    """The checkpoint bytes a conversion of ``model_dir`` reads, in the order it reads them (for read-ahead).
+
+    Raises:
+        ConfigError, UnsupportedModelError, TensorError, InputError: as :func:`family_for` and :func:`plan_tensors`.
+    """
+    return _read_order(family_for(model_dir))
 
 
 def build_plan(fam: TextFamily, outtype: str, name: str) -> tuple[GGUFPlan, VocabInfo, str]:
@@ -219,4 +236,4 @@ def build_plan(fam: TextFamily, outtype: str, name: str) -> tuple[GGUFPlan, Voca
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ConvertResult", "TargetSource", "TensorSpec", "TextFamily",
            "add_text_hparams", "block_id", "build_plan", "builtin_family", "convert_target", "family_for",
-           "plan_tensors", "trimmed_rows", "unsupported_message"]
+           "plan_tensors", "read_order", "trimmed_rows", "unsupported_message"]
