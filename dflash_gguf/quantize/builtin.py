@@ -322,7 +322,7 @@ class _Sources:
             path.unlink(missing_ok=True)
 
 
-def _read_ahead(job: TensorJob) -> bool:
+def _streamed(job: TensorJob) -> bool:
     """Whether the job's input streams from the page cache: bytes already on disk (a spooled tensor is made when its
     turn comes, in a scratch file deleted after it)."""
     return job.src.spool is None and job.src.nbytes > 0
@@ -340,7 +340,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     sources = _Sources(gguf, Path(tmp).parent)
     try:
         ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
-                  for j in jobs if _read_ahead(j)]
+                  for j in jobs if _streamed(j)]
         with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             dropped = DropBehind(ranges)  # each input byte is read once: keep the page cache from filling
@@ -359,7 +359,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
-                if _read_ahead(job):
+                if _streamed(job):
                     dropped.consumed(job.src.nbytes)
                 sources.release(job.src)
                 f.flush()  # the follower reads the file: hand it only bytes that are in it
