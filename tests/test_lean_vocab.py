@@ -133,10 +133,11 @@ def test_string_array_reads_writes_and_compares_like_a_list(tmp_path: Path) -> N
 def test_gemma4_vocab_and_synthesized_tokenizer_model_unchanged_by_lean_reading(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The vocabulary embedded from a real-layout Gemma-4 tokenizer.json, read lean, is the one read whole."""
-    from dflash_gguf.convert.vocab import add_gemma4_vocab
+    from dflash_gguf.convert.vocab import add_gemma4_vocab, forget_built
     from dflash_gguf.tokenizer_fixups import read_tokenizer_json
 
     target = mf.make_gemma4_target(tmp_path / "targets")
+    forget_built()
     lean_plan = GGUFPlan("gemma4")
     jsonfile.forget()
     lean_info = add_gemma4_vocab(lean_plan, target)
@@ -145,6 +146,7 @@ def test_gemma4_vocab_and_synthesized_tokenizer_model_unchanged_by_lean_reading(
 
     monkeypatch.setattr(jsonfile, "_parse_lean", lambda raw: None)  # the whole-document parse, as before
     jsonfile.forget()
+    forget_built()  # built afresh from the whole parse, not the kept lean build
     whole_plan = GGUFPlan("gemma4")
     whole_info = add_gemma4_vocab(whole_plan, target)
     whole_sp = read_tokenizer_json(target / "tokenizer.json")

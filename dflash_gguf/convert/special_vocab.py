@@ -206,6 +206,14 @@ def read_special_tokens(tok_dir: Path, *, n_vocab: int | None = None, load_merge
     return st
 
 
+def source_files(tok_dir: Path) -> list[Path]:
+    """Every file of ``tok_dir`` that :func:`read_special_tokens` may read (present or not), and with it the
+    vocabulary builders, which read tokenizer.json and these configs only: what a built vocabulary depends on."""
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json",
+             "chat_template.jinja", "chat_template.json")
+    return [tok_dir / n for n in names] + sorted((tok_dir / "additional_chat_templates").glob("*.jinja"))
+
+
 def _chat_template(tok_dir: Path, cfg: dict[str, Any]) -> str | list[dict[str, str]] | None:
     alt: str | list[dict[str, str]] | None = None
     jinja, js = tok_dir / "chat_template.jinja", tok_dir / "chat_template.json"

@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import TokenType
+from gguf import GGUFValueType, TokenType
 
 from ..dflash_format import vocab_sha256
 from ..errors import NotCoveredError, TokenizerError
-from ..ggufio import GGUFPlan
+from ..ggufio import GGUFPlan, StringArray
+from ..ggufio.writer import KeyValue
 from ..hf_configs import parse_tokenizer_json
 from ..jsonfile import read_json
 from .configs import TargetConfig
 from .pre_tokenizers import PRE_TOKENIZERS
-from .special_vocab import read_special_tokens
+from .special_vocab import read_special_tokens, source_files
 
 # Tokens b11434 forces to USER_DEFINED for Gemma-4 so the chat parser sees them (conversion/gemma.py).
 GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
@@ -96,7 +98,70 @@ def _declared_specials(tok_dir: Path) -> set[str]:
     return found
 
 
+@dataclass(frozen=True)
+class _BuiltVocab:
+    """A vocabulary's metadata as a builder added it, and what it was built from."""
+
+    key: tuple[Any, ...]  # the builder, its parameters, and the digest of the files it read
+    kvs: tuple[tuple[str, KeyValue], ...]
+    info: VocabInfo
+
+
+_last_built: _BuiltVocab | None = None
+
+
+def _inputs_digest(tok_dir: Path) -> bytes:
+    """sha256 over the names and bytes of every file a vocabulary builder reads (see ``source_files``)."""
+    h = hashlib.sha256()
+    for path in source_files(tok_dir):
+        h.update(path.name.encode() + b"\0")
+        h.update(path.read_bytes() if path.is_file() else b"\0absent")
+        h.update(b"\0")
+    return h.digest()
+
+
+def _built_once(build: Callable[..., VocabInfo], plan: GGUFPlan, tok_dir: Path, *params: Any) -> VocabInfo:
+    """Run ``build(plan, tok_dir, *params)``, or add what its last run with the same files and parameters added.
+
+    Why: one pipeline run builds the target's vocabulary three times (the drafter check, the target, the drafter
+    embedding it), the first from the target folder and the others from the tokenizer overlay's copy; at Gemma-4's
+    262k tokens and 515k merges each build is seconds of one core with the disk waiting. The last build is kept
+    (its string arrays packed, ~35 MB at that size), keyed by the bytes of the files it read, so an edited or
+    different tokenizer is built afresh; errors are never kept."""
+    global _last_built
+    key = (build.__name__, params, _inputs_digest(tok_dir))
+    if _last_built is None or _last_built.key != key:
+        _last_built = None  # the old one's memory goes before the new one is built
+        scratch = GGUFPlan("")
+        info = build(scratch, tok_dir, *params)
+        kvs = tuple((k, _packed(kv)) for k, kv in scratch.kv.items() if k != "general.architecture")
+        _last_built = _BuiltVocab(key, kvs, info)
+    for k, kv in _last_built.kvs:  # lists copied: a plan may edit its own, never the kept one
+        plan.add(k, kv.vtype, list(kv.value) if isinstance(kv.value, list) else kv.value, kv.subtype)
+    return _last_built.info
+
+
+def _packed(kv: KeyValue) -> KeyValue:
+    """A string array kept as its GGUF encoding (the same bytes when written, a fifth of the memory)."""
+    if kv.subtype == GGUFValueType.STRING and not isinstance(kv.value, StringArray):
+        values = kv.value
+        return KeyValue(kv.vtype, StringArray.from_runs(values[i:i + 4096] for i in range(0, len(values), 4096)),
+                        kv.subtype)
+    return kv
+
+
+def forget_built() -> None:
+    """Drop the kept vocabulary (the run that needed it is over)."""
+    global _last_built
+    _last_built = None
+
+
 def add_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
+    """b11434 ``Gemma4Model.set_vocab`` (built once per set of files, see :func:`_built_once`)."""
+    return _built_once(_build_gemma4_vocab, plan, tok_dir)
+
+
+def _build_gemma4_vocab(plan: GGUFPlan, tok_dir: Path) -> VocabInfo:
     tj = _load_tokenizer_json(tok_dir)
     model = tj["model"]
     decoder = (tj.get("decoder") or {}).get("type")
@@ -145,6 +210,11 @@ def _looks_special(token: str) -> bool:
 
 
 def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
+    """b11434 ``_set_vocab_gpt2`` padded to ``vocab_size`` (built once per set of files, see :func:`_built_once`)."""
+    return _built_once(_build_bpe_vocab, plan, tok_dir, vocab_size)
+
+
+def _build_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     from tokenizers import Tokenizer  # Rust tokenizers only: no torch, no transformers
 
     tj = _load_tokenizer_json(tok_dir)

@@ -7,13 +7,10 @@ cache, not our heap, so peak RSS does not change, and the window bounds how much
 Why behind: see :class:`DropBehind`.
 
 How: ``posix_fadvise(WILLNEED)`` one piece at a time. The kernel reads the piece into the page cache without
-copying it anywhere, where a ``pread`` into a scratch buffer would copy every input byte once more (a
-quarter of a 12B conversion's system time) and, by touching each page twice, would promote the inputs to
-the active list, where they crowd out the pages read ahead and get them evicted before use. The kernel caps
-one hint at the device's read-ahead size (``read_ahead_kb``, or its largest request when that is bigger), so
-the thread gives the hints in pieces of that size, throttled by what the consumer reports done. Pieces as
-large as the cap allows matter when the main thread is busy in Python: each piece costs the thread one
-trip through the GIL, which then takes up to the interpreter's 5 ms switch interval.
+copying it anywhere, where a ``pread`` into a scratch buffer would copy every input byte once more and, by
+touching each page twice, would promote the inputs to the active list. The kernel caps one hint at the device's
+read-ahead size (``read_ahead_kb``), so the pieces are that size: each costs the thread one trip through the GIL,
+which takes up to the interpreter's 5 ms switch interval while the main thread is busy in Python.
 """
 
 from __future__ import annotations
@@ -69,16 +66,14 @@ def default_window() -> int:
 
 
 class ReadAhead:
-    """Reads ``ranges`` in order on a daemon thread, never more than ``window`` bytes beyond what the consumer
-    reported with :meth:`consumed`. A read error only stops the read-ahead: the consumer's own reads report it."""
+    """Asks the kernel for ``ranges`` in order on a daemon thread until ``window`` bytes are asked for, the ranges
+    end, or the block exits. A read error only stops it: the consumer's own reads report it."""
 
     def __init__(self, ranges: Sequence[ByteRange], window: int | None = None) -> None:
         self._ranges = list(ranges)
         self._window = default_window() if window is None else window
-        self._done = 0  # bytes the consumer is finished with
         self._ahead = 0  # bytes asked for so far
-        self._stop = False
-        self._cond = threading.Condition()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dflash-readahead", daemon=True)
 
     def __enter__(self) -> ReadAhead:
@@ -87,27 +82,18 @@ class ReadAhead:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
+        self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
 
     @property
     def bytes_requested(self) -> int:
         """How far it has asked the kernel to read (short ranges counted in full)."""
-        with self._cond:
-            return self._ahead
+        return self._ahead
 
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
-
-    def consumed(self, n_bytes: int) -> None:
-        """The consumer is done with the next ``n_bytes`` of the ranges."""
-        with self._cond:
-            self._done += n_bytes
-            self._cond.notify_all()
 
     def _run(self) -> None:
         pieces: dict[int, int] = {}
@@ -116,24 +102,19 @@ class ReadAhead:
                 size = os.fstat(r.fd).st_size
             except OSError:
                 return
-            piece = min(pieces.setdefault(r.fd, hint_size(r.fd)), max(1, self._window))
+            piece = pieces.setdefault(r.fd, hint_size(r.fd))
             pos, end = r.offset, r.offset + r.length
             while pos < min(end, size):
-                n = min(piece, end - pos)
-                with self._cond:
-                    while not self._stop and self._ahead + n - self._done > self._window:
-                        self._cond.wait()
-                    if self._stop:
-                        return
+                n = min(piece, end - pos, self._window - self._ahead)
+                if n <= 0 or self._stop.is_set():
+                    return
                 try:
                     os.posix_fadvise(r.fd, pos, min(n, size - pos), os.POSIX_FADV_WILLNEED)
                 except OSError:
                     return
                 pos += n
-                with self._cond:
-                    self._ahead += n
-            with self._cond:  # count a short range in full, so the window stays aligned with the consumer
-                self._ahead += end - pos
+                self._ahead += n
+            self._ahead += end - pos  # a short range counts in full
 
 
 @contextlib.contextmanager

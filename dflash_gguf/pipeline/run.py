@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, jsonfile
+from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
@@ -318,6 +319,7 @@ class _Run:
             jsonfile.forget()
             made.append((final_d, made_d, stages.verify_pair(final_d, final_t,
                                                              allow_derived_target=opts.allow_derived_target)))
+        forget_built()  # the target's vocabulary, built once for the drafter check, the target and the drafters
         # served untuned: the first drafter verify takes (the user's order)
         served = next((i for i, (_, _, r) in enumerate(made) if not r.errors), 0)
         final_d, made_d, report = made[served]

@@ -260,11 +260,12 @@ def reading_ahead(checkpoint: Path, *, target: bool) -> contextlib.AbstractConte
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
                            sources: Sources, on_progress: OnProgress = None, quant: str | None = None) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
-    ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing."""
+    ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
+    are already being read ahead (:func:`reading_ahead`, entered by the run before its first stage)."""
     from ..convert.targets import convert_target
 
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
-                          quant=quant, on_progress=on_progress).sha256
+                          quant=quant, read_ahead=False, on_progress=on_progress).sha256
 
 
 def drafter_reads_target_weights(drafter: Source) -> bool:

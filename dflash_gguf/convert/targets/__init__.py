@@ -177,13 +177,15 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    provenance: dict[str, str] | None = None,
                    quant: str | None = None,
                    dry_run: bool = False,
+                   read_ahead: bool = True,
                    on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
     ``tokenizer_dir`` (default ``model_dir``) is where the tokenizer files are read; ``provenance`` adds
     our own ``dflash_gguf.*`` keys (``provenance.Sources.keys()``). ``quant`` ("q4_0", "q8_0", ...)
     quantizes in the same pass: the bytes of converting to ``outtype`` and then running llama-quantize
-    (its Q6_K output rule included), with no intermediate file.
+    (its Q6_K output rule included), with no intermediate file. ``read_ahead=False``: the caller already
+    reads the weights ahead (the pipeline does, from its first stage on), so the vocabulary is built without.
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
@@ -192,17 +194,15 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     start = time.perf_counter()
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir)
-    refs = [] if dry_run else _read_order(fam)
+    specs = plan_tensors(fam)
+    refs = [] if dry_run or not read_ahead else [spec.ref for spec in specs if spec.ref is not None]
     with warm_up((ref.path, ref.offset, ref.nbytes) for ref in refs):  # the disk streams while the vocabulary builds
-        plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name)
+        plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name,
+                                          specs)
         recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256,
                                  provenance)
         return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
                       dry_run=dry_run, on_progress=on_progress)
-
-
-def _read_order(fam: TextFamily) -> list[TensorRef]:
-    return [spec.ref for spec in plan_tensors(fam) if spec.ref is not None]
 
 
 def read_order(model_dir: Path) -> list[TensorRef]:
@@ -211,16 +211,18 @@ def read_order(model_dir: Path) -> list[TensorRef]:
     Raises:
         ConfigError, UnsupportedModelError, TensorError, InputError: as :func:`family_for` and :func:`plan_tensors`.
     """
-    return _read_order(family_for(model_dir))
+    return [spec.ref for spec in plan_tensors(family_for(model_dir)) if spec.ref is not None]
 
 
-def build_plan(fam: TextFamily, outtype: str, name: str) -> tuple[GGUFPlan, VocabInfo, str]:
+def build_plan(fam: TextFamily, outtype: str, name: str, specs: list[TensorSpec] | None = None
+               ) -> tuple[GGUFPlan, VocabInfo, str]:
     """Every tensor and key of a checked family, in b11434's order (no provenance keys): (plan, vocab, outtype).
+    ``specs``: the family's :func:`plan_tensors`, when the caller has them already.
 
     Raises:
         TensorError, TokenizerError, ConfigError: as :func:`plan_tensors` and the family's vocabulary.
     """
-    specs = plan_tensors(fam)
+    specs = plan_tensors(fam) if specs is None else specs
     outtype = resolve_outtype(outtype, (s.ref for s in specs if s.ref is not None and s.data is None))
     ftype, qtype = OUTTYPES[outtype]
     plan = GGUFPlan(fam.gguf_arch)
