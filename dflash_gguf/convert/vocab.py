@@ -143,10 +143,8 @@ def _built_once(build: Callable[..., VocabInfo], plan: GGUFPlan, tok_dir: Path, 
 
 def _packed(kv: KeyValue) -> KeyValue:
     """A string array kept as its GGUF encoding (the same bytes when written, a fifth of the memory)."""
-    if kv.subtype == GGUFValueType.STRING and not isinstance(kv.value, StringArray):
-        values = kv.value
-        return KeyValue(kv.vtype, StringArray.from_runs(values[i:i + 4096] for i in range(0, len(values), 4096)),
-                        kv.subtype)
+    if kv.vtype == GGUFValueType.ARRAY and kv.subtype == GGUFValueType.STRING:
+        return KeyValue(kv.vtype, StringArray.of(kv.value), kv.subtype)
     return kv
 
 

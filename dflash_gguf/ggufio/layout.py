@@ -62,11 +62,9 @@ def pack_string(s: str | bytes) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _pack_strings(values: Sequence[str | bytes], chunk: int = 1 << 16) -> bytes:
-    """A string array's elements, packed a slice at a time (see :meth:`StringArray.from_runs`)."""
-    if not isinstance(values, StringArray):
-        values = StringArray.from_runs(values[start:start + chunk] for start in range(0, len(values), chunk))
-    return values.encoded
+def _pack_strings(values: Sequence[str | bytes]) -> bytes:
+    """A string array's elements as GGUF encodes them (see :meth:`StringArray.of`)."""
+    return StringArray.of(values).encoded
 
 
 class StringArray(Sequence[str]):
@@ -92,6 +90,13 @@ class StringArray(Sequence[str]):
                 starts.extend(accumulate((8 + len(r) for r in raws[:-1]), initial=len(encoded) + 8))
                 encoded += b"".join(chain.from_iterable(zip(map(_U64.pack, map(len, raws)), raws, strict=True)))
         return cls(bytes(encoded), starts)
+
+    @classmethod
+    def of(cls, values: Sequence[str | bytes], chunk: int = 1 << 16) -> StringArray:
+        """``values`` itself when it is one already, else its elements encoded a slice at a time."""
+        if isinstance(values, StringArray):
+            return values
+        return cls.from_runs(values[start:start + chunk] for start in range(0, len(values), chunk))
 
     @property
     def encoded(self) -> bytes:

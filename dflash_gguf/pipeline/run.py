@@ -254,7 +254,10 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
         header["sources"]["target_gguf"] = {"spec": method.detail, "path": str(gguf_path.resolve())}
     outdir.mkdir(parents=True, exist_ok=True)
-    return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
+    try:
+        return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
+    finally:
+        forget_built()  # the target's vocabulary, built once for the drafter check, the target and the drafters
 
 
 class _Run:
@@ -319,7 +322,6 @@ class _Run:
             jsonfile.forget()
             made.append((final_d, made_d, stages.verify_pair(final_d, final_t,
                                                              allow_derived_target=opts.allow_derived_target)))
-        forget_built()  # the target's vocabulary, built once for the drafter check, the target and the drafters
         # served untuned: the first drafter verify takes (the user's order)
         served = next((i for i, (_, _, r) in enumerate(made) if not r.errors), 0)
         final_d, made_d, report = made[served]

@@ -195,7 +195,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir)
     specs = plan_tensors(fam)
-    refs = [] if dry_run or not read_ahead else [spec.ref for spec in specs if spec.ref is not None]
+    refs = [] if dry_run or not read_ahead else _refs(specs)
     with warm_up((ref.path, ref.offset, ref.nbytes) for ref in refs):  # the disk streams while the vocabulary builds
         plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name,
                                           specs)
@@ -205,13 +205,17 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                       dry_run=dry_run, on_progress=on_progress)
 
 
+def _refs(specs: list[TensorSpec]) -> list[TensorRef]:
+    return [spec.ref for spec in specs if spec.ref is not None]
+
+
 def read_order(model_dir: Path) -> list[TensorRef]:
     """The checkpoint bytes a conversion of ``model_dir`` reads, in the order it reads them (for read-ahead).
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, InputError: as :func:`family_for` and :func:`plan_tensors`.
     """
-    return [spec.ref for spec in plan_tensors(family_for(model_dir)) if spec.ref is not None]
+    return _refs(plan_tensors(family_for(model_dir)))
 
 
 def build_plan(fam: TextFamily, outtype: str, name: str, specs: list[TensorSpec] | None = None
