@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from ..errors import InputError
+from ..ggufio.filecopy import copy_range
 from ..ggufio.layout import float_to_f32
 from .safetensors import TensorRef
 
@@ -63,18 +64,10 @@ def _pread_exact(fd: int, n: int, offset: int, src: TensorRef) -> bytes:
 
 def _copy_range(src: TensorRef, out: BinaryIO) -> None:
     out.flush()
-    dst_fd = out.fileno()
     with open(src.path, "rb", buffering=0) as f:
-        src_fd, offset, left = f.fileno(), src.offset, src.nbytes
-        while left:
-            try:
-                n = os.copy_file_range(src_fd, dst_fd, left, offset)
-            except OSError:  # e.g. across filesystems on old kernels: fall back to pread/write
-                n = 0
-            if n == 0:
-                n = os.write(dst_fd, _pread_exact(src_fd, min(left, CHUNK_BYTES), offset, src))
-            offset += n
-            left -= n
+        if copy_range(f.fileno(), src.offset, src.nbytes, out.fileno()) != src.nbytes:
+            raise InputError(f"{src.path} changed while it was being read (tensor {src.name!r} is cut short). "
+                             "Make sure nothing is rewriting the checkpoint, then retry.")
 
 
 def byte_source(src: TensorRef, qtype: GGMLQuantizationType) -> tuple[Path, int] | None:

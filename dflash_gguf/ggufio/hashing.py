@@ -5,16 +5,25 @@ with ``os.copy_file_range`` (the bytes never pass through Python) and the quanti
 chunks, so the one place every byte is sure to pass is the file. The follower reads what the writer has
 reported as written (the pages are still in the page cache), and ``hashlib`` releases the GIL on large
 updates, so hashing overlaps with the writing on another core instead of costing a second pass afterwards.
+
+Why it drops what it hashed from the page cache: nothing in a run reads a multi-GB output again, and kept, its
+pages claim fresh memory at the writer's pace. On this project's VM a write into memory the system has not
+touched for a while cost several times a write into recycled pages (the 12B one pass spent half a core in
+``copy_folio_from_iter_atomic`` at 250 MB/s); dropped behind, the output's pages are written back early and
+recycled, the dirty set stays small, and the final fsync has little left to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import threading
 from pathlib import Path
 from types import TracebackType
 
 _CHUNK = 8 << 20
+_DROP_LAG = 64 << 20  # each hashed page is asked to leave the cache this long: the first ask only starts writeback
 
 
 class FollowingHasher:
@@ -67,6 +76,7 @@ class FollowingHasher:
     def _run(self) -> None:
         try:
             with open(self._path, "rb", buffering=0) as f:
+                view = memoryview(bytearray(_CHUNK))  # one buffer: a fresh 8 MB object per read is fresh memory
                 pos = 0
                 while True:
                     with self._cond:
@@ -76,11 +86,14 @@ class FollowingHasher:
                             return
                         limit, final = self._limit, self._final
                     while pos < limit:
-                        chunk = f.read(min(_CHUNK, limit - pos))
-                        if not chunk:
+                        n = f.readinto(view[:min(_CHUNK, limit - pos)])
+                        if not n:
                             raise OSError(f"{self._path} ended at {pos} bytes, {limit} were reported written")
-                        self._hash.update(chunk)
-                        pos += len(chunk)
+                        self._hash.update(view[:n])
+                        pos += n
+                        with contextlib.suppress(OSError):  # DONTNEED writes dirty pages back, drops clean ones
+                            os.posix_fadvise(f.fileno(), max(0, pos - _DROP_LAG), min(pos, _DROP_LAG),
+                                             os.POSIX_FADV_DONTNEED)
                     if final is not None and pos >= final:
                         return
         except BaseException as e:  # noqa: BLE001 - re-raised in the writer's thread by finish()

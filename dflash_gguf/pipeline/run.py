@@ -288,10 +288,10 @@ class _Run:
         drafters = [fetch_source(d, DRAFTER_PATTERNS) for d in drafters]
         reads_target = any(stages.drafter_reads_target_weights(d) for d in drafters)  # the check needs the weights
         target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
-        with contextlib.ExitStack() as reading:  # the target's weights stream in while the CPU does the work before
+        with contextlib.ExitStack() as reading:  # the target's first tensors made while the CPU does the work before
             read_ahead = gguf_path is None and self.method.kind == "builtin"
             if read_ahead and (target.repo is None or reads_target):  # the weights are here already
-                reading.enter_context(stages.reading_ahead(target.path, target=True))
+                reading.enter_context(self.working_ahead(target))
             if m.data["options"]["drafter_method"] == "builtin":
                 for d in drafters:
                     stages.check_drafter(d, target)
@@ -299,7 +299,7 @@ class _Run:
             if not gguf_path and not reads_target:
                 target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
                 if read_ahead and target.repo is not None:
-                    reading.enter_context(stages.reading_ahead(target.path, target=True))
+                    reading.enter_context(self.working_ahead(target))
             m.data["sources"]["target"] = target.to_dict()
             m.data["sources"]["drafter"] = drafters[0].to_dict()
             if several:
@@ -316,7 +316,7 @@ class _Run:
             jsonfile.forget()
         made: list[tuple[Path, dict[str, Any], Report]] = []
         for i, d in enumerate(drafters):
-            with stages.reading_ahead(d.path, target=False):  # while its vocabulary is built
+            with stages.reading_ahead(d.path):  # while its vocabulary is built
                 final_d, made_d = self.drafter(d, target, tok, final_t.name,
                                                "drafter" if i == 0 else f"drafter{i + 1}", several)
             jsonfile.forget()
@@ -363,6 +363,15 @@ class _Run:
         if self._tune_bar is None:
             self._tune_bar = self.progress("tune")
         self._tune_bar(done, total)
+
+    def working_ahead(self, target: Source) -> contextlib.AbstractContextManager[object]:
+        """The target conversion's work ahead of its vocabulary (``stages.working_ahead_of_target``): a head start
+        when its one pass is to make the output afresh (an output already there may be vouched for, and its head
+        start wasted), else the weights read ahead."""
+        quant = self.opts.quant
+        final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
+        one_pass = _one_pass(self.opts, quant) and not final.exists()
+        return stages.working_ahead_of_target(target.path, final, quant if one_pass else None)
 
     # -------------------------------------------------------------------------------------------- stages
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 from .. import drafters, hub
 from .. import provenance as prov
-from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family
+from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, family_for, plan_tensors, working_ahead
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
 from ..jsonfile import read_json
 from ..provenance import Sources
 from ..verify import Report, precheck, read_gguf, verify_files
+from .naming import checkpoint_type
 from .sources import Source
 
 log = logging.getLogger(__name__)
@@ -239,29 +240,31 @@ def link_into(outdir: Path, path: Path) -> Path:
 ONE_PASS_TYPES = ("q4_0", "q8_0")
 
 
-def reading_ahead(checkpoint: Path, *, target: bool) -> contextlib.AbstractContextManager[object]:
-    """Read a checkpoint's weights into the page cache, in the order its conversion takes them, while the run
-    does the CPU work in front of it (the precheck, the tokenizer.model synthesis, a 262k vocabulary): seconds
-    in which the disk would sit idle. A target is read in the built-in converter's tensor order, up to the
-    read-ahead window; a drafter (small) file by file. Nothing when the checkpoint cannot be planned: its
-    conversion reports why."""
-    if not target:
-        files = sorted(checkpoint.glob("*.safetensors"))
-        return warm_up((path, 0, path.stat().st_size) for path in files)
-    from ..convert.targets import read_order
+def reading_ahead(checkpoint: Path) -> contextlib.AbstractContextManager[object]:
+    """Read a drafter's (small) weights into the page cache file by file while its vocabulary is built."""
+    return warm_up((path, 0, path.stat().st_size) for path in sorted(checkpoint.glob("*.safetensors")))
 
+
+def working_ahead_of_target(model_dir: Path, outfile: Path, quant: str | None) -> contextlib.AbstractContextManager[
+        object]:
+    """What the built-in target conversion can do before its vocabulary (``convert.targets.working_ahead``), done
+    while the run does the CPU work in front of it (the drafter check, the tokenizer.model synthesis, a 262k
+    vocabulary), seconds in which a core and the disk would sit idle: with ``quant`` (the one pass to
+    ``outfile``) its first tensors quantized, else its weights read ahead. Nothing when the checkpoint cannot be
+    planned: its conversion reports why."""
     try:
-        refs = read_order(checkpoint)
+        fam = family_for(model_dir)
+        return working_ahead(fam, plan_tensors(fam), outfile, checkpoint_type(model_dir), quant)
     except DflashGgufError:
         return contextlib.nullcontext()
-    return warm_up((ref.path, ref.offset, ref.nbytes) for ref in refs)
 
 
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
                            sources: Sources, on_progress: OnProgress = None, quant: str | None = None) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
-    are already being read ahead (:func:`reading_ahead`, entered by the run before its first stage)."""
+    are already read ahead, or its head start made (:func:`working_ahead_of_target`, entered by the run before its
+    first stage)."""
     from ..convert.targets import convert_target
 
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),

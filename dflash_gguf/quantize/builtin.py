@@ -34,11 +34,12 @@ from ..atomic import atomic_output, check_free_space
 from ..dflash_format import PROVENANCE_PREFIX
 from ..errors import InputError, QuantizeError
 from ..ggufio import GGUFPlan, Written, layout
+from ..ggufio.filecopy import copy_range
 from ..ggufio.hashing import FollowingHasher
 from ..ggufio.layout import ALIGNMENT, pad, row_bytes
 from ..ggufio.readahead import ByteRange, DropBehind
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
-from . import kernels
+from . import ahead, kernels
 from .rules import (
     FTYPES,
     OVERRIDE_TYPES,
@@ -60,6 +61,9 @@ KEY_QUANTIZER_VERSION = PROVENANCE_PREFIX + "quantizer_version"
 _MOVED_KEYS = ("general.quantization_version", "general.file_type", "split.no", "split.count",
                "split.tensors.count")
 CHUNK_ELEMENTS = 1 << 20  # ~4 MB of f32 per work item: big enough for numpy, small for memory
+# A head start's chunk: its thread waits for the GIL once per chunk while the main thread runs Python, so a chunk
+# is ~10 ms of Q6_K kernel time, above the interpreter's 5 ms switch interval (4 Mi pushed peak RSS to 256 MB).
+AHEAD_CHUNK_ELEMENTS = 2 << 20
 DEPTH_PER_THREAD = 3  # chunks in flight per worker thread
 
 
@@ -328,6 +332,30 @@ def _streamed(job: TensorJob) -> bool:
     return job.src.spool is None and job.src.nbytes > 0
 
 
+def _job_key(job: TensorJob) -> tuple[object, ...]:
+    """What a head start's rows must match: the input bytes (file, place, size, type, shape) and the output type."""
+    src = job.src
+    return (str(src.path), src.offset, src.nbytes, src.qtype, src.ne, int(job.dst_type))
+
+
+def ahead_jobs(jobs: list[TensorJob], default_path: Path) -> list[ahead.AheadJob]:
+    """The jobs a :class:`~.ahead.HeadStart` can begin, in the writer's order: those quantized from bytes already
+    on disk (a copied or spooled tensor, small and cheap, is made when its turn comes)."""
+    out = []
+    for job in jobs:
+        if job.copy or not _streamed(job) or job.dst_type not in kernels.QUANT_TYPES:
+            continue
+        n = job.src.ne[0]
+        rows = job.src.nbytes // row_bytes(Q(job.src.qtype), n)
+        path = job.src.path or default_path
+        out.append(ahead.AheadJob(_job_key(job), path, job.src.offset, row_bytes(Q(job.src.qtype), n), rows,
+                                  max(1, AHEAD_CHUNK_ELEMENTS // n),
+                                  row_bytes(job.dst_type, n),
+                                  lambda fd, row0, n_rows, job=job: _convert_chunk(fd, job.src.offset, job, row0,
+                                                                                    n_rows)))
+    return out
+
+
 def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
                     on_progress: Callable[[int, int], None] | None = None) -> Written:
     """Write the output to ``tmp`` tensor by tensor; return its size in bytes and its sha256, hashed by a thread
@@ -336,7 +364,8 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     done = written = 0
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
-    pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
+    # (job, its chunk's future, whether the chunk is the job's last, the input bytes the chunk finishes)
+    pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool, int]] = deque()
     sources = _Sources(gguf, Path(tmp).parent)
     try:
         ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
@@ -348,9 +377,11 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
 
             def write_next() -> None:
                 nonlocal done, written
-                job, fut, last = pending.popleft()
+                job, fut, last, in_bytes = pending.popleft()
                 if fut is not None:
                     written += f.write(fut.result())
+                if _streamed(job):
+                    dropped.consumed(in_bytes)
                 if not last:
                     return
                 if written != job.dst_nbytes:
@@ -359,8 +390,6 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
-                if _streamed(job):
-                    dropped.consumed(job.src.nbytes)
                 sources.release(job.src)
                 f.flush()  # the follower reads the file: hand it only bytes that are in it
                 hasher.advance(f.tell())
@@ -377,25 +406,40 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                         job.src.spool(f)
                         f.seek(0, os.SEEK_END)
                         written = f.tell() - start
-                        pending.append((job, None, True))
+                        pending.append((job, None, True, 0))
                         write_next()
                         continue
-                    rows_total = job.src.nbytes // max(1, row_bytes(Q(job.src.qtype), job.src.ne[0]))
+                    src_row = row_bytes(Q(job.src.qtype), job.src.ne[0])
+                    rows_total = job.src.nbytes // max(1, src_row)
                     step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
-                    if rows_total == 0:
-                        pending.append((job, None, True))
+                    first = 0
+                    if _streamed(job) and (early := ahead.claim(_job_key(job))) is not None:
+                        while pending:
+                            write_next()
+                        f.flush()
+                        written += copy_range(early.fd, 0, early.nbytes, f.fileno())
+                        f.seek(0, os.SEEK_END)
+                        first = early.rows
+                    if first == rows_total:
+                        pending.append((job, None, True, job.src.nbytes))
+                        if rows_total:  # a tensor the head start made whole
+                            write_next()
                         continue
                     fd, offset = sources.locate(job.src)
-                    for row0 in range(0, rows_total, step):
+                    for row0 in range(first, rows_total, step):
                         n_rows = min(step, rows_total - row0)
-                        pending.append((job, pool.submit(_convert_chunk, fd, offset, job, row0, n_rows),
-                                        row0 + n_rows == rows_total))
+                        last = row0 + n_rows == rows_total
+                        in_bytes = job.src.nbytes - row0 * src_row if last else n_rows * src_row
+                        if row0 == first:
+                            in_bytes += first * src_row  # the rows the head start made
+                        pending.append((job, pool.submit(_convert_chunk, fd, offset, job, row0, n_rows), last,
+                                        in_bytes))
                         if len(pending) >= DEPTH_PER_THREAD * max(1, threads):  # bounded memory
                             write_next()
                 while pending:
                     write_next()
             finally:
-                for _, fut, _ in pending:
+                for _, fut, _, _ in pending:
                     if fut is not None:
                         fut.cancel()
             f.flush()

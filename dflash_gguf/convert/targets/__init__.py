@@ -34,19 +34,23 @@ missing / mis-shaped / non-float tensors refused before writing, the output type
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ... import provenance as prov
-from ...errors import ConfigError, NotCoveredError, TensorError
+from ...errors import ConfigError, DflashGgufError, NotCoveredError, TensorError
 from ...ggufio import GGUFPlan, TensorOut
-from ...ggufio.layout import GGML_QUANT_VERSION
+from ...ggufio.layout import GGML_QUANT_VERSION, pad
 from ...ggufio.readahead import warm_up
 from ...hf_configs import read_config
+from ...quantize.ahead import HeadStart
+from ...quantize.builtin import TensorJob, ahead_jobs, input_from_plan
+from ...quantize.builtin import plan_tensors as quant_plan
 from ...registry import by_architecture
 from ..configs import read_target_config
 from ..general import add_general
@@ -185,7 +189,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     our own ``dflash_gguf.*`` keys (``provenance.Sources.keys()``). ``quant`` ("q4_0", "q8_0", ...)
     quantizes in the same pass: the bytes of converting to ``outtype`` and then running llama-quantize
     (its Q6_K output rule included), with no intermediate file. ``read_ahead=False``: the caller already
-    reads the weights ahead (the pipeline does, from its first stage on), so the vocabulary is built without.
+    works ahead itself (:func:`working_ahead`; the pipeline does, from its first stage on), so the vocabulary is
+    built without.
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
@@ -195,8 +200,9 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir)
     specs = plan_tensors(fam)
-    refs = [] if dry_run or not read_ahead else _refs(specs)
-    with warm_up((ref.path, ref.offset, ref.nbytes) for ref in refs):  # the disk streams while the vocabulary builds
+    ahead = (working_ahead(fam, specs, Path(outfile), outtype, quant) if read_ahead and not dry_run
+             else contextlib.nullcontext())
+    with ahead:  # the disk streams, and the output's first tensor is quantized, while the vocabulary builds
         plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name,
                                           specs)
         recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256,
@@ -205,17 +211,53 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                       dry_run=dry_run, on_progress=on_progress)
 
 
+@contextlib.contextmanager
+def working_ahead(fam: TextFamily, specs: list[TensorSpec], outfile: Path, outtype: str, quant: str | None
+                  ) -> Iterator[HeadStart | None]:
+    """What a conversion can do before its vocabulary is built, done while the caller builds it.
+
+    With ``quant`` (the one pass), a :class:`~...quantize.ahead.HeadStart` quantizes the output's first tensors
+    beside ``outfile`` on the free core, reading them just in time; it is yielded. Without, the weights are read
+    into the page cache in the converter's order (:func:`~...ggufio.readahead.warm_up`), which the copies that
+    follow then find there. Why not both: on this project's VM, pages read seconds before their use cost the one
+    pass more system time than reading them from the disk when needed (the README's speed section)."""
+    jobs = _quant_jobs(fam, specs, outfile, outtype, quant) if quant is not None else None
+    if jobs is None:
+        with warm_up((ref.path, ref.offset, ref.nbytes) for ref in _refs(specs)):
+            yield None
+        return
+    with HeadStart(ahead_jobs(jobs, outfile), outfile.parent, outfile.name,
+                   reserve=sum(pad(j.dst_nbytes) for j in jobs)) as head:
+        yield head
+
+
+def _quant_jobs(fam: TextFamily, specs: list[TensorSpec], outfile: Path, outtype: str, quant: str
+                ) -> list[TensorJob] | None:
+    """The one pass's tensors as the quantizer will write them, in its order; None when they cannot be planned (the
+    conversion itself reports why)."""
+    plan = GGUFPlan(fam.gguf_arch)
+    try:
+        for tensor in _tensor_outs(fam, specs, outtype)[0]:
+            plan.add_tensor(tensor)
+        return quant_plan(input_from_plan(plan, outfile), quant)
+    except DflashGgufError:
+        return None
+
+
 def _refs(specs: list[TensorSpec]) -> list[TensorRef]:
     return [spec.ref for spec in specs if spec.ref is not None]
 
 
-def read_order(model_dir: Path) -> list[TensorRef]:
-    """The checkpoint bytes a conversion of ``model_dir`` reads, in the order it reads them (for read-ahead).
-
-    Raises:
-        ConfigError, UnsupportedModelError, TensorError, InputError: as :func:`family_for` and :func:`plan_tensors`.
-    """
-    return _refs(plan_tensors(family_for(model_dir)))
+def _tensor_outs(fam: TextFamily, specs: list[TensorSpec], outtype: str) -> tuple[list[TensorOut], str]:
+    """The output tensors of ``specs`` in order, and the outtype ``auto`` resolved to."""
+    outtype = resolve_outtype(outtype, (s.ref for s in specs if s.ref is not None and s.data is None))
+    qtype = OUTTYPES[outtype][1]
+    out = []
+    for spec in specs:
+        tq = tensor_type(spec.name, spec.shape, qtype, spec.force_f32 or fam.force_f32(spec.name))
+        write, source = spec_writer(spec, tq)
+        out.append(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
+    return out, outtype
 
 
 def build_plan(fam: TextFamily, outtype: str, name: str, specs: list[TensorSpec] | None = None
@@ -227,19 +269,16 @@ def build_plan(fam: TextFamily, outtype: str, name: str, specs: list[TensorSpec]
         TensorError, TokenizerError, ConfigError: as :func:`plan_tensors` and the family's vocabulary.
     """
     specs = plan_tensors(fam) if specs is None else specs
-    outtype = resolve_outtype(outtype, (s.ref for s in specs if s.ref is not None and s.data is None))
-    ftype, qtype = OUTTYPES[outtype]
+    tensors, outtype = _tensor_outs(fam, specs, outtype)
     plan = GGUFPlan(fam.gguf_arch)
     add_general(plan, name, fam.src.model_dir)
-    for spec in specs:
-        tq = tensor_type(spec.name, spec.shape, qtype, spec.force_f32 or fam.force_f32(spec.name))
-        write, source = spec_writer(spec, tq)
-        plan.add_tensor(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
-    fam.add_hparams(plan, ftype)
+    for tensor in tensors:
+        plan.add_tensor(tensor)
+    fam.add_hparams(plan, OUTTYPES[outtype][0])
     plan.add_uint32("general.quantization_version", GGML_QUANT_VERSION)
     return plan, fam.add_vocab(plan), outtype
 
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ConvertResult", "TargetSource", "TensorSpec", "TextFamily",
            "add_text_hparams", "block_id", "build_plan", "builtin_family", "convert_target", "family_for",
-           "plan_tensors", "read_order", "trimmed_rows", "unsupported_message"]
+           "plan_tensors", "trimmed_rows", "unsupported_message", "working_ahead"]
