@@ -346,10 +346,9 @@ def ahead_jobs(jobs: list[TensorJob], default_path: Path) -> list[ahead.AheadJob
         if job.copy or not _streamed(job) or job.dst_type not in kernels.QUANT_TYPES:
             continue
         n = job.src.ne[0]
-        rows = job.src.nbytes // row_bytes(Q(job.src.qtype), n)
-        path = job.src.path or default_path
-        out.append(ahead.AheadJob(_job_key(job), path, job.src.offset, row_bytes(Q(job.src.qtype), n), rows,
-                                  max(1, AHEAD_CHUNK_ELEMENTS // n),
+        in_row = row_bytes(Q(job.src.qtype), n)
+        out.append(ahead.AheadJob(_job_key(job), job.src.path or default_path, job.src.offset, in_row,
+                                  job.src.nbytes // in_row, max(1, AHEAD_CHUNK_ELEMENTS // n),
                                   row_bytes(job.dst_type, n),
                                   lambda fd, row0, n_rows, job=job: _convert_chunk(fd, job.src.offset, job, row0,
                                                                                     n_rows)))
@@ -364,8 +363,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     done = written = 0
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
-    # (job, its chunk's future, whether the chunk is the job's last, the input bytes the chunk finishes)
-    pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool, int]] = deque()
+    pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
     sources = _Sources(gguf, Path(tmp).parent)
     try:
         ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
@@ -377,11 +375,9 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
 
             def write_next() -> None:
                 nonlocal done, written
-                job, fut, last, in_bytes = pending.popleft()
+                job, fut, last = pending.popleft()
                 if fut is not None:
                     written += f.write(fut.result())
-                if _streamed(job):
-                    dropped.consumed(in_bytes)
                 if not last:
                     return
                 if written != job.dst_nbytes:
@@ -390,6 +386,8 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 f.write(bytes(pad(written) - written))
                 written = 0
                 done += job.src.nbytes
+                if _streamed(job):
+                    dropped.consumed(job.src.nbytes)
                 sources.release(job.src)
                 f.flush()  # the follower reads the file: hand it only bytes that are in it
                 hasher.advance(f.tell())
@@ -406,11 +404,10 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                         job.src.spool(f)
                         f.seek(0, os.SEEK_END)
                         written = f.tell() - start
-                        pending.append((job, None, True, 0))
+                        pending.append((job, None, True))
                         write_next()
                         continue
-                    src_row = row_bytes(Q(job.src.qtype), job.src.ne[0])
-                    rows_total = job.src.nbytes // max(1, src_row)
+                    rows_total = job.src.nbytes // max(1, row_bytes(Q(job.src.qtype), job.src.ne[0]))
                     step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
                     first = 0
                     if _streamed(job) and (early := ahead.claim(_job_key(job))) is not None:
@@ -421,25 +418,21 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                         f.seek(0, os.SEEK_END)
                         first = early.rows
                     if first == rows_total:
-                        pending.append((job, None, True, job.src.nbytes))
+                        pending.append((job, None, True))
                         if rows_total:  # a tensor the head start made whole
                             write_next()
                         continue
                     fd, offset = sources.locate(job.src)
                     for row0 in range(first, rows_total, step):
                         n_rows = min(step, rows_total - row0)
-                        last = row0 + n_rows == rows_total
-                        in_bytes = job.src.nbytes - row0 * src_row if last else n_rows * src_row
-                        if row0 == first:
-                            in_bytes += first * src_row  # the rows the head start made
-                        pending.append((job, pool.submit(_convert_chunk, fd, offset, job, row0, n_rows), last,
-                                        in_bytes))
+                        pending.append((job, pool.submit(_convert_chunk, fd, offset, job, row0, n_rows),
+                                        row0 + n_rows == rows_total))
                         if len(pending) >= DEPTH_PER_THREAD * max(1, threads):  # bounded memory
                             write_next()
                 while pending:
                     write_next()
             finally:
-                for _, fut, _, _ in pending:
+                for _, fut, _ in pending:
                     if fut is not None:
                         fut.cancel()
             f.flush()
