@@ -764,7 +764,9 @@ def tune_rows(work: Path, venv_bin: Path, server: Path) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workdir", type=Path, default=None, help="where to put the ~4.5 GB of files (default: tmp)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="the disk for the ~4.5 GB of files (default: tmp); they go in a fresh folder inside it, "
+                    "removed at the end unless --keep")
     ap.add_argument("--keep", action="store_true", help="keep the files")
     ap.add_argument("--only-targets", action="store_true", help="run only the target conversion rows")
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
@@ -775,8 +777,9 @@ def main() -> None:
     ap.add_argument("--full-layers", type=int, default=G12["layers"],
                     help="target layers for --full (48 is Gemma-4-12B; fewer for a quick look)")
     args = ap.parse_args()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    if args.workdir:  # a fresh folder inside it: only what the bench made is removed at the end
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="dflash-bench-", dir=args.workdir))
     venv_bin = Path(sys.executable).parent
     ref_py = str(reference_env.venv_python(reference_env.ref_venv_dir()))
     bins = reference_env.llama_bin_dir()

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import fixtures as mf
 import pytest
+from pagecache import cached, skip_if_always_cached
 
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
@@ -64,6 +66,24 @@ def test_following_hasher_on_a_growing_file(tmp_path: Path) -> None:
         f.write(b"end")
         digest = hasher.finish(f.tell())
     assert digest == _sha(path)
+
+
+def test_following_hasher_drops_what_it_hashed(tmp_path: Path) -> None:
+    """The output's pages leave the page cache behind the hasher (nothing in a run reads them again): here the
+    writer syncs before reporting, so each page is clean when the hasher asks for it to go."""
+    path, mb = tmp_path / "f.bin", 1 << 20
+    with open(path, "w+b", buffering=0) as f:
+        f.write(b"x")
+        skip_if_always_cached(f.fileno(), path, 1)
+        f.seek(0)
+        with FollowingHasher(path) as hasher:
+            for _ in range(24):
+                f.write(os.urandom(mb))
+                os.fsync(f.fileno())
+                hasher.advance(f.tell())
+            digest = hasher.finish(f.tell())
+        kept = [i for i in range(24) if cached(f.fileno(), i * mb, 4096)]
+    assert kept == [] and digest == _sha(path)
 
 
 def test_pipeline_records_the_hash_it_computed_while_writing(tmp_path: Path, pair: tuple[Path, Path],

@@ -7,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-import pytest
+from pagecache import cached, uncached_file
 
 from dflash_gguf.ggufio.readahead import ByteRange, DropBehind, ReadAhead, default_window, hint_size, warm_up
 
@@ -68,30 +68,17 @@ def test_a_short_or_unreadable_input_only_stops_the_read_ahead(tmp_path: Path) -
         assert _ends(ra)
 
 
-def _cached(fd: int, offset: int, n: int) -> bool:
-    """Whether ``n`` bytes at ``offset`` are in the page cache: a read with RWF_NOWAIT fails with EAGAIN if not."""
-    try:
-        return os.preadv(fd, [bytearray(n)], offset, os.RWF_NOWAIT) == n
-    except BlockingIOError:
-        return False
-
-
 def test_puts_the_input_in_the_page_cache(tmp_path: Path) -> None:
-    path, n = tmp_path / "input.bin", 4 << 20
-    path.write_bytes(os.urandom(n))
-    fd = os.open(path, os.O_RDONLY)
+    n = 4 << 20
+    _, fd = uncached_file(tmp_path, n)
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, n, os.POSIX_FADV_DONTNEED)
-        if _cached(fd, 0, n):
-            pytest.skip(f"this file system keeps {tmp_path} in memory whatever it is told (tmpfs?)")
         with ReadAhead([ByteRange(fd, 0, n)], window=n) as ra:
             assert _ends(ra) and ra.bytes_requested == n
             for _ in range(3000):  # the hint is asynchronous: the kernel reads in the background
-                if _cached(fd, 0, n):
+                if cached(fd, 0, n):
                     break
                 threading.Event().wait(0.01)
-            assert _cached(fd, 0, n)
+            assert cached(fd, 0, n)
     finally:
         os.close(fd)
 
@@ -100,57 +87,45 @@ def test_default_window_is_bounded() -> None:
     assert 256 << 20 <= default_window() <= 8 << 30
 
 
-def _uncached_file(tmp_path: Path, n: int) -> tuple[Path, int]:
-    path = tmp_path / "input.bin"
-    path.write_bytes(os.urandom(n))
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, n, os.POSIX_FADV_DONTNEED)
-    if _cached(fd, 0, n):
-        os.close(fd)
-        pytest.skip(f"this file system keeps {tmp_path} in memory whatever it is told (tmpfs?)")
-    return path, fd
-
-
 def test_drop_behind_drops_only_what_the_consumer_finished(tmp_path: Path) -> None:
     mb = 1 << 20
-    _, fd = _uncached_file(tmp_path, 4 * mb)
+    _, fd = uncached_file(tmp_path, 4 * mb)
     try:
         os.preadv(fd, [bytearray(4 * mb)], 0)  # the consumer reads everything
-        assert _cached(fd, 0, 4 * mb)
+        assert cached(fd, 0, 4 * mb)
         dropped = DropBehind([ByteRange(fd, 0, mb), ByteRange(fd, mb, 2 * mb), ByteRange(fd, 3 * mb, mb)])
         dropped.consumed(mb + mb // 2)  # the first range and half the second
-        assert not _cached(fd, 0, 4096) and not _cached(fd, mb - 4096, 4096)
-        assert _cached(fd, mb, 3 * mb)  # the unfinished range and the one after it stay
+        assert not cached(fd, 0, 4096) and not cached(fd, mb - 4096, 4096)
+        assert cached(fd, mb, 3 * mb)  # the unfinished range and the one after it stay
         dropped.consumed(mb + mb // 2)
-        assert not _cached(fd, mb, 4096) and not _cached(fd, 3 * mb - 4096, 4096)
-        assert _cached(fd, 3 * mb, mb)
+        assert not cached(fd, mb, 4096) and not cached(fd, 3 * mb - 4096, 4096)
+        assert cached(fd, 3 * mb, mb)
     finally:
         os.close(fd)
 
 
 def test_drop_behind_keeps_a_neighbours_partial_page(tmp_path: Path) -> None:
-    _, fd = _uncached_file(tmp_path, 3 * 4096)
+    _, fd = uncached_file(tmp_path, 3 * 4096)
     try:
         os.preadv(fd, [bytearray(3 * 4096)], 0)
         dropped = DropBehind([ByteRange(fd, 100, 2 * 4096), ByteRange(fd, 100 + 2 * 4096, 4096 - 100)])
         dropped.consumed(2 * 4096)  # whole page 1 is inside the finished range; pages 0 and 2 are shared
-        assert _cached(fd, 0, 4096) and not _cached(fd, 4096, 4096) and _cached(fd, 2 * 4096, 4096)
+        assert cached(fd, 0, 4096) and not cached(fd, 4096, 4096) and cached(fd, 2 * 4096, 4096)
     finally:
         os.close(fd)
 
 
 def test_warm_up_reads_a_window_ahead_and_skips_what_it_cannot_open(tmp_path: Path) -> None:
     mb = 1 << 20
-    path, fd = _uncached_file(tmp_path, 8 * mb)
+    path, fd = uncached_file(tmp_path, 8 * mb)
     try:
         with warm_up([(tmp_path / "missing.bin", 0, mb), (path, 0, 8 * mb)], window=4 * mb) as ra:
             assert _reaches(ra, 4 * mb)  # no consumer: it stops at its window
             for _ in range(3000):
-                if _cached(fd, 0, 4 * mb):
+                if cached(fd, 0, 4 * mb):
                     break
                 threading.Event().wait(0.01)
-            assert _cached(fd, 0, 4 * mb)
+            assert cached(fd, 0, 4 * mb)
         assert not ra.running
     finally:
         os.close(fd)
