@@ -260,7 +260,8 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
     embd = make_target_gguf(work / "kern-embd-BF16.gguf", None, hidden=2048, layers=1, ff=256, vocab=65536)
     q6 = ["--output-tensor-type", "q6_k", "--token-embedding-type", "q6_k"]
     for label, src, type_name, extra in (("Q4_0", layers, "q4_0", []), ("Q8_0", layers, "q8_0", []),
-                                         ("Q6_K (q8_0 file, Q6_K embd/output)", embd, "q8_0", q6)):
+                                         ("Q6_K (q8_0 file, Q6_K embd/output)", embd, "q8_0", q6),
+                                         ("F16", layers, "f16", []), ("BF16 (a copy)", layers, "bf16", [])):
         mb = src.stat().st_size / 1e6
         ours_out, ref_out = work / "kern-ours.gguf", work / "kern-ref.gguf"
         warm(src)

@@ -48,10 +48,11 @@ def drafter_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _write_synthetic_target(path: Path, *, tied: bool, n_embd: int = 256, n_vocab: int = 96,
-                            huge: bool = False) -> Path:
+                            bad: tuple[str, float] | None = None) -> Path:
     """A qwen3-shaped GGUF (no vocab) with BF16 matrices, F32 norms and one 40-wide tensor for the F16 fallback.
 
-    ``huge`` puts one 1e9 into the token embedding (a Q6_K block scale that overflows fp16)."""
+    ``bad`` (tensor name, value) puts that value into the tensor's first element (1e9 in the token embedding: a
+    Q6_K block scale that overflows fp16)."""
     rng = np.random.default_rng(7)
     plan = GGUFPlan("qwen3")
     plan.add_uint32("qwen3.block_count", 2)
@@ -59,8 +60,8 @@ def _write_synthetic_target(path: Path, *, tied: bool, n_embd: int = 256, n_voca
 
     def add(name: str, shape: tuple[int, ...], qtype: Q) -> None:
         x = (rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if huge and name == "token_embd.weight":
-            x[0, 0] = 1e9
+        if bad is not None and name == bad[0]:
+            x.reshape(-1)[0] = bad[1]
         data = (x.view(np.uint32) >> 16).astype(np.uint16).tobytes() if qtype == Q.BF16 else x.tobytes()
         plan.add_tensor(TensorOut(name, tuple(reversed(shape)), qtype, lambda f, d=data: f.write(d)))
 
@@ -147,11 +148,54 @@ def test_builtin_keeps_the_q6k_output_rule(tmp_path: Path, tied: bool) -> None:
 
 def test_builtin_refuses_a_q6k_scale_overflow(tmp_path: Path, kernel_path: str) -> None:
     """|x| above ~2.7e8 overflows the fp16 block scale; llama-quantize refuses such a file, and so do we."""
-    src = _write_synthetic_target(tmp_path / "t.gguf", tied=True, huge=True)
+    src = _write_synthetic_target(tmp_path / "t.gguf", tied=True, bad=("token_embd.weight", 1e9))
     out = tmp_path / "t-Q4_0.gguf"
-    with pytest.raises(QuantizeError, match="too large for Q6_K"):
+    with pytest.raises(QuantizeError, match="would be NaN or infinite in Q6_K"):
         quantize_gguf(src, out, "q4_0", quantizer="builtin")
     assert not out.exists() and not (tmp_path / "t-Q4_0.gguf.partial").exists()
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(("type_name", "value", "refusal"), [
+    ("f16", 70000.0, "output"),  # beyond F16's 65504: an infinity
+    ("q4_0", 1e6, "output"),  # d = 1e6 / -8 overflows fp16
+    ("q8_0", 1e7, "output"),  # d = 1e7 / 127 too
+    ("bf16", float("inf"), "input"),
+    ("q4_0", float("nan"), "input"),  # a NaN leaves Q4_0's scale finite: the input check catches it
+    ("f32", float("nan"), "input"),  # an F32 tensor is copied: still read, still checked
+    ("q8_0", 1000.0, None),  # large, finite, accepted
+])
+def test_builtin_refuses_what_llama_quantize_refuses(tmp_path: Path, type_name: str, value: float,
+                                                     refusal: str | None, kernel_path: str) -> None:
+    """llama-quantize reads its input with check_tensors on and checks every tensor it re-types
+    (ggml_validate_row_data): a NaN or infinite value or block scale in the input ('tensor ... has invalid data')
+    or in the result ('quantized data validation failed') fails the run. The built-in refuses the same files,
+    names the tensor, and leaves nothing behind; what one accepts, both accept, with the same bytes."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    n_embd, rng = 64, np.random.default_rng(5)
+    n_vocab = len(reference._tiny_vocab()[0])
+    tensors = {"token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16),
+               **reference._tiny_tensors(1, n_embd, rng)}
+    q = (rng.standard_normal((n_embd, n_embd)) * 0.02).astype(np.float32)
+    q[3, 5] = value
+    tensors["blk.0.attn_q.weight"] = q  # F32, so that every other type re-types it
+    src = reference._write_tiny(tmp_path / "t.gguf", "llama", reference._tiny_hparams(1, n_embd), tensors,
+                                drop_tensors=(), extra_tensors=(), drop_keys=())
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    proc = reference.run_llama_quantize(src, ref, type_name.upper())
+    says = {"input": "has invalid data", "output": "quantized data validation failed"}
+    assert proc.returncode != 0 if refusal else proc.returncode == 0, proc.stderr[-2000:]
+    assert refusal is None or says[refusal] in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    if refusal:
+        expected = (" of the input has 1 NaN or infinite values" if refusal == "input" else
+                    f": 1 .* NaN or infinite in {type_name.upper()}")
+        with pytest.raises(QuantizeError, match=f"blk.0.attn_q.weight{expected}"):
+            quantize_gguf(src, ours, type_name, quantizer="builtin")
+        assert not ours.exists() and not list(tmp_path.glob("*.partial"))
+    else:
+        quantize_gguf(src, ours, type_name, quantizer="builtin")
+        assert gguf_compare.diff(ours, ref) == []
+    REFERENCE_COMPARISONS.append(f"quantize refusal {type_name} {value} [{kernel_path} kernels]")
 
 
 def test_builtin_dry_run_writes_nothing(tmp_path: Path, drafter_bf16: Path) -> None:

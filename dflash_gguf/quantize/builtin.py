@@ -240,13 +240,30 @@ def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarr
     return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(-1, n_per_row)
 
 
-def _validate_q6_k(blocks: np.ndarray, name: str) -> None:
-    """llama-quantize refuses a Q6_K block whose fp16 scale overflowed (ggml_validate_row_data); so do we."""
-    d = blocks.reshape(-1, 210)[:, 208:210].copy().view(np.float16)
-    if not np.isfinite(d).all():
-        raise QuantizeError(f"Tensor {name} has values too large for Q6_K (a block scale overflows fp16); "
-                            "llama-quantize b11434 refuses it too ('quantized data validation failed'). Check the "
-                            "input for corrupt weights.")
+def _validate_input(raw: bytes | memoryview, src_type: GGMLQuantizationType, name: str) -> None:
+    """llama-quantize loads its input with check_tensors on: a NaN or infinite value (or block scale) in any
+    tensor it reads, copied ones included, fails the run ('tensor ... has invalid data'); so does ours."""
+    if src_type not in kernels.CHECKED_TYPES:
+        return
+    bad = kernels.count_nonfinite(np.frombuffer(raw, np.uint8), src_type)
+    if bad:
+        what = "block scales" if src_type in kernels.QUANT_TYPES else "values"
+        raise QuantizeError(f"Tensor {name} of the input has {bad} NaN or infinite {what} ({src_type.name}); "
+                            "llama-quantize b11434 refuses such input too ('tensor has invalid data'). Check the "
+                            "checkpoint for corrupt weights (download it again, or convert it afresh).")
+
+
+def _validate(out: bytes | np.ndarray, dst_type: GGMLQuantizationType, name: str) -> None:
+    """llama-quantize checks every tensor it re-types (ggml_validate_row_data) and refuses one with a NaN or
+    infinite value or block scale, 'quantized data validation failed'; so do we, naming the tensor."""
+    bad = kernels.count_nonfinite(np.frombuffer(out, np.uint8) if isinstance(out, bytes) else out, dst_type)
+    if not bad:
+        return
+    what = "block scales" if dst_type in kernels.QUANT_TYPES else "values"
+    fix = (" F16 holds nothing beyond +-65504: convert to bf16 or f32 instead, or" if dst_type == Q.F16 else "")
+    raise QuantizeError(f"Tensor {name}: {bad} {what} would be NaN or infinite in {Q(dst_type).name} (an input "
+                        "value is NaN or infinite, or too large for the type); llama-quantize b11434 refuses it too "
+                        f"('quantized data validation failed').{fix} Check the input for corrupt weights.")
 
 
 _SCRATCH = threading.local()
@@ -272,20 +289,29 @@ def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int)
     raw = _read_rows(fd, n_rows * src_row, offset + row0 * src_row, job.copy)
     if len(raw) != n_rows * src_row:
         raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
+    src_type = Q(job.src.qtype)
+    _validate_input(raw, src_type, job.src.name)
     if job.copy:
         return raw
-    src_type = Q(job.src.qtype)
     if job.dst_type in kernels.QUANT_TYPES:  # the fast path: widening fused into the quantizer
         if src_type in kernels.SOURCE_DTYPES:
             out = kernels.quantize_rows(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
                                         job.dst_type)
         else:
             out = kernels.quantize_rows(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
-        if job.dst_type == Q.Q6_K:
-            _validate_q6_k(out, job.src.name)
+        _validate(out, job.dst_type, job.src.name)
         return out
+    if job.dst_type in kernels.FLOAT_TYPES:  # ggml's F16/BF16 rounding (numpy's astype keeps NaN payloads)
+        if src_type in kernels.SOURCE_DTYPES:
+            words = kernels.round_floats(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
+                                         job.dst_type)
+        else:
+            words = kernels.round_floats(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
+        _validate(words, job.dst_type, job.src.name)
+        return words.view(np.uint8)
     f32 = _to_f32(raw, src_type, n)
     if job.dst_type == Q.F32:
+        _validate(f32, Q.F32, job.src.name)
         return f32.tobytes()
     return quants.quantize(f32, job.dst_type).tobytes()
 

@@ -1,4 +1,4 @@
-"""Bit-exact numpy Q4_0/Q8_0/Q6_K kernels: ggml's ``quantize_row_q4_0_ref``/``q8_0_ref``/``q6_K_ref``.
+"""Bit-exact numpy Q4_0/Q8_0/Q6_K kernels: ggml's ``quantize_row_q4_0_ref``/``q8_0_ref``/``q6_K_ref``; and F16/BF16.
 
 Why not gguf-py's quantizers: they reduce along the 32 elements of each block (numpy loops once
 per block there), allocate a temporary per step, need a separate BF16 widening pass, and differ
@@ -16,6 +16,7 @@ Exactness (same float32 operations, in the same order, as the C reference):
 * Non-finite input (NaN/inf) or a scale whose inverse overflows takes a slower vectorised path that
   mirrors the C code's NaN comparisons and x86's float->int conversion (out-of-range -> 0).
 * Q6_K (``quantize_q6_k``, also reached through ``quantize_rows``): see the notes at its section below.
+* F16 and BF16 (``round_floats``): ggml_quantize_chunk's roundings, NaN rules included.
 
 Compiled path: when the optional C extension ``_kernels`` (``_kernels.c``, built by setup.py) imports,
 ``quantize_rows``/``quantize_q6_k`` run it instead: the same bytes, several times faster, GIL released.
@@ -304,6 +305,63 @@ def quantize_rows(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: 
         b1 = min(nbt, b0 + GROUP_BLOCKS)
         group(_load_t(blocks[b0:b1], src_type, b1 - b0), out[b0:b1])
     return out.reshape(-1).view(np.uint8)
+
+
+# ------------------------------------------------------------------------------------- F16 and BF16
+
+FLOAT_TYPES = (Q.F16, Q.BF16)  # the roundings round_floats makes
+
+
+def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: GGMLQuantizationType) -> np.ndarray:
+    """``values`` (as for :func:`quantize_rows`) rounded to F16 or BF16 as ggml_quantize_chunk does: the bits as
+    a flat uint16 array.
+
+    Why not ``astype(np.float16)``: numpy keeps a NaN's payload where ggml writes ``sign | 0x7E00``, and its
+    conversion of values below fp16's normal range runs about 20x slower than of others (most of a BF16 weight
+    file can be there), so the compiled rounding runs when built; the numpy one is exact and data-dependent.
+    """
+    src_type, dst_type = Q(src_type), Q(dst_type)
+    if dst_type not in FLOAT_TYPES:
+        raise ValueError(f"cannot round to {dst_type.name}: F16 or BF16 only")
+    if values.dtype != SOURCE_DTYPES[src_type]:
+        raise ValueError(f"cannot round {values.dtype} values given as {src_type.name}")
+    flat = np.ascontiguousarray(values).reshape(-1)
+    if _compiled is not None:
+        out = np.empty(flat.size, np.uint16)
+        _compiled.to_float(flat, int(src_type), out, int(dst_type))
+        return out
+    f32 = flat if src_type == Q.F32 else (flat.astype(np.float32) if src_type == Q.F16 else
+                                           (flat.astype(np.uint32) << _U16).view(np.float32))
+    if dst_type == Q.F16:
+        return _fp16_bits(f32)
+    u = f32.view(np.uint32)  # ggml_compute_fp32_to_bf16: no overflow below NaN's bit patterns
+    words = ((u + (np.uint32(0x7FFF) + ((u >> _U16) & np.uint32(1)))) >> _U16).astype(np.uint16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        words[nan] = (u[nan] >> _U16).astype(np.uint16) | np.uint16(64)
+    return words
+
+
+_SCALE_AT = {Q.Q4_0: (18, 0), Q.Q8_0: (34, 0), Q.Q6_K: (210, 208)}  # block size, fp16 d offset
+_EXPONENT = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
+
+
+CHECKED_TYPES = (*_EXPONENT, *_SCALE_AT)  # the types count_nonfinite reads
+
+
+def count_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType) -> int:
+    """NaN or infinite values (F32, F16, BF16) or block scales (Q4_0, Q8_0, Q6_K's fp16 ``d``) in the bytes
+    ``data``: what ggml_validate_row_data finds before llama-quantize refuses a tensor."""
+    qtype = Q(qtype)
+    flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if _compiled is not None:
+        return int(_compiled.count_nonfinite(flat, int(qtype)))
+    if qtype in _EXPONENT:
+        dtype, mask = _EXPONENT[qtype]
+        return int(np.count_nonzero((flat.view(dtype) & dtype(mask)) == dtype(mask)))
+    size, at = _SCALE_AT[qtype]
+    high = flat.reshape(-1, size)[:, at + 1]  # the fp16's high byte holds its exponent bits, 0x7C
+    return int(np.count_nonzero((high & np.uint8(0x7C)) == np.uint8(0x7C)))
 
 
 # ---------------------------------------------------------------------------------------------- Q6_K
