@@ -258,6 +258,7 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
               "llama-quantize | MB/s | peak RSS | speed-up | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
     layers = make_target_gguf(work / "kern-layers-BF16.gguf", None, hidden=2048, layers=4, ff=5632, vocab=256)
     embd = make_target_gguf(work / "kern-embd-BF16.gguf", None, hidden=2048, layers=1, ff=256, vocab=65536)
+    os.sync()  # the files' writeback would otherwise run under the first rows
     q6 = ["--output-tensor-type", "q6_k", "--token-embedding-type", "q6_k"]
     for label, src, type_name, extra in (("Q4_0", layers, "q4_0", []), ("Q8_0", layers, "q8_0", []),
                                          ("Q6_K (q8_0 file, Q6_K embd/output)", embd, "q8_0", q6),

@@ -293,27 +293,21 @@ def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int)
     _validate_input(raw, src_type, job.src.name)
     if job.copy:
         return raw
-    if job.dst_type in kernels.QUANT_TYPES:  # the fast path: widening fused into the quantizer
-        if src_type in kernels.SOURCE_DTYPES:
-            out = kernels.quantize_rows(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
-                                        job.dst_type)
-        else:
-            out = kernels.quantize_rows(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
-        _validate(out, job.dst_type, job.src.name)
-        return out
-    if job.dst_type in kernels.FLOAT_TYPES:  # ggml's F16/BF16 rounding (numpy's astype keeps NaN payloads)
-        if src_type in kernels.SOURCE_DTYPES:
-            words = kernels.round_floats(np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type,
-                                         job.dst_type)
-        else:
-            words = kernels.round_floats(_to_f32(raw, src_type, n).reshape(-1), Q.F32, job.dst_type)
-        _validate(words, job.dst_type, job.src.name)
-        return words.view(np.uint8)
-    f32 = _to_f32(raw, src_type, n)
-    if job.dst_type == Q.F32:
-        _validate(f32, Q.F32, job.src.name)
-        return f32.tobytes()
-    return quants.quantize(f32, job.dst_type).tobytes()
+    if src_type in kernels.SOURCE_DTYPES:  # read as stored: the kernels widen exactly, fused into their loop
+        values, values_type = np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type
+    else:  # a quantized input (--allow-requantize), dequantized first
+        values, values_type = _to_f32(raw, src_type, n).reshape(-1), Q.F32
+    if job.dst_type in kernels.QUANT_TYPES:
+        out = kernels.quantize_rows(values, values_type, job.dst_type)
+    elif job.dst_type in kernels.FLOAT_TYPES:  # ggml's roundings (numpy's astype keeps NaN payloads)
+        out = kernels.round_floats(values, values_type, job.dst_type).view(np.uint8)
+    elif job.dst_type == Q.F32:
+        out = values if values_type == Q.F32 else _to_f32(raw, src_type, n).reshape(-1)
+    else:  # the rules only plan the types above (rules.OVERRIDE_TYPES)
+        raise QuantizeError(f"The built-in quantizer cannot make {Q(job.dst_type).name} (tensor {job.src.name}); "
+                            "use --quantizer llama-quantize.")
+    _validate(out, job.dst_type, job.src.name)
+    return out
 
 
 class _Sources:
