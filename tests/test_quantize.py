@@ -632,6 +632,12 @@ def test_compiled_kernels_check_their_buffers() -> None:
             _kernels.quantize(src, int(Q.Q8_0), np.zeros(36, np.uint8), int(Q.Q4_0))
         with pytest.raises(TypeError):  # read-only destination
             _kernels.quantize(src, int(Q.F32), bytes(36), int(Q.Q4_0))
+        with pytest.raises(ValueError, match="destination size"):  # F16: two bytes a value
+            _kernels.quantize(src, int(Q.F32), np.zeros(64, np.uint8), int(Q.F16))
+        with pytest.raises(ValueError, match="2-byte aligned"):
+            _kernels.quantize(src, int(Q.F32), np.zeros(129, np.uint8)[1:], int(Q.BF16))
+        with pytest.raises(ValueError, match="destination type"):
+            _kernels.quantize(src, int(Q.F32), np.zeros(256, np.uint8), int(Q.F32))
 
 
 @pytest.mark.reference

@@ -936,41 +936,6 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
     }
 }
 
-static PyObject *quantize(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer src, dst;
-    int src_type, dst_type;
-    if (!PyArg_ParseTuple(args, "y*iw*i", &src, &src_type, &dst, &dst_type)) {
-        return NULL;
-    }
-    const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
-    const int block = dst_type == T_Q6_K ? QK_K : QK;
-    const Py_ssize_t out_bytes = dst_type == T_Q4_0 ? 18 : dst_type == T_Q8_0 ? 34 : 210;
-    const char *err = NULL;
-    if (src_type != T_F32 && src_type != T_F16 && src_type != T_BF16) {
-        err = "source type must be F32, F16 or BF16";
-    } else if (dst_type != T_Q4_0 && dst_type != T_Q8_0 && dst_type != T_Q6_K) {
-        err = "destination type must be Q4_0, Q8_0 or Q6_K";
-    } else if (src.len % (item * block)) {
-        err = "source size is not a whole number of blocks";
-    } else if (dst.len != src.len / (item * block) * out_bytes) {
-        err = "destination size does not match the source";
-    }
-    if (err == NULL) {
-        const Py_ssize_t nb = src.len / (item * block);
-        Py_BEGIN_ALLOW_THREADS
-        quantize_blocks(src.buf, src_type, dst.buf, dst_type, nb);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    if (err != NULL) {
-        PyErr_SetString(PyExc_ValueError, err);
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 /* ggml_compute_fp32_to_bf16 (ggml-impl.h; ggml_fp32_to_bf16_row_ref, what ggml_quantize_chunk runs for BF16):
  * round to nearest even on the bits, a NaN keeps its top half and is made quiet. */
 static inline uint16_t fp32_to_bf16(float s) {
@@ -981,9 +946,6 @@ static inline uint16_t fp32_to_bf16(float s) {
     return (uint16_t)((u + (0x7FFFu + ((u >> 16) & 1u))) >> 16);
 }
 
-/* ggml_quantize_chunk's F16 and BF16 cases (ggml_fp32_to_fp16_row, ggml_fp32_to_bf16_row_ref) over n values. Why
- * here and not numpy's astype: numpy keeps a NaN's payload where ggml writes sign | 0x7E00, and converts values
- * below fp16's normal range (much of a BF16 weight file) about 20x slower than others. */
 #if DISPATCH_AVX2
 /* fp32 -> fp16 of n values, 8 lanes at a time (fp32_to_fp16_avx2: the same operations as fp32_to_fp16). */
 __attribute__((target("avx2"))) static void fp16_row_avx2(const float *x, uint16_t *dst, int n) {
@@ -997,6 +959,9 @@ __attribute__((target("avx2"))) static void fp16_row_avx2(const float *x, uint16
 }
 #endif
 
+/* ggml_quantize_chunk's F16 and BF16 cases (ggml_fp32_to_fp16_row, ggml_fp32_to_bf16_row_ref) over n values. Why
+ * here and not numpy's astype: numpy keeps a NaN's payload where ggml writes sign | 0x7E00, and converts values
+ * below fp16's normal range (much of a BF16 weight file) about 20x slower than others. */
 static void float_rows(const uint8_t *src, int src_type, uint16_t *dst, int dst_type, Py_ssize_t n) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     const int avx2 = have_avx2();
@@ -1023,7 +988,19 @@ static void float_rows(const uint8_t *src, int src_type, uint16_t *dst, int dst_
     }
 }
 
-static PyObject *to_float(PyObject *self, PyObject *args) {
+/* What quantize() makes: a block of `block` values -> `out_bytes` bytes (F16/BF16: one value, two bytes). */
+static int dst_layout(int dst_type, int *block, Py_ssize_t *out_bytes) {
+    switch (dst_type) {
+    case T_Q4_0: *block = QK; *out_bytes = 18; return 1;
+    case T_Q8_0: *block = QK; *out_bytes = 34; return 1;
+    case T_Q6_K: *block = QK_K; *out_bytes = 210; return 1;
+    case T_F16:
+    case T_BF16: *block = 1; *out_bytes = 2; return 1;
+    default: return 0;
+    }
+}
+
+static PyObject *quantize(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer src, dst;
     int src_type, dst_type;
@@ -1031,19 +1008,28 @@ static PyObject *to_float(PyObject *self, PyObject *args) {
         return NULL;
     }
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
+    int block = 1;
+    Py_ssize_t out_bytes = 0;
     const char *err = NULL;
     if (src_type != T_F32 && src_type != T_F16 && src_type != T_BF16) {
         err = "source type must be F32, F16 or BF16";
-    } else if (dst_type != T_F16 && dst_type != T_BF16) {
-        err = "destination type must be F16 or BF16";
-    } else if (src.len % item) {
-        err = "source size is not a whole number of values";
-    } else if (dst.len != src.len / item * 2) {
+    } else if (!dst_layout(dst_type, &block, &out_bytes)) {
+        err = "destination type must be Q4_0, Q8_0, Q6_K, F16 or BF16";
+    } else if (src.len % (item * block)) {
+        err = "source size is not a whole number of blocks";
+    } else if (dst.len != src.len / (item * block) * out_bytes) {
         err = "destination size does not match the source";
+    } else if (block == 1 && ((uintptr_t)dst.buf & 1)) {
+        err = "destination of F16/BF16 values must be 2-byte aligned";
     }
     if (err == NULL) {
+        const Py_ssize_t nb = src.len / (item * block);
         Py_BEGIN_ALLOW_THREADS
-        float_rows(src.buf, src_type, dst.buf, dst_type, src.len / item);
+        if (block == 1) {
+            float_rows(src.buf, src_type, dst.buf, dst_type, nb);
+        } else {
+            quantize_blocks(src.buf, src_type, dst.buf, dst_type, nb);
+        }
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
@@ -1116,9 +1102,7 @@ static PyMethodDef methods[] = {
     {"count_nonfinite", count_nonfinite, METH_VARARGS,
      "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (Q4_0/Q8_0/Q6_K)."},
     {"quantize", quantize, METH_VARARGS,
-     "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K blocks)."},
-    {"to_float", to_float, METH_VARARGS,
-     "to_float(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (F16/BF16 values)."},
+     "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K blocks, F16/BF16)."},
     {NULL, NULL, 0, NULL},
 };
 

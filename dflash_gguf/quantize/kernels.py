@@ -328,7 +328,7 @@ def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: G
     flat = np.ascontiguousarray(values).reshape(-1)
     if _compiled is not None:
         out = np.empty(flat.size, np.uint16)
-        _compiled.to_float(flat, int(src_type), out, int(dst_type))
+        _compiled.quantize(flat, int(src_type), out, int(dst_type))
         return out
     f32 = flat if src_type == Q.F32 else (flat.astype(np.float32) if src_type == Q.F16 else
                                            (flat.astype(np.uint32) << _U16).view(np.float32))
