@@ -1068,7 +1068,9 @@ static Py_ssize_t nonfinite(const uint8_t *p, int type, Py_ssize_t len) {
         }
         return bad;
     }
-    const Py_ssize_t size = type == T_Q4_0 ? 18 : type == T_Q8_0 ? 34 : 210;
+    int block = 1;
+    Py_ssize_t size = 1;
+    dst_layout(type, &block, &size);
     const Py_ssize_t at = type == T_Q6_K ? 208 : 0;
     for (Py_ssize_t i = 0; i + size <= len; i += size) {
         uint16_t h;
@@ -1085,7 +1087,9 @@ static PyObject *count_nonfinite(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*i", &data, &type)) {
         return NULL;
     }
-    if (type != T_F32 && type != T_F16 && type != T_BF16 && type != T_Q4_0 && type != T_Q8_0 && type != T_Q6_K) {
+    int block;
+    Py_ssize_t size;
+    if (type != T_F32 && !dst_layout(type, &block, &size)) {
         PyBuffer_Release(&data);
         PyErr_SetString(PyExc_ValueError, "type must be F32, F16, BF16, Q4_0, Q8_0 or Q6_K");
         return NULL;

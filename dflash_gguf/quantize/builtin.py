@@ -240,28 +240,20 @@ def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarr
     return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(-1, n_per_row)
 
 
-def _validate_input(raw: bytes | memoryview, src_type: GGMLQuantizationType, name: str) -> None:
-    """llama-quantize loads its input with check_tensors on: a NaN or infinite value (or block scale) in any
-    tensor it reads, copied ones included, fails the run ('tensor ... has invalid data'); so does ours."""
-    if src_type not in kernels.CHECKED_TYPES:
+def _refuse_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType, name: str, result: bool) -> None:
+    """llama-quantize loads its input with check_tensors on and checks every tensor it re-types
+    (ggml_validate_row_data): a NaN or infinite value or block scale in what it reads, copied tensors included
+    ('tensor ... has invalid data'), or in a ``result`` ('quantized data validation failed') fails the run. So
+    does ours, naming the tensor."""
+    if qtype not in kernels.CHECKED_TYPES or not (bad := kernels.count_nonfinite(data, qtype)):
         return
-    bad = kernels.count_nonfinite(np.frombuffer(raw, np.uint8), src_type)
-    if bad:
-        what = "block scales" if src_type in kernels.QUANT_TYPES else "values"
-        raise QuantizeError(f"Tensor {name} of the input has {bad} NaN or infinite {what} ({src_type.name}); "
+    what = "block scales" if qtype in kernels.QUANT_TYPES else "values"
+    if not result:
+        raise QuantizeError(f"Tensor {name} of the input has {bad} NaN or infinite {what} ({qtype.name}); "
                             "llama-quantize b11434 refuses such input too ('tensor has invalid data'). Check the "
                             "checkpoint for corrupt weights (download it again, or convert it afresh).")
-
-
-def _validate(out: bytes | np.ndarray, dst_type: GGMLQuantizationType, name: str) -> None:
-    """llama-quantize checks every tensor it re-types (ggml_validate_row_data) and refuses one with a NaN or
-    infinite value or block scale, 'quantized data validation failed'; so do we, naming the tensor."""
-    bad = kernels.count_nonfinite(np.frombuffer(out, np.uint8) if isinstance(out, bytes) else out, dst_type)
-    if not bad:
-        return
-    what = "block scales" if dst_type in kernels.QUANT_TYPES else "values"
-    fix = (" F16 holds nothing beyond +-65504: convert to bf16 or f32 instead, or" if dst_type == Q.F16 else "")
-    raise QuantizeError(f"Tensor {name}: {bad} {what} would be NaN or infinite in {Q(dst_type).name} (an input "
+    fix = " F16 holds nothing beyond +-65504: convert to bf16 or f32 instead, or" if qtype == Q.F16 else ""
+    raise QuantizeError(f"Tensor {name}: {bad} {what} would be NaN or infinite in {qtype.name} (an input "
                         "value is NaN or infinite, or too large for the type); llama-quantize b11434 refuses it too "
                         f"('quantized data validation failed').{fix} Check the input for corrupt weights.")
 
@@ -290,7 +282,7 @@ def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int)
     if len(raw) != n_rows * src_row:
         raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
     src_type = Q(job.src.qtype)
-    _validate_input(raw, src_type, job.src.name)
+    _refuse_nonfinite(np.frombuffer(raw, np.uint8), src_type, job.src.name, result=False)
     if job.copy:
         return raw
     if src_type in kernels.SOURCE_DTYPES:  # read as stored: the kernels widen exactly, fused into their loop
@@ -306,7 +298,7 @@ def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int)
     else:  # the rules only plan the types above (rules.OVERRIDE_TYPES)
         raise QuantizeError(f"The built-in quantizer cannot make {Q(job.dst_type).name} (tensor {job.src.name}); "
                             "use --quantizer llama-quantize.")
-    _validate(out, job.dst_type, job.src.name)
+    _refuse_nonfinite(out, Q(job.dst_type), job.src.name, result=True)
     return out
 
 

@@ -32,7 +32,9 @@ import threading
 from types import ModuleType
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..ggufio.layout import float_to_f32
 
 Q = GGMLQuantizationType
 QK = 32
@@ -330,8 +332,7 @@ def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: G
         out = np.empty(flat.size, np.uint16)
         _compiled.quantize(flat, int(src_type), out, int(dst_type))
         return out
-    f32 = flat if src_type == Q.F32 else (flat.astype(np.float32) if src_type == Q.F16 else
-                                           (flat.astype(np.uint32) << _U16).view(np.float32))
+    f32 = float_to_f32(flat, src_type)
     if dst_type == Q.F16:
         return _fp16_bits(f32)
     u = f32.view(np.uint32)  # ggml_compute_fp32_to_bf16: no overflow below NaN's bit patterns
@@ -342,10 +343,8 @@ def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: G
     return words
 
 
-_SCALE_AT = {Q.Q4_0: (18, 0), Q.Q8_0: (34, 0), Q.Q6_K: (210, 208)}  # block size, fp16 d offset
+_SCALE_AT = {Q.Q4_0: 0, Q.Q8_0: 0, Q.Q6_K: 208}  # where each block's fp16 d is
 _EXPONENT = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
-
-
 CHECKED_TYPES = (*_EXPONENT, *_SCALE_AT)  # the types count_nonfinite reads
 
 
@@ -359,8 +358,8 @@ def count_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType) -> int:
     if qtype in _EXPONENT:
         dtype, mask = _EXPONENT[qtype]
         return int(np.count_nonzero((flat.view(dtype) & dtype(mask)) == dtype(mask)))
-    size, at = _SCALE_AT[qtype]
-    high = flat.reshape(-1, size)[:, at + 1]  # the fp16's high byte holds its exponent bits, 0x7C
+    # the fp16 d's high byte holds its exponent bits, 0x7C
+    high = flat.reshape(-1, GGML_QUANT_SIZES[qtype][1])[:, _SCALE_AT[qtype] + 1]
     return int(np.count_nonzero((high & np.uint8(0x7C)) == np.uint8(0x7C)))
 
 
