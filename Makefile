@@ -46,7 +46,7 @@ reference: venv
 
 test: venv reference
 	$(PY) -m ruff check dflash_gguf tests scripts
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40 tests
 
 bench: venv reference
 	$(PY) scripts/bench.py

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import fixtures as mf
+import process_tally
 import pytest
 import reference
 
@@ -34,6 +35,8 @@ UNMARKED_APPENDS_FAIL = True
 # A run started in the background by a non-interactive shell (``cmd &``, nohup) inherits SIGINT ignored, and
 # so would every child it starts, so the Ctrl-C tests could not interrupt their converters. A handler of ours
 # is reset to the default in each child, where Python then turns SIGINT into KeyboardInterrupt as usual.
+process_tally.install()  # the summary's per-kind table of child processes
+
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -172,6 +175,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     compared = [nodeid for nodeid in _marked_ids if _appended.get(nodeid)]
     write = terminalreporter.write_line
+    write("child processes by kind (count, wall seconds):")
+    for line in process_tally.summary_lines():
+        write(line)
     write(f"reference comparisons against llama.cpp b11434: {len(REFERENCE_COMPARISONS)} ran, "
           f"from {len(compared)} of {len(_marked_ids)} selected tests marked @pytest.mark.{REFERENCE_MARK}"
           + (f" ({', '.join(REFERENCE_COMPARISONS)})" if REFERENCE_COMPARISONS else ""))
