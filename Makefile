@@ -5,8 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT := out
 
-.PHONY: venv demo pair verify tune test reference bench bench-full lint clean
+.PHONY: venv demo pair verify tune test test-fast reference bench bench-full lint clean
 QUANT ?= q4_0
+# pytest-xdist workers for the test targets (one per CPU by default; TEST_WORKERS=0 runs in one process).
+TEST_WORKERS ?= auto
+REFERENCE_MARK := reference
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +50,14 @@ reference: venv
 
 test: venv reference
 	$(PY) -m ruff check dflash_gguf tests scripts
-	$(PY) -m pytest -q -p no:cacheprovider --durations=40 tests
+	$(PYTEST) --durations=40 tests
+
+# The inner loop: every test that needs no llama.cpp reference, with the reference hidden (an empty cache folder),
+# so what needs it skips; not for CI, which runs everything (make test).
+test-fast: venv
+	$(PY) -m ruff check dflash_gguf tests scripts
+	ref=$$(mktemp -d) && trap 'rm -rf "$$ref"' EXIT && \
+	    CI= DFLASH_GGUF_CACHE="$$ref" $(PYTEST) -m "not $(REFERENCE_MARK)" tests
 
 bench: venv reference
 	$(PY) scripts/bench.py

@@ -21,8 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import fixtures as mf
+import in_process
 import process_tally
 import pytest
+import ref_cache
 import reference
 
 from dflash_gguf.quantize import kernels
@@ -44,6 +46,7 @@ _appended: dict[str, list[str]] = {}  # nodeid -> labels appended while that tes
 _outcome: dict[str, str] = {}  # nodeid -> "passed" | "failed" | "skipped"
 _problems: list[str] = []  # filled by pytest_sessionfinish, printed by pytest_terminal_summary
 _marked_ids: list[str] = []  # selected marked tests, in collection order
+_before_key = pytest.StashKey[int]()  # len(REFERENCE_COMPARISONS) when the test started
 
 
 def use_kernels(path: str) -> Iterator[str]:
@@ -72,9 +75,27 @@ def llama_cpp_src() -> Path | None:
     return None if reference.llama_cpp_src_available() else reference.env.llama_cpp_src()
 
 
+# Environment names read when a module is imported (huggingface_hub's constants): a run that sets one needs its
+# own process, since an in-process run would see the values of the test process's first import.
+_IMPORT_TIME_ENV_PREFIXES = ("HF_", "HUGGINGFACE_")
+
+
 def run_cli(exe: str, *args: str | Path, cwd: Path | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """One of our console scripts, offline (no Hub, no llama-quantize unless ``env`` names one), stdin closed."""
+    """One of our console scripts, offline (no Hub, no llama-quantize unless ``env`` names one), stdin closed.
+
+    Runs in this process through Click's test runner, which is what the console script calls, with the module
+    state a fresh process would have; ``run_cli_process`` starts the real console script where the process itself
+    is the point, and so does this function when ``env`` sets a name read at import time."""
+    if any(name.startswith(_IMPORT_TIME_ENV_PREFIXES) for name in env or {}):
+        return run_cli_process(exe, *args, cwd=cwd, env=env)
+    return in_process.run(exe, [str(a) for a in args], cwd=cwd, env={"LLAMA_QUANTIZE": "", **(env or {})},
+                          offline=True)
+
+
+def run_cli_process(exe: str, *args: str | Path, cwd: Path | None = None,
+                    env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed console script in a child process, offline, stdin closed."""
     full_env = {**os.environ, "LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run([str(Path(sys.executable).parent / exe), *map(str, args)], capture_output=True, text=True,
                           env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=600)
@@ -102,9 +123,7 @@ def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = mf.make_gemma4_target(root / "targets")
     drafter = mf.make_drafter(root / "drafters", target="gemma4")
     out = root / "pair"
-    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target", str(target), "--drafter",
-                           str(drafter), "--outdir", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "LLAMA_QUANTIZE": ""})
+    proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -128,17 +147,32 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+_LABELS_PROPERTY = "reference_comparisons"  # how a test's appended labels travel in its reports (xdist workers)
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    before = len(REFERENCE_COMPARISONS)
-    try:
-        return (yield)
-    finally:
-        if len(REFERENCE_COMPARISONS) > before:
-            _appended.setdefault(item.nodeid, []).extend(REFERENCE_COMPARISONS[before:])
+    item.stash[_before_key] = len(REFERENCE_COMPARISONS)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    labels = REFERENCE_COMPARISONS[item.stash.get(_before_key, len(REFERENCE_COMPARISONS)):]
+    if labels:
+        report.user_properties.append((_LABELS_PROPERTY, list(labels)))
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == _LABELS_PROPERTY:  # each phase carries every label so far: keep the latest
+            _appended[report.nodeid] = list(value)
     if report.failed:
         _outcome[report.nodeid] = "failed"
     elif report.skipped and _outcome.get(report.nodeid) != "failed":
@@ -151,9 +185,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _marked_ids[:] = [item.nodeid for item in session.items if item.get_closest_marker(REFERENCE_MARK) is not None]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist's controller: take a finished worker's marked tests, process tally and cache figures."""
+    output = getattr(node, "workeroutput", {})
+    _marked_ids.extend(nodeid for nodeid in output.get("marked_ids", []) if nodeid not in _marked_ids)
+    process_tally.merge(output.get("tally", {}))
+    ref_cache.merge(output.get("ref_cache", {}))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a marked test did not compare (always if it passed, on CI if it skipped)."""
     if session.config.option.collectonly:
+        return
+    if _is_xdist_worker(session.config):  # the controller checks, with every worker's figures
+        session.config.workeroutput.update(  # type: ignore[attr-defined]
+            marked_ids=list(_marked_ids), tally=process_tally.export(), ref_cache=ref_cache.export())
         return
     for nodeid in _marked_ids:
         if _appended.get(nodeid):
@@ -173,14 +220,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _is_xdist_worker(terminalreporter.config):
+        return
     compared = [nodeid for nodeid in _marked_ids if _appended.get(nodeid)]
+    labels = [label for nodeid in _appended for label in _appended[nodeid]]
     write = terminalreporter.write_line
     write("child processes by kind (count, wall seconds):")
     for line in process_tally.summary_lines():
         write(line)
-    write(f"reference comparisons against llama.cpp b11434: {len(REFERENCE_COMPARISONS)} ran, "
+    write("reference results reused from the cache / run afresh:")
+    for line in ref_cache.summary_lines():
+        write(line)
+    write(f"reference comparisons against llama.cpp b11434: {len(labels)} ran, "
           f"from {len(compared)} of {len(_marked_ids)} selected tests marked @pytest.mark.{REFERENCE_MARK}"
-          + (f" ({', '.join(REFERENCE_COMPARISONS)})" if REFERENCE_COMPARISONS else ""))
+          + (f" ({', '.join(labels)})" if labels else ""))
     unmarked = sorted(set(_appended) - set(_marked_ids))
     if unmarked:
         write(f"reference comparisons from tests without @pytest.mark.{REFERENCE_MARK} (mark them): "

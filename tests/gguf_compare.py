@@ -13,11 +13,13 @@ Every ignored key is listed, with its reason, in the README's "Keys that differ 
 from __future__ import annotations
 
 import functools
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from dflash_gguf.dflash_format import PROVENANCE_PREFIX
 
@@ -36,42 +38,131 @@ IGNORED_PREFIXES = ("general.base_model.", PROVENANCE_PREFIX)
 def ignored(key: str) -> bool:
     return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)
 
+# ------------------------------------------------------------------------------------------- reading
+# A GGUF reader of the tests' own, written from the GGUF specification (ggml's docs/gguf.md), independent of the
+# code under test. gguf-py's GGUFReader gives the same fields (``test_gguf_compare.py`` checks it on b11434's own
+# files) but builds a numpy view per element: on a 151k-token vocabulary that is some 20 s a file.
+
+_SCALARS: dict[int, tuple[str, int]] = {
+    GGUFValueType.UINT8: ("<B", 1), GGUFValueType.INT8: ("<b", 1), GGUFValueType.UINT16: ("<H", 2),
+    GGUFValueType.INT16: ("<h", 2), GGUFValueType.UINT32: ("<I", 4), GGUFValueType.INT32: ("<i", 4),
+    GGUFValueType.FLOAT32: ("<f", 4), GGUFValueType.BOOL: ("<?", 1), GGUFValueType.UINT64: ("<Q", 8),
+    GGUFValueType.INT64: ("<q", 8), GGUFValueType.FLOAT64: ("<d", 8),
+}
+_NUMPY: dict[int, str] = {
+    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
+    GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4", GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
+}
+DEFAULT_ALIGNMENT = 32
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One GGUF file: version, keys in file order -> (value type names, value), tensors in file order."""
+
+    version: int
+    kv: dict[str, tuple[list[str], Any]]
+    tensors: dict[str, tuple[str, list[int], bytes]]
+
+
+class _Cursor:
+    def __init__(self, buf: bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str, size: int) -> Any:
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q", 8)
+        raw = self.buf[self.pos:self.pos + n]
+        if len(raw) != n:
+            raise ValueError(f"string of {n} bytes runs past the end of the file at {self.pos}")
+        self.pos += n
+        return raw.decode("utf-8")
+
+    def value(self, vtype: int) -> tuple[list[str], Any]:
+        if vtype == GGUFValueType.STRING:
+            return [GGUFValueType.STRING.name], self.string()
+        if vtype == GGUFValueType.ARRAY:
+            etype, count = self.take("<I", 4), self.take("<Q", 8)
+            if etype in _NUMPY:
+                width = _SCALARS[etype][1]
+                data = np.frombuffer(self.buf, _NUMPY[etype], count, self.pos)
+                self.pos += count * width
+                return [GGUFValueType.ARRAY.name, GGUFValueType(etype).name], data.tolist()
+            items = [self.value(etype) for _ in range(count)]
+            inner = items[0][0] if items else [GGUFValueType(etype).name]
+            return [GGUFValueType.ARRAY.name, *inner], [v for _, v in items]
+        fmt, size = _SCALARS[GGUFValueType(vtype)]
+        return [GGUFValueType(vtype).name], self.take(fmt, size)
+
+
+def _tensor_bytes(qtype: GGMLQuantizationType, ne: list[int]) -> int:
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    count = int(np.prod(ne, dtype=np.int64))
+    return count // block * type_size
+
+
+def parse(path: Path) -> Parsed:
+    """Parse a whole GGUF file (magic, version, keys, tensor infos, aligned tensor data)."""
+    buf = Path(path).read_bytes()
+    if buf[:4] != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (magic {buf[:4]!r})")
+    cur = _Cursor(buf)
+    cur.pos = 4
+    version, n_tensors, n_kv = cur.take("<I", 4), cur.take("<Q", 8), cur.take("<Q", 8)
+    kv: dict[str, tuple[list[str], Any]] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        if key in kv:
+            raise ValueError(f"{path}: duplicate key {key}")
+        kv[key] = cur.value(cur.take("<I", 4))
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        ne = [cur.take("<Q", 8) for _ in range(cur.take("<I", 4))]
+        qtype, offset = GGMLQuantizationType(cur.take("<I", 4)), cur.take("<Q", 8)
+        infos.append((name, qtype, ne, offset))
+    alignment = int(kv.get("general.alignment", ([], DEFAULT_ALIGNMENT))[1])
+    start = -(-cur.pos // alignment) * alignment
+    tensors: dict[str, tuple[str, list[int], bytes]] = {}
+    for name, qtype, ne, offset in infos:
+        if name in tensors:
+            raise ValueError(f"{path}: duplicate tensor {name}")
+        size = _tensor_bytes(qtype, ne)
+        data = buf[start + offset:start + offset + size]
+        if len(data) != size:
+            raise ValueError(f"{path}: tensor {name} data runs past the end of the file")
+        tensors[name] = (qtype.name, ne, data)
+    return Parsed(version, kv, tensors)
+
 
 @functools.lru_cache(maxsize=4)
-def _reader(path: Path, mtime_ns: int, size: int) -> GGUFReader:
-    return GGUFReader(path)
+def _parsed(path: Path, mtime_ns: int, size: int) -> Parsed:
+    return parse(path)
 
 
-def reader(path: Path) -> GGUFReader:
-    """gguf-py's reader, parsed once per file version (it takes seconds on a 128k-token vocabulary)."""
+def parsed(path: Path) -> Parsed:
+    """The file parsed once per version of it (path, mtime and size)."""
     st = Path(path).stat()
-    return _reader(Path(path).resolve(), st.st_mtime_ns, st.st_size)
+    return _parsed(Path(path).resolve(), st.st_mtime_ns, st.st_size)
 
 
 def read_kv(path: Path) -> dict[str, tuple[list[str], Any]]:
-    """Every key in file order -> (value type names, value); the GGUF.* header pseudo-fields are left out."""
-    r = reader(path)
-    out: dict[str, tuple[list[str], Any]] = {}
-    for f in r.fields.values():
-        if f.name.startswith("GGUF."):
-            continue
-        types = [GGUFValueType(t).name for t in f.types]
-        if f.types[0] == GGUFValueType.ARRAY:
-            value: Any = [f.contents(i) for i in range(len(f.data))]
-        else:
-            value = f.contents()
-        out[f.name] = (types, value)
-    return out
+    """Every key in file order -> (value type names, value); the values as gguf-py's ``contents()`` gives them."""
+    return dict(parsed(path).kv)
 
 
 def read_version(path: Path) -> int:
-    return int(reader(path).fields["GGUF.version"].contents())
+    return parsed(path).version
 
 
 def read_tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
-    """Tensor name in file order -> (ggml type name, shape, data bytes)."""
-    r = reader(path)
-    return {t.name: (t.tensor_type.name, [int(x) for x in t.shape], np.asarray(t.data).tobytes()) for t in r.tensors}
+    """Tensor name in file order -> (ggml type name, shape as stored (ne), data bytes)."""
+    return dict(parsed(path).tensors)
 
 
 def _order_problem(what: str, ours: list[str], ref: list[str]) -> str | None:

@@ -28,12 +28,17 @@ TALLY: dict[str, KindTally] = {}
 _ORIGINAL_POPEN = subprocess.Popen
 
 
-def kind_of(args: Any) -> str:
-    """The tally row of a command line: which reference piece or which of our tools it runs."""
+XDIST_WORKER = "exec(eval(sys.stdin.readline()))"  # how pytest-xdist (execnet) starts a worker: not tallied
+
+
+def kind_of(args: Any) -> str | None:
+    """The tally row of a command line: which reference piece or which of our tools it runs (None: none)."""
     argv: Sequence[str] = [args] if isinstance(args, (str, bytes, Path)) else list(args)
     words = [str(a) for a in argv]
     text = " ".join(words)
     head = Path(words[0]).name if words else ""
+    if XDIST_WORKER in text:
+        return None
     if "convert_hf_to_gguf.py" in text:
         return "reference converter"
     if head == "llama-server":
@@ -59,7 +64,7 @@ class TalliedPopen(_ORIGINAL_POPEN):  # type: ignore[misc, valid-type]
         super().__init__(args, *rest, **kwargs)
 
     def _tally(self) -> None:
-        if self.returncode is not None and not getattr(self, "_tally_done", True):
+        if self.returncode is not None and not getattr(self, "_tally_done", True) and self._tally_kind:
             self._tally_done = True
             row = TALLY.setdefault(self._tally_kind, KindTally())
             row.count += 1
@@ -78,14 +83,32 @@ class TalliedPopen(_ORIGINAL_POPEN):  # type: ignore[misc, valid-type]
             self._tally()
 
 
+def record(kind: str, seconds: float) -> None:
+    """Add work done without a child process (a console script run in-process) to the table."""
+    row = TALLY.setdefault(kind, KindTally())
+    row.count += 1
+    row.seconds += seconds
+
+
 def install() -> None:
     subprocess.Popen = TalliedPopen  # type: ignore[misc]
 
 
 def summary_lines() -> list[str]:
-    """One line per kind, slowest first, and the total."""
+    """One line per kind, slowest first."""
     rows = sorted(TALLY.items(), key=lambda kv: -kv[1].seconds)
     lines = [f"  {kind:<28} {row.count:>5} runs {row.seconds:>9.1f} s" for kind, row in rows]
-    total = KindTally(sum(r.count for r in TALLY.values()), sum(r.seconds for r in TALLY.values()))
-    lines.append(f"  {'all child processes':<28} {total.count:>5} runs {total.seconds:>9.1f} s")
     return lines
+    return lines
+
+
+def export() -> dict[str, list[float]]:
+    """The table as plain data, for an xdist worker to hand to the controller."""
+    return {kind: [row.count, row.seconds] for kind, row in TALLY.items()}
+
+
+def merge(data: dict[str, list[float]]) -> None:
+    for kind, (count, seconds) in data.items():
+        row = TALLY.setdefault(kind, KindTally())
+        row.count += int(count)
+        row.seconds += seconds

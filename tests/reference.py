@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -37,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import ref_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_ENV = "DFLASH_GGUF_SETUP"
@@ -168,28 +171,75 @@ def run_reference_convert(
         subprocess.TimeoutExpired: the converter ran longer than `timeout`.
     """
     _require(reference_available())
-    cmd = [
-        str(env.venv_python(env.ref_venv_dir())),
-        str(env.convert_script()),
-        str(Path(drafter_dir).resolve()),
-        *(["--target-model-dir", str(Path(target_dir).resolve())] if target_dir is not None else []),
-        "--outfile",
-        str(Path(outfile).resolve()),
-        "--outtype",
-        outtype,
-        *extra_args,
-    ]
+    inputs = {"drafter": Path(drafter_dir), **({"target": Path(target_dir)} if target_dir is not None else {})}
+    outputs = {"outfile": Path(outfile)}
+
+    def cmd_for(paths: Mapping[str, Path]) -> list[str]:
+        return [
+            str(env.venv_python(env.ref_venv_dir())),
+            str(env.convert_script()),
+            str(paths["drafter"]),
+            *(["--target-model-dir", str(paths["target"])] if "target" in paths else []),
+            "--outfile",
+            str(paths["outfile"]),
+            "--outtype",
+            outtype,
+            *extra_args,
+        ]
+
+    cmd = cmd_for({**{k: p.resolve() for k, p in inputs.items()}, **{k: p.resolve() for k, p in outputs.items()}})
     # cwd is a scratch dir so nothing the script writes relative to cwd lands in the repo.
     with tempfile.TemporaryDirectory(prefix="dflash-ref-convert-") as tmp:
-        return subprocess.run(
-            cmd,
-            cwd=tmp,
-            env=_offline_env(Path(tmp)),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
+        run = ref_cache.cached_run(
+            "reference converter",
+            root=ref_cache_root(),
+            identity=_converter_identity(),
+            harness=_harness_source(cmd_for, _offline_env),
+            args=[outtype, *extra_args],
+            inputs=inputs,
+            outputs=outputs,
+            scratch={"cwd": Path(tmp)},
+            run=lambda: subprocess.run(
+                cmd,
+                cwd=tmp,
+                env=_offline_env(Path(tmp)),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            ),
         )
+    return subprocess.CompletedProcess(cmd, run.returncode, run.stdout, run.stderr)
+
+
+# ------------------------------------------------------------------------------ reference identities
+
+
+def ref_cache_root() -> Path:
+    """Where reference results are kept: the reference cache folder (a test points it elsewhere)."""
+    return env.cache_root()
+
+
+def _harness_source(*objects: object) -> str:
+    """The code that starts a reference run, for the cache key: a changed harness is a new key."""
+    return "\n".join(inspect.getsource(obj) if callable(obj) else str(obj) for obj in objects)
+
+
+@functools.lru_cache(maxsize=1)
+def _converter_identity() -> str:
+    """b11434's converter as built here: the script, its gguf-py and the venv's marker (its pinned packages)."""
+    src = env.llama_cpp_src()
+    return ref_cache.files_identity([env.convert_script(), src / "gguf-py", env.ref_venv_dir() / env.MARKER])
+
+
+@functools.cache
+def _binaries_identity(program: str | None) -> str:
+    """The compiled b11434 build a run uses: the program (None for a library user) and every shared library in
+    its bin folder, by content, with the build's marker (its CMake arguments and CPU)."""
+    bin_dir = env.llama_bin_dir()
+    libs = [p for p in bin_dir.iterdir() if p.is_file() and p.name.startswith("lib")]
+    program_files = [bin_dir / program] if program else []
+    return ref_cache.files_identity([*program_files, *libs, env.llama_venv_dir() / env.MARKER])
 
 
 # ------------------------------------------------------------------------------------ binaries
@@ -226,9 +276,19 @@ def run_llama_quantize(
 ) -> subprocess.CompletedProcess[str]:
     """Run `llama-quantize [args] inp out qtype`; options go first because it stops parsing at inp."""
     cmd = [str(llama_bin("llama-quantize")), *args, str(inp), str(out), qtype]
-    return subprocess.run(
-        cmd, env=_bin_env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    run = ref_cache.cached_run(
+        "llama-quantize",
+        root=ref_cache_root(),
+        identity=_binaries_identity("llama-quantize"),
+        harness=_harness_source(run_llama_quantize, _bin_env),
+        args=[*args, qtype],
+        inputs={"input": Path(inp)},
+        outputs={"output": Path(out)},
+        run=lambda: subprocess.run(
+            cmd, env=_bin_env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        ),
     )
+    return subprocess.CompletedProcess(cmd, run.returncode, run.stdout, run.stderr)
 
 
 # ----------------------------------------------------------------------------- libggml-base's quantizers
@@ -426,15 +486,25 @@ def load_with_libllama(gguf_path: str | os.PathLike[str], timeout: float = 300) 
         FileNotFoundError: the llama.cpp build is missing.
     """
     lib = llama_bin("libllama.so")
-    cfg = {"lib": str(lib), "model": str(Path(gguf_path).resolve()), "layout": model_params_layout()}
+    layout = model_params_layout()
+    cfg = {"lib": str(lib), "model": str(Path(gguf_path).resolve()), "layout": layout}
     try:
-        res = subprocess.run(
-            [sys.executable, "-c", _LOADER, json.dumps(cfg)],
-            env=_bin_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
+        res = ref_cache.cached_run(
+            "libllama loader",
+            root=ref_cache_root(),
+            identity=_binaries_identity(None),
+            harness=_harness_source(load_with_libllama, _LOADER, _bin_env, sys.executable),
+            args=[json.dumps(layout, sort_keys=True)],
+            inputs={"model": Path(gguf_path)},
+            outputs={},
+            run=lambda: subprocess.run(
+                [sys.executable, "-c", _LOADER, json.dumps(cfg)],
+                env=_bin_env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            ),
         )
     except subprocess.TimeoutExpired as exc:
         partial = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
@@ -537,7 +607,9 @@ def start_llama_server(
     cmd = [str(llama_bin("llama-server")), "-m", str(target)]
     if draft is not None:
         cmd += ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
-    cmd += ["-c", "256", "-t", "2", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    # One thread: under pytest-xdist another worker shares the cores, and llama.cpp's second thread would spin at
+    # every barrier while the first waits for a core (tests assert what the server does, never its speed).
+    cmd += ["-c", "256", "-t", "1", "--host", "127.0.0.1", "--port", str(port), *extra_args]
     with tempfile.TemporaryDirectory(prefix="dflash-llama-server-") as tmp:
         server = LlamaServer(url=f"http://127.0.0.1:{port}", cmd=cmd, log_path=Path(tmp) / "server.log")
         with open(server.log_path, "wb") as log_file:

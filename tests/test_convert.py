@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import reference
 from click.testing import CliRunner, Result
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 from gguf_compare import diff, read_kv
 
 from dflash_gguf.cli import convert as cli_mod
@@ -231,9 +231,7 @@ def test_block_size_absent_warns_and_notes(tmp_path: Path, targets: dict[str, Pa
                        drop_config_keys=["dflash_config.block_size"])
     assert "block_size" not in (drafter / "config.json").read_text()
     out = tmp_path / "d.gguf"
-    cli = Path(sys.executable).parent / "dflash-convert"
-    proc = subprocess.run([str(cli), "--drafter", str(drafter), "--target", str(targets["gemma4"]), "--outfile",
-                           str(out)], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    proc = run_cli("dflash-convert", "--drafter", drafter, "--target", targets["gemma4"], "--outfile", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "WARNING" in proc.stderr and "block_size absent from config.json" in proc.stderr, proc.stderr
     assert "note: block_size absent from config.json: wrote 16" in proc.stdout, proc.stdout

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import fixtures as mf
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 import reference
 from click.testing import CliRunner, Result
-from conftest import REFERENCE_COMPARISONS, llama_cpp_src
+from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from fixtures.gemma import GEMMA4_TARGET_VARIANTS, make_gemma4_target_variant
 from fixtures.safetensors_io import _pack_safetensors
 from gguf_compare import diff, read_kv
@@ -26,7 +24,6 @@ from dflash_gguf.convert.targets.writers import spec_writer
 from dflash_gguf.errors import UnsupportedModelError
 from dflash_gguf.verify import verify_files
 
-VERIFY = str(Path(sys.executable).parent / "dflash-verify")
 LM = "model.language_model"
 
 # (fixture target, outtype) converted by both tools and compared byte for byte.
@@ -340,7 +337,7 @@ def test_llama_server_serves_our_gemma4_target_alone_and_with_our_drafter(tmp_pa
             assert body["timings"]["draft_n"] > 0  # the drafter ran (random weights: little is accepted)
             assert "block_size=16, mask_token_id=4, n_extract=2" in server.output
     assert texts[0] == texts[1]  # greedy speculative decoding must not change the text
-    verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf)], capture_output=True, text=True)
+    verdict = run_cli("dflash-verify", str(drafter_gguf), str(target_gguf))
     assert verdict.returncode == 0, verdict.stdout
     REFERENCE_COMPARISONS.append("llama-server/our-gemma4-target")
 

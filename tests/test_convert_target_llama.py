@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import fixtures as mf
@@ -15,7 +13,7 @@ import numpy as np
 import pytest
 import reference
 from click.testing import CliRunner
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 from fixtures.llama import LLAMA3_MASK_TOKEN_ID
 from gguf_compare import diff
 
@@ -24,7 +22,6 @@ from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import builtin_family, convert_target
 from dflash_gguf.ggufio.reader import read_gguf, tensor_nbytes
 
-VERIFY = str(Path(sys.executable).parent / "dflash-verify")
 UNTIED, TIED = "llama-3.1-tiny-instruct", "llama-3.2-tiny-instruct"
 
 # (fixture, outtype) compared byte for byte with b11434's converter; the tied one differs only in `output`.
@@ -242,6 +239,6 @@ def test_llama_server_serves_our_target_and_drafts_with_our_drafter(tmp_path: Pa
         paired = _complete(server)
     assert paired["timings"]["draft_n"] > 0  # the drafter ran (random weights: nothing is accepted)
     assert f"block_size=10, mask_token_id={LLAMA3_MASK_TOKEN_ID}, n_extract=2" in server.output
-    verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf)], capture_output=True, text=True)
+    verdict = run_cli("dflash-verify", str(drafter_gguf), str(target_gguf))
     assert verdict.returncode == 0, verdict.stdout
     REFERENCE_COMPARISONS.append("llama-server/llama3-target-ours")

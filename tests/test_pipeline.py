@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import reference
 from click.testing import CliRunner
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 from hub_server import FakeRepo
 
 from dflash_gguf.cli import main
@@ -174,14 +174,12 @@ def test_dry_run_lists_downloads_without_fetching_weights(hub_run: dict) -> None
 def test_verify_finds_the_pair_from_pair_json_and_from_the_drafter(hub_run: dict) -> None:
     outdir = hub_run["outdir"]
     assert hub_run["run"].returncode == 0, hub_run["run"].stderr
-    by_manifest = subprocess.run([str(BIN / "dflash-verify"), str(outdir / "pair.json"), "--json"],
-                                 capture_output=True, text=True)
+    by_manifest = run_cli("dflash-verify", str(outdir / "pair.json"), "--json")
     assert by_manifest.returncode == 0, by_manifest.stdout
     report = json.loads(by_manifest.stdout)
     checks = {c["id"]: c["status"] for c in report["checks"]}
     assert checks["manifest.target"] == checks["manifest.drafter"] == "pass" and checks["pair.vocab"] == "pass"
-    by_drafter = subprocess.run([str(BIN / "dflash-verify"), str(outdir / FINAL_D), "--json"],
-                                capture_output=True, text=True)
+    by_drafter = run_cli("dflash-verify", str(outdir / FINAL_D), "--json")
     assert by_drafter.returncode == 0, by_drafter.stdout
     assert json.loads(by_drafter.stdout)["inputs"]["target"] == str(outdir / FINAL_T)
 
@@ -576,7 +574,7 @@ def _serve_pair_json(manifest: Path, port: int) -> tuple[int, object, str]:
     """Run exactly the llama-server command pair.json records, plus context size, threads, host and port."""
     cmd = json.loads(manifest.read_text())["serve"]["command"]
     assert cmd[0] == "llama-server"
-    argv = [str(reference.llama_bin("llama-server")), *cmd[1:], "-c", "256", "-t", "2", "--host", "127.0.0.1",
+    argv = [str(reference.llama_bin("llama-server")), *cmd[1:], "-c", "256", "-t", "1", "--host", "127.0.0.1",
             "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")} | {"GGML_NO_BACKTRACE": "1"}
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(reference.env.llama_bin_dir()),

@@ -110,28 +110,32 @@ def test_unmarked_compares():
 """
 
 
-def _run_count_session(tmp_path: Path, ci: bool, *tests_run: str) -> subprocess.CompletedProcess[str]:
+def _run_count_session(tmp_path: Path, ci: bool, *tests_run: str, workers: int = 0) -> subprocess.CompletedProcess[str]:
     """pytest on a throwaway test file under this suite's conftest (linked, so it is the real one).
 
     ``tests_run`` are test names in that file (all of them when empty); node ids, not ``-k``, because
     ``-k`` also matches the names of the folders above, which here are named after the calling test.
+    ``workers`` > 0 runs it under pytest-xdist, as ``make test`` does: the controller must count what ran in them.
     """
     tests = tmp_path / "tests"
     tests.mkdir(exist_ok=True)
     if not (tests / "conftest.py").exists():
-        for name in ("conftest.py", "reference.py", "fixtures"):  # what the conftest imports
-            (tests / name).symlink_to(ref.ROOT / "tests" / name)
+        helpers = [p for p in (ref.ROOT / "tests").iterdir() if p.suffix == ".py" and not p.name.startswith("test_")]
+        for path in [*helpers, ref.ROOT / "tests" / "fixtures"]:  # the conftest and what it imports
+            (tests / path.name).symlink_to(path)
         (tests / "test_count.py").write_text(_COUNT_TESTS, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                           "-c", os.devnull, *([f"{tests}/test_count.py::{t}" for t in tests_run] or [str(tests)])],
+                           "-c", os.devnull, *(["-n", str(workers)] if workers else ["-p", "no:xdist"]),
+                           *([f"{tests}/test_count.py::{t}" for t in tests_run] or [str(tests)])],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_count_fails_a_marked_test_that_passed_without_comparing(tmp_path: Path) -> None:
-    res = _run_count_session(tmp_path, False)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_count_fails_a_marked_test_that_passed_without_comparing(tmp_path: Path, workers: int) -> None:
+    res = _run_count_session(tmp_path, False, workers=workers)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "3 passed, 2 skipped in" in res.stdout  # no test failed...
     # ...the count did:
@@ -151,16 +155,17 @@ def test_count_fails_an_unmarked_test_that_compared(tmp_path: Path) -> None:
     assert (res.returncode, dropped in res.stdout) == ((1, True) if conftest.UNMARKED_APPENDS_FAIL else (0, False))
 
 
-def test_count_lets_skips_pass_locally_but_not_on_ci(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_count_lets_skips_pass_locally_but_not_on_ci(tmp_path: Path, workers: int) -> None:
     selected = ("test_compares", "test_skips_by_hand")
-    local = _run_count_session(tmp_path, False, *selected)
+    local = _run_count_session(tmp_path, False, *selected, workers=workers)
     assert local.returncode == 0, local.stdout + local.stderr
     assert "REFERENCE COUNT FAILURE" not in local.stdout
-    on_ci = _run_count_session(tmp_path, True, *selected)
+    on_ci = _run_count_session(tmp_path, True, *selected, workers=workers)
     assert on_ci.returncode == 1, on_ci.stdout + on_ci.stderr
     assert "1 passed, 1 skipped" in on_ci.stdout
     assert "REFERENCE COUNT FAILURE: tests/test_count.py::test_skips_by_hand was skipped on CI" in on_ci.stdout
-    guard = _run_count_session(tmp_path, True, "test_reference_absent")
+    guard = _run_count_session(tmp_path, True, "test_reference_absent", workers=workers)
     assert guard.returncode == 1 and "required on CI (CI=true): reference absent" in guard.stdout, guard.stdout
 
 

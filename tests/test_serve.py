@@ -4,19 +4,15 @@ dflash-verify's verdict matches what llama.cpp does (or silently fails to notice
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import fixtures as mf
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 
 from dflash_gguf.convert.drafter import convert_drafter
-
-VERIFY = str(Path(sys.executable).parent / "dflash-verify")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +48,7 @@ def test_llama_server_drafts_with_our_drafter(qwen_pair: tuple[Path, Path, Path]
     timings, log = _serve_and_complete(target_gguf, drafter_gguf)
     assert timings["draft_n"] > 0  # the drafter ran (random weights: nothing is accepted)
     assert "block_size=16, mask_token_id=151669, n_extract=2" in log
-    verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf)], capture_output=True, text=True)
+    verdict = run_cli("dflash-verify", str(drafter_gguf), str(target_gguf))
     assert verdict.returncode == 0, verdict.stdout
     assert "lineage.fingerprint" in verdict.stdout and "mean row cosine 1.0000" in verdict.stdout
     REFERENCE_COMPARISONS.append("llama-server/qwen3-pair")
@@ -76,7 +72,7 @@ def test_verify_catches_a_retrained_target_llama_cpp_serves_silently(qwen_pair: 
     assert reference.run_reference_convert(retrained, None, target_gguf).returncode == 0
     timings, _ = _serve_and_complete(target_gguf, drafter_gguf)
     assert timings["draft_n"] > 0  # served and drafting: llama.cpp has no check that notices
-    verdict = subprocess.run([VERIFY, str(drafter_gguf), str(target_gguf), "--json"], capture_output=True, text=True)
+    verdict = run_cli("dflash-verify", str(drafter_gguf), str(target_gguf), "--json")
     assert verdict.returncode == 1, verdict.stdout
     assert '"id": "lineage.fingerprint"' in verdict.stdout and "a different model" in verdict.stdout
     REFERENCE_COMPARISONS.append("llama-server/retrained-target")
@@ -106,8 +102,7 @@ def test_gemma4_pair_serves_and_verifies(gemma_targets: dict[str, Path]) -> None
     timings, log = _serve_and_complete(gemma_targets["vanilla"], gemma_targets["drafter"])
     assert timings["draft_n"] > 0
     assert "block_size=16, mask_token_id=4, n_extract=2" in log
-    verdict = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["vanilla"])],
-                             capture_output=True, text=True)
+    verdict = run_cli("dflash-verify", str(gemma_targets["drafter"]), str(gemma_targets["vanilla"]))
     assert verdict.returncode == 0, verdict.stdout
     REFERENCE_COMPARISONS.append("llama-server/gemma4-pair")
 
@@ -118,11 +113,10 @@ def test_qat_target_served_silently_but_refused_by_verify(gemma_targets: dict[st
     from llama.cpp; dflash-verify names the problem (exit 1) unless --allow-derived-target."""
     timings, _ = _serve_and_complete(gemma_targets["qat"], gemma_targets["drafter"])
     assert timings["draft_n"] > 0
-    verdict = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["qat"]), "--json"],
-                             capture_output=True, text=True)
+    verdict = run_cli("dflash-verify", str(gemma_targets["drafter"]), str(gemma_targets["qat"]), "--json")
     assert verdict.returncode == 1, verdict.stdout
     assert '"id": "lineage.derived_target"' in verdict.stdout
-    allowed = subprocess.run([VERIFY, str(gemma_targets["drafter"]), str(gemma_targets["qat"]),
-                              "--allow-derived-target"], capture_output=True, text=True)
+    allowed = run_cli("dflash-verify", str(gemma_targets["drafter"]), str(gemma_targets["qat"]),
+                              "--allow-derived-target")
     assert "allowed by --allow-derived-target" in allowed.stdout
     REFERENCE_COMPARISONS.append("llama-server/qat-target")

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +26,12 @@ from pathlib import Path
 import fixtures as mf
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 from hub_server import FakeHub, FakeRepo, Request, serve
 
 from dflash_gguf.llama_bin import FoundBinary
 from dflash_gguf.tune.server import serve as run_llama_server
 
-CONVERT = str(Path(sys.executable).parent / "dflash-convert")
 REPO = "someone/qwen3-tiny-spm-GGUF"
 TARGET = "qwen3-tiny-spm-Q4_0.gguf"
 SIDECAR = "dflash-qwen3-tiny-spm-Q8_0.gguf"
@@ -80,9 +77,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     work = tmp_path_factory.mktemp("serve-layout")
     fx = mf.make_acceptance_fixture(work / "fx")
     outdir = work / "out" / "qwen3-tiny-spm"
-    env = os.environ | {"LLAMA_QUANTIZE": "", "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([CONVERT, "--target", str(fx.target), "--drafter", str(fx.drafter), "--outdir", str(outdir)],
-                         env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    run = run_cli("dflash-convert", "--target", fx.target, "--drafter", fx.drafter, "--outdir", outdir)
     assert run.returncode == 0, run.stdout + run.stderr
     files = {p.name: p.read_bytes() for p in outdir.iterdir() if p.is_file()}
     assert {TARGET, SIDECAR, "models.ini", "pair.json"} <= set(files), sorted(files)

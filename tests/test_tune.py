@@ -16,7 +16,7 @@ from pathlib import Path
 import fixtures as mf
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 
 from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, TuneError
 from dflash_gguf.tune import DEFAULT_N_MAX, coarse_n_max, refine_n_max
@@ -383,8 +383,7 @@ def test_pair_json_from_before_the_sidecar_layout_still_reads(demo_pair: Path, t
     assert record.serve is None and record.drafter.file == "gemma4-tiny-it-DFlash-Q8_0.gguf"
     target, drafters, manifest = resolve_inputs((old,))
     assert target == old / "gemma-4-tiny-it-Q4_0.gguf" and drafters == [old / "gemma4-tiny-it-DFlash-Q8_0.gguf"]
-    verified = subprocess.run([str(Path(sys.executable).parent / "dflash-verify"), str(old / "pair.json")],
-                              capture_output=True, text=True)
+    verified = run_cli("dflash-verify", str(old / "pair.json"))
     assert verified.returncode == 0, verified.stdout
     unfinished = tmp_path / "unfinished.json"
     unfinished.write_text(json.dumps({**doc, "outputs": {}}))
