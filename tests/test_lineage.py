@@ -22,6 +22,7 @@ from dflash_gguf.verify import precheck, read_gguf
 from dflash_gguf.verify.lineage import Evidence, ModelIdentity, judge
 
 INTENDED = "google/gemma-4-tiny-it"
+QAT_INTENDED = "google/gemma-4-tiny-it-qat-q4_0-unquantized"
 
 
 def _card(base_model: str, *, relation: str | None = None, tags: tuple[str, ...] = ()) -> str:
@@ -59,12 +60,14 @@ def ref_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         proc = reference.run_reference_convert(folder, None, gguf)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[f"{key}_dir"], out[key] = folder, gguf
-    for key, readme in (("drafter_known", _card(INTENDED, tags=("dflash",))), ("drafter_anon", None)):
+    drafters = (("drafter_known", _card(INTENDED, tags=("dflash",)), "plain"), ("drafter_anon", None, "plain"),
+                ("drafter_qat", _card(QAT_INTENDED, tags=("dflash",)), "qat"))
+    for key, readme, target in drafters:
         folder = mf.make_drafter(root / key, target="gemma4")
         if readme:
             (folder / "README.md").write_text(readme, encoding="utf-8")
         gguf = root / key / "gemma4-tiny-it-DFlash-BF16.gguf"
-        proc = reference.run_reference_convert(folder, out["plain_dir"], gguf)
+        proc = reference.run_reference_convert(folder, out[f"{target}_dir"], gguf)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[f"{key}_dir"], out[key] = folder, gguf
     return out
@@ -183,8 +186,75 @@ def _ident(*names: str, bases: tuple[str, ...] = (), tags: tuple[str, ...] = ())
         ("google/gemma-4-12B-it", _ident("Gemma 4 12B It Quantization Aware"), "derived"),
         ("google/gemma-4-12B-it", _ident("Gemma 4 12B It", tags=("mergekit",)), "derived"),
         ("google/gemma-4-12B-it", _ident("gemma-4-31B-it"), "size"),
+        # ...and the other way round: a drafter trained on a derivative is refused on the original
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized", _ident("Gemma 4 12B It"), "underived"),
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized", _ident("Gemma 4 12B It", "gemma-4-12B-it-Q4_0.gguf",
+                                                              bases=("google/gemma-4-12B-pt",)), "underived"),
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized", _ident("gemma-4-12b-it-qat-q4_0-gguf"), "match"),
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized", _ident("Gemma 4 12B It", tags=("qat",)), "match"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", _ident("DeepSeek R1 Qwen 7B"), "underived"),
+        ("mlabonne/gemma-4-12B-it-abliterated", _ident("Gemma 4 12B It"), "underived"),
+        ("mlabonne/gemma-4-12B-it-abliterated", _ident("Gemma 4 12B It Abliterated"), "match"),
         (None, _ident("Gemma 4 12B It", bases=("https://huggingface.co/google/gemma-4-12B-pt",)), "unmarked"),
     ],
 )
 def test_judge_on_published_names(intended: str | None, target: ModelIdentity, kind: str) -> None:
-    assert kind in [f.kind for f in judge(intended, target)]
+    kinds = [f.kind for f in judge(intended, target)]
+    assert kind in kinds, kinds
+    if kind == "match":
+        assert kinds == ["match"]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_qat_drafter_on_the_original_target_is_refused_with_the_same_check(allow: bool) -> None:
+    from dflash_gguf.verify.lineage import report_lineage
+    from dflash_gguf.verify.report import Report
+
+    intended = "google/gemma-4-12B-it-qat-q4_0-unquantized"
+    report = Report()
+    report_lineage(report, judge(intended, _ident("Gemma 4 12B It")), intended, allow)
+    result = report.result("lineage.derived_target")
+    assert result.status == "fail" and result.severity == ("warning" if allow else "error")
+    assert "which is quantization-aware trained (QAT)" in result.message and "'Gemma 4 12B It'" in result.message
+    assert report.exit_code == (0 if allow else 1)
+
+
+@pytest.mark.parametrize(("target", "refused"), [("qat", False), ("plain", True)])
+def test_a_drafter_trained_for_the_qat_target_is_refused_on_the_original(ref_files: dict[str, Path], target: str,
+                                                                        refused: bool) -> None:
+    """The other half of the QAT mismatch, from b11434's files and from the same folders: the drafter's card names
+    the QAT checkpoint, and the original target (no QAT marker in any name or tag) is refused with the same check
+    and exit code as a QAT target under a drafter of the original."""
+    code, checks = _verify(ref_files["drafter_qat"], ref_files[target])
+    assert code == int(refused), checks
+    assert f"'{QAT_INTENDED}'" in checks["lineage.intended_target"]["message"]
+    check = checks["lineage.derived_target"]
+    assert check["status"] == ("fail" if refused else "pass"), check
+    d, t = ref_files["drafter_qat_dir"], ref_files[f"{target}_dir"]
+    report = precheck(d / "config.json", t / "config.json", drafter_repo=d.name, target_repo=t.name,
+                      drafter_card=(d / "README.md").read_text(encoding="utf-8"),
+                      target_card=(t / "README.md").read_text(encoding="utf-8"))
+    assert report.exit_code == int(refused), [r for r in report.results if r.status == "fail"]
+    if refused:
+        assert "which is quantization-aware trained (QAT)" in check["message"], check
+        assert check["fix"].startswith(f"Serve the drafter with the model it was trained on: '{QAT_INTENDED}'")
+        code, allowed = _verify(ref_files["drafter_qat"], ref_files[target], "--allow-derived-target")
+        assert code == 0 and allowed["lineage.derived_target"]["severity"] == "warning", allowed
+
+
+@pytest.mark.parametrize(("target", "refused"), [("qat", False), ("plain", True)])
+def test_a_qat_mtp_assistant_is_refused_on_the_original_target(tmp_path: Path, target: str, refused: bool) -> None:
+    """Google ships an MTP assistant per lineage (``<target>-assistant``): the QAT one on the original target is the
+    mismatch the other way round, caught from the folders (names and cards) as the DFlash drafter is."""
+    from fixtures.gemma4_assistant import make_gemma4_assistant
+
+    name, card, _, _ = TARGETS[target]
+    target_dir = mf.make_gemma4_target(tmp_path / "t")
+    (target_dir / "README.md").write_text(card, encoding="utf-8")
+    assistant = make_gemma4_assistant(tmp_path / "a", name="gemma-4-tiny-it-qat-q4_0-unquantized-assistant")
+    (assistant / "README.md").write_text(_card(QAT_INTENDED), encoding="utf-8")
+    report = precheck(assistant / "config.json", target_dir / "config.json", drafter_repo=assistant.name,
+                      target_repo=name, drafter_card=_card(QAT_INTENDED), target_card=card)
+    assert report.exit_code == int(refused), [r for r in report.results if r.status == "fail"]
+    check = report.result("lineage.derived_target")
+    assert check is not None and check.status == ("fail" if refused else "pass"), check

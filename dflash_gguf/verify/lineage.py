@@ -41,6 +41,10 @@ DERIVED_MARKERS: dict[str, str] = {
     "reap": "expert-pruned (REAP)",
     "unquantized": "re-released from a quantization-aware checkpoint",
 }
+# Markers that name the same derivation: a target marked by either has what a name with the other expects
+# (Google's QAT repos end in "-qat-q4_0-unquantized", their GGUF copies in "-qat-q4_0-gguf").
+_MARKER_KIND = {"unquantized": "qat", "merged": "merge", "mergekit": "merge", "slerp": "merge",
+                "distilled": "distill", "heretic": "abliterated"}
 # Multi-token spellings of a marker ("Quantization Aware", "quantization-aware-training").
 _MARKER_PHRASES = {("quantization", "aware"): "qat"}
 # Card base_model_relation values that say "other weights than the base": a fine-tune, merge or adapter.
@@ -231,7 +235,7 @@ def intended_from_identity(drafter: ModelIdentity) -> tuple[str, str] | None:
 class LineageFinding:
     """One lineage verdict, turned into a check result by :func:`report_lineage`."""
 
-    kind: str  # "derived", "size", "family", "match", "unmarked", "unknown"
+    kind: str  # "derived", "underived", "size", "family", "match", "unmarked", "unknown"
     message: str
     base: str | None = None  # for "derived": the model the target says it derives from
 
@@ -275,6 +279,14 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
         found.append(LineageFinding(
             "derived", f"the target{own} names {intended!r} as its base model ({children[0]}{rel}): it is a "
             "model derived from it, not that model itself"))
+    if want is not None and names and not found:
+        have = {_MARKER_KIND.get(m, m) for ev in (*target.names, *target.tags) for m in parse_name(ev.value).markers}
+        lacking = sorted({_MARKER_KIND.get(m, m) for m in want.markers} - have)
+        if lacking:
+            what = " and ".join(DERIVED_MARKERS[m] for m in lacking)
+            found.append(LineageFinding(
+                "underived", f"the drafter was trained for {intended!r}, which is {what}, but no name or tag of the "
+                f"target says so ({names[0][0]}): it is the model that one derives from, or another derivative"))
     if want is None:
         if not found:
             checked = ", ".join(str(ev) for ev in (*target.names, *target.tags)[:4])
@@ -320,6 +332,16 @@ def report_lineage(r: Report, findings: list[LineageFinding], intended: str | No
                        "otherwise re-trained derivative draft acceptance collapses (0.25% observed), slower than "
                        "no drafter.", f"Serve the drafter with {trained_on}; or use a drafter trained on this "
                        "target; or pass --allow-derived-target to accept it knowingly.")
+        elif f.kind == "underived":
+            if allow_derived:
+                r.fail("lineage.derived_target", "warning", f"allowed by --allow-derived-target: {f.message}. "
+                       "Expect lower acceptance than published.", "")
+            else:
+                r.fail("lineage.derived_target", "error", f"{f.message}. A drafter trained on a QAT, distilled, "
+                       "merged or otherwise re-trained model drafts for those weights; on the original its draft "
+                       "acceptance collapses as it does the other way round.", f"Serve the drafter with "
+                       f"{trained_on}; or use the drafter made for this target; or pass --allow-derived-target to "
+                       "accept it knowingly.")
         elif f.kind == "size":
             r.fail("lineage.size", "error", f.message + ".", PICK)
         elif f.kind == "family":
