@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +54,17 @@ def reset_module_state() -> None:
 
 
 @contextlib.contextmanager
+def _working_dir(path: Path | None) -> Iterator[None]:
+    """``cwd`` as ``subprocess.run`` takes it (contextlib.chdir is Python 3.11+)."""
+    previous = Path.cwd()
+    os.chdir(path or previous)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+@contextlib.contextmanager
 def _own_logging() -> Iterator[None]:
     """The root logger as a new process has it, so the command's logging.basicConfig writes to its stderr."""
     root = logging.getLogger()
@@ -88,7 +100,7 @@ def run(exe: str, args: Sequence[str], *, cwd: Path | None = None, env: Mapping[
     reset_module_state()
     started = time.monotonic()
     runner = CliRunner()
-    with contextlib.chdir(cwd or Path.cwd()), _own_logging(), _hub_offline(offline):
+    with _working_dir(cwd), _own_logging(), _hub_offline(offline):
         result = runner.invoke(_command(exe), list(args), prog_name=exe,
                                env={**({"HF_HUB_OFFLINE": "1"} if offline else {}), **(env or {})})
     process_tally.record("our CLI (in-process)", time.monotonic() - started)
