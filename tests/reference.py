@@ -222,7 +222,13 @@ def ref_cache_root() -> Path:
 
 def _harness_source(*objects: object) -> str:
     """The code that starts a reference run, for the cache key: a changed harness is a new key."""
-    return "\n".join(inspect.getsource(obj) if callable(obj) else str(obj) for obj in objects)
+    return "\n".join(_source(getattr(obj, "__code__", obj)) if callable(obj) else str(obj) for obj in objects)
+
+
+@functools.cache
+def _source(obj: object) -> str:
+    """A function's source by its code object (a nested helper is a new function each call), read once."""
+    return inspect.getsource(obj)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=1)

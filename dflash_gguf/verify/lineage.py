@@ -280,7 +280,8 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
             "derived", f"the target{own} names {intended!r} as its base model ({children[0]}{rel}): it is a "
             "model derived from it, not that model itself"))
     if want is not None and names and not found:
-        have = {_MARKER_KIND.get(m, m) for ev in (*target.names, *target.tags) for m in parse_name(ev.value).markers}
+        tag_markers = (m for ev in target.tags for m in parse_name(ev.value).markers)
+        have = {_MARKER_KIND.get(m, m) for m in (*(m for _, n in names for m in n.markers), *tag_markers)}
         lacking = sorted({_MARKER_KIND.get(m, m) for m in want.markers} - have)
         if lacking:
             what = " and ".join(DERIVED_MARKERS[m] for m in lacking)
