@@ -147,13 +147,23 @@ def _ref_spec() -> dict[str, object]:
 
 
 def llama_cmake_args() -> str:
-    """CMAKE_ARGS for the b11434 build: the user's, plus -DGGML_NATIVE=OFF unless they chose GGML_NATIVE.
+    """CMAKE_ARGS for the b11434 build: the user's, plus -DGGML_NATIVE=OFF unless they chose GGML_NATIVE,
+    and b11434's tests, examples and unified binary turned off unless they chose them.
 
     Why portable: on CPUs with AMX a -march=native b11434 build kills llama-server with SIGILL while it
     loads any Q4_0 file (the repacked CPU path); the portable build serves Q4_0 and BF16 alike.
     """
     user = os.environ.get("CMAKE_ARGS", "").strip()
-    return user if "GGML_NATIVE" in user else " ".join(a for a in (user, "-DGGML_NATIVE=OFF") if a)
+    args = [user] if user else []
+    if "GGML_NATIVE" not in user:
+        args.append("-DGGML_NATIVE=OFF")
+    # The tests run llama-server, llama-quantize and libllama only; b11434's own tests, examples and the
+    # unified `llama` binary are most of the compile time (122 binaries against about 40).
+    args += [f"-D{flag}=OFF" for flag in _UNUSED_LLAMA_TARGETS if flag not in user]
+    return " ".join(args)
+
+
+_UNUSED_LLAMA_TARGETS = ("LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_BUILD_APP")
 
 
 def _llama_spec() -> dict[str, object]:

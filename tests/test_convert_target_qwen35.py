@@ -162,6 +162,26 @@ def test_matches_llama_cpp_b11434(tmp_path: Path, qwen35_dirs: dict[str, Path], 
 
 
 @pytest.mark.reference
+@pytest.mark.parametrize(("name", "outtype"), [("dense", "bf16"), ("moe", "q8_0")])
+def test_no_mtp_matches_b11434s_flag(tmp_path: Path, qwen35_dirs: dict[str, Path], name: str, outtype: str) -> None:
+    """``drop_mtp`` (dflash-convert --no-mtp) on a checkpoint with an MTP head writes what b11434's converter writes
+    with --no-mtp: no nextn layer, no nextn_predict_layers, the trunk's block count."""
+    reference.require_or_skip(reference.reference_available())
+    ref = tmp_path / "ref.gguf"
+    proc = reference.run_reference_convert(qwen35_dirs[name], None, ref, outtype, ["--no-mtp"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = tmp_path / "ours.gguf"
+    result = convert_target(qwen35_dirs[name], ours, outtype, drop_mtp=True)
+    assert _same_as_reference(ours, ref) == []
+    meta = read_gguf(ours)
+    arch = meta.arch
+    assert meta.get(f"{arch}.nextn_predict_layers") is None and meta.get(f"{arch}.block_count") == 4
+    assert not [t for t in meta.tensors if ".nextn." in t or t.startswith("blk.4.")]
+    assert any("--no-mtp" in n for n in result.notes), result.notes
+    REFERENCE_COMPARISONS.append(f"target/qwen35-{name}/{outtype}/no-mtp")
+
+
+@pytest.mark.reference
 @pytest.mark.parametrize(("name", "outtype"), [("dense", "q4_0"), ("moe", "q8_0"), ("dense-untied-nomtp", "bf16")])
 def test_libllama_loads_it(tmp_path: Path, qwen35_dirs: dict[str, Path], name: str, outtype: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())

@@ -130,10 +130,11 @@ def test_a_dflash_drafter_and_an_mtp_assistant_from_the_loopback_hub(gemma4: Pat
         run = subprocess.run([str(BIN / "dflash-convert"), "--target", "google/gemma-4-tiny-it", "--drafter",
                               "z-lab/gemma4-tiny-it-DFlash", "--drafter", "google/gemma-4-tiny-it-assistant",
                               "--outdir", str(outdir), "--tune", "--tune-budget", "20", "--tune-flags", "-t 1",
+                              "--tune-methods", "drafters",
                               "--llama-server", str(reference.llama_bin("llama-server"))], capture_output=True,
                              text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
     assert run.returncode in (0, 15), run.stdout + run.stderr  # 15: a random-weight drafter may collapse
-    assert "ranking (each drafter at its fastest configuration):" in run.stdout, run.stdout
+    assert "ranking (each method and drafter at its fastest configuration):" in run.stdout, run.stdout
     manifest = json.loads((outdir / "pair.json").read_text())
     made = manifest["outputs"]["drafters"]
     assert [d["kind"] for d in made] == ["dflash", "mtp"] and all(d["verify"]["servable"] for d in made), made
@@ -144,7 +145,7 @@ def test_a_dflash_drafter_and_an_mtp_assistant_from_the_loopback_hub(gemma4: Pat
     spec_types = {c["drafter"]: c["spec_type"] for c in manifest["tuning"]["configurations"] if c["drafter"]}
     assert sorted(spec_types.values()) == ["draft-dflash", "draft-mtp"], spec_types
     _serves_the_winner(outdir, manifest)
-    again = run_cli("dflash-gguf", "tune", outdir / "pair.json", "--quick", "--llama-server",
+    again = run_cli("dflash-gguf", "tune", outdir / "pair.json", "--quick", "--methods", "drafters", "--llama-server",
                     reference.llama_bin("llama-server"), "--", "-t", "1")
     assert again.returncode in (0, 15), again.stdout + again.stderr
     manifest = json.loads((outdir / "pair.json").read_text())

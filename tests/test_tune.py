@@ -187,8 +187,13 @@ def test_inputs_that_name_no_pair(demo_pair: Path, tmp_path: Path) -> None:
     target, drafters, manifest = resolve_inputs((demo_pair,))
     assert manifest == demo_pair / "pair.json" and target.name == "gemma-4-tiny-it-Q4_0.gguf"
     assert [d.name for d in drafters] == ["dflash-gemma-4-tiny-it-Q8_0.gguf"]
-    with pytest.raises(TuneError, match="one target and at least one drafter"):
+    with pytest.raises(TuneError, match="tune needs one target"):
         resolve_inputs((tmp_path,))
+    target_only = tmp_path / "t"
+    target_only.mkdir()
+    (target_only / target.name).symlink_to(target)
+    assert resolve_inputs((target_only,)) == (target_only / target.name, [], None)  # its own methods only
+    assert resolve_inputs((target,)) == (target, [], None)
     from dflash_gguf.tune import tune
 
     with pytest.raises(TuneError, match="is a dflash drafter, not a target"):
@@ -235,7 +240,7 @@ def _tune(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict]:
 @pytest.mark.reference
 def test_matched_pair_drafts_and_is_measured(acceptance: dict[str, Path]) -> None:
     proc, doc = _tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--n-max", "7", "--n-predict",
-                      "48", "--repeats", "2", "--json", "--", "-t", "1")
+                      "48", "--repeats", "2", "--methods", "drafters", "--json", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = doc["configurations"]
     assert [r["label"] for r in rows] == ["target alone", "dflash-qwen3-tiny-spm-BF16.gguf n-max 3",
@@ -263,7 +268,7 @@ def test_matched_pair_drafts_and_is_measured(acceptance: dict[str, Path]) -> Non
 @pytest.mark.reference
 def test_perturbed_target_collapses_with_its_own_exit_code(acceptance: dict[str, Path]) -> None:
     proc, doc = _tune(acceptance["perturbed"], acceptance["drafter"], "--quick", "--n-predict", "32", "--thinking",
-                      "off", "--json", "--", "-t", "1")
+                      "off", "--methods", "drafters", "--json", "--", "-t", "1")
     assert proc.returncode == ACCEPTANCE_COLLAPSED, proc.stderr[-3000:]
     drafting = [r for r in doc["configurations"] if r["drafter"]]
     assert drafting and all(r["acceptance"] < 0.05 for r in drafting), drafting
@@ -271,7 +276,7 @@ def test_perturbed_target_collapses_with_its_own_exit_code(acceptance: dict[str,
     assert doc["verdict"].startswith("Acceptance collapsed for dflash-qwen3-tiny-spm-BF16.gguf")
     assert doc["workload"]["thinking"] == "off"
     text, _ = _tune(acceptance["perturbed"], acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
-                    "--repeats", "1", "--", "-t", "1")
+                    "--repeats", "1", "--methods", "drafters", "--", "-t", "1")
     assert text.returncode == ACCEPTANCE_COLLAPSED and "Acceptance collapsed" in text.stdout
     assert "target alone" in text.stdout.splitlines()[2]
     REFERENCE_COMPARISONS.append("llama-server/tune-collapse")
@@ -283,7 +288,7 @@ def test_a_drafter_llama_cpp_refuses_is_reported_and_the_sweep_goes_on(acceptanc
     refused = tmp_path / "dflash-refused-BF16.gguf"
     _drafter_llama_cpp_refuses(acceptance, refused)
     proc, doc = _tune(acceptance["target"], refused, acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
-                      "--repeats", "1", "--json", "--", "-t", "1")
+                      "--repeats", "1", "--methods", "drafters", "--json", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     by_file = {r["drafter"]: r for r in doc["configurations"]}
     assert by_file[refused.name]["status"] in ("crashed", "refused")
@@ -317,29 +322,36 @@ def _drafter_llama_cpp_refuses(acceptance: dict[str, Path], out: Path) -> None:
 
 @pytest.mark.reference
 def test_pipeline_tunes_records_and_serves_in_llama_cpp_layout(acceptance: dict[str, Path], tmp_path: Path) -> None:
-    """dflash-convert --tune: pair.json holds the measurement, the serve command and models.ini the measured n-max,
-    and llama-server --models-dir serves the folder with the sidecar attached and the preset applied."""
+    """dflash-convert --tune: pair.json holds the measurement, the serve command and models.ini what won, tune.png
+    draws it, and llama-server --models-dir serves the folder as measured: with the sidecar attached at the preset's
+    n-max when the drafter won, the target alone (the drafter in drafters/) when it did not."""
     models = tmp_path / "models"
     outdir = models / "qwen3-tiny-spm"
     proc = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target",
                            str(acceptance["target_dir"]), "--drafter", str(acceptance["drafter_dir"]), "--outdir",
-                           str(outdir), "--tune", "--tune-budget", "12", "--tune-flags", "-t 1"],
+                           str(outdir), "--tune", "--tune-budget", "12", "--tune-flags", "-t 1", "--tune-methods",
+                           "drafters"],
                           capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "configuration" in proc.stdout and "llama.cpp's folder layout" in proc.stdout
-    files = sorted(p.name for p in outdir.iterdir() if p.is_file())
-    assert files == ["dflash-qwen3-tiny-spm-Q8_0.gguf", "models.ini", "pair.json", "qwen3-tiny-spm-Q4_0.gguf"]
     doc = json.loads((outdir / "pair.json").read_text())
     tuning, serve = doc["tuning"], doc["serve"]
+    uses = serve["uses_drafter"]
+    assert uses == (tuning["best"]["drafter"] is not None)  # the measured winner, whichever it is here
+    sidecar = "dflash-qwen3-tiny-spm-Q8_0.gguf"
+    files = sorted(p.name for p in outdir.iterdir() if p.is_file())
+    assert files == sorted(["models.ini", "pair.json", "qwen3-tiny-spm-Q4_0.gguf", "tune.png", *([sidecar] * uses)])
+    assert (outdir / ("" if uses else "drafters") / sidecar).is_file()  # not served: waiting in drafters/
+    assert (outdir / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and tuning["plot"] == "tune.png"
+    assert f"picture: {outdir / 'tune.png'}" in proc.stdout
     assert tuning["status"] == "measured" and tuning["user_flags"] == ["-t", "1"] and tuning["budget_seconds"] == 12
     drafting = [c for c in tuning["configurations"] if c["drafter"] and c["status"] == "ok"]
     assert drafting and all(c["acceptance"] > 0.8 for c in drafting)
     best_drafting = max(drafting, key=lambda c: c["generation_tokens_per_second"])
     assert serve["measured"] is True and serve["n_max"] == best_drafting["n_max"]
     assert f"--spec-draft-n-max {serve['n_max']}" in serve["with_drafter"]
-    assert serve["uses_drafter"] == (tuning["best"]["drafter"] is not None)
     preset = (outdir / "models.ini").read_text()
-    assert "[qwen3-tiny-spm]" in preset and f"spec-draft-n-max = {serve['n_max']}" in preset
+    assert "[qwen3-tiny-spm]" in preset and (f"spec-draft-n-max = {serve['n_max']}" in preset) is uses
 
     from dflash_gguf.llama_bin import FoundBinary
     from dflash_gguf.tune.server import serve as run_server
@@ -350,17 +362,22 @@ def test_pipeline_tunes_records_and_serves_in_llama_cpp_layout(acceptance: dict[
         answer = router.post("/completion", {"model": "qwen3-tiny-spm", "prompt": "hello", "n_predict": 16,
                                              "temperature": 0}, timeout=300)
         _, listing = router.request("/models", timeout=30)
-    assert answer["timings"]["draft_n"] > 0 and answer["timings"]["draft_n_accepted"] > 0  # the sidecar drafted
     (model,) = listing["data"]
     args = model["status"]["args"]
-    assert model["id"] == "qwen3-tiny-spm" and str(outdir / "dflash-qwen3-tiny-spm-Q8_0.gguf") in args
-    assert args[args.index("--spec-draft-n-max") + 1] == str(serve["n_max"])
+    assert model["id"] == "qwen3-tiny-spm" and (str(outdir / sidecar) in args) is uses, args
+    if uses:  # the sidecar drafted, at the preset's n-max
+        assert answer["timings"]["draft_n"] > 0 and answer["timings"]["draft_n_accepted"] > 0
+        assert args[args.index("--spec-draft-n-max") + 1] == str(serve["n_max"])
+    else:
+        assert not answer["timings"].get("draft_n") and "--spec-draft-n-max" not in args
     # tune on the folder later (another machine, other flags): pair.json and models.ini follow the new measurement
-    proc, doc = _tune(outdir, "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--json", "--", "-t", "1")
+    proc, doc = _tune(outdir, "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--methods", "drafters", "--json",
+                      "--", "-t", "1")
     assert proc.returncode == 0 and doc["recorded_in"] == str(outdir / "pair.json"), proc.stderr[-2000:]
     again = json.loads((outdir / "pair.json").read_text())
     assert again["serve"]["n_max"] == 2 and again["tuning"]["configurations"][1]["n_max"] == 2
-    assert "spec-draft-n-max = 2" in (outdir / "models.ini").read_text()
+    assert ("spec-draft-n-max = 2" in (outdir / "models.ini").read_text()) is again["serve"]["uses_drafter"]
+    assert (outdir / again["outputs"]["drafter"]["file"]).is_file()
     REFERENCE_COMPARISONS.append("llama-server/pipeline-tune-models-dir")
 
 
@@ -401,9 +418,11 @@ def test_dry_run_lists_the_plan_and_starts_nothing(demo_pair: Path, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["dry_run"] is True and plan["found_by"] == "--llama-server" and not ran.exists()
-    assert plan["flags"] == ["-t", "2", "-c", "4096", "-np", "1", "--metrics"]  # the user's, then the defaults
+    assert plan["flags"] == ["-t", "2", "-c", "4096", "-np", "1", "-lv", "4", "--metrics"]  # the user's, then ours
     labels = [c["label"] for c in plan["configurations"]]
-    assert labels[0] == "target alone"
-    assert [c["n_max"] for c in plan["configurations"][1:]] == coarse_n_max(15)
-    assert "p-min" in plan["then"]
+    assert labels[:3] == ["target alone", "ngram-mod", "ngram-simple"]  # the Gemma-4 target has no MTP head
+    assert [c["n_max"] for c in plan["configurations"][3:]] == coarse_n_max(15)
+    assert plan["methods"] == ["ngram-mod", "ngram-simple", "drafters", "ngram+drafter"]
+    assert plan["target_mtp_layers"] == 0
+    assert "p-min" in plan["then"] and "ngram-mod before the fastest drafter" in plan["then"]
     assert not (demo_pair / "pair.json").read_text().count('"tuning"')  # nothing recorded

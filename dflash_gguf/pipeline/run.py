@@ -28,7 +28,7 @@ from ..tune import TuneOptions, TuneReport, tune
 from ..verify import Report, read_gguf
 from . import stages
 from .manifest import Manifest, file_record, sha256_file
-from .naming import QUANT_TYPES, checkpoint_type, gguf_name, model_name
+from .naming import DRAFTERS_DIR, QUANT_TYPES, checkpoint_type, gguf_name, model_name
 from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
 from .serve import measured_winner, record_serving, serve_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files
@@ -37,7 +37,6 @@ from .sources import resolve_source as resolve_spec
 log = logging.getLogger(__name__)
 
 WORK_DIR = ".dflash-work"  # inside --outdir: the tokenizer overlay and the converters' scratch cwd
-DRAFTERS_DIR = "drafters"  # inside --outdir: every drafter of a run that makes several
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
 
 
@@ -63,6 +62,7 @@ class PipelineOptions:
     tune: bool = False  # measure with llama-server at the end (when one is found)
     tune_options: TuneOptions | None = None
     more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
+    drop_mtp: bool = False  # --no-mtp: the target GGUF without its own MTP head (b11434's converter flag)
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -81,11 +81,13 @@ class PipelineResult:
 
     tuning: TuneReport | None = None
     tuning_skipped: str | None = None  # why --tune measured nothing
+    plot: Path | None = None  # tune.png, drawn after --tune
+    plot_skipped: str | None = None  # why it was not (matplotlib missing)
 
     @property
     def exit_code(self) -> int:
         code = self.report.exit_code if self.report is not None else 0
-        if code == 0 and self.tuning is not None and self.tuning.collapsed:
+        if code == 0 and self.tuning is not None and self.tuning.collapse_found:
             return ACCEPTANCE_COLLAPSED
         return code
 
@@ -93,6 +95,17 @@ class PipelineResult:
         if self.dry_run:
             return {"dry_run": True, **self.manifest, "plan": self.plan.to_dict() if self.plan else None}
         return {"dry_run": False, "manifest": str(self.outdir / "pair.json"), **self.manifest}
+
+
+def _draw(tuning: TuneReport, outdir: Path) -> tuple[Path | None, str | None]:
+    """tune.png beside pair.json, or why it was not drawn (matplotlib is an optional extra)."""
+    from ..tune.plot import PLOT_NAME, PlotUnavailable, write_plot
+
+    try:
+        return write_plot(tuning, outdir / PLOT_NAME), None
+    except PlotUnavailable as e:
+        log.info("%s", e)
+        return None, str(e)
 
 
 def default_outdir(drafter: Source) -> Path:
@@ -239,7 +252,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                           "target_gguf": opts.target_gguf,
                           "llama_cpp": str(opts.llama_cpp) if opts.llama_cpp else None,
                           "keep_intermediate": opts.keep_intermediate,
-                          "allow_derived_target": opts.allow_derived_target},
+                          "allow_derived_target": opts.allow_derived_target, "drop_mtp": opts.drop_mtp},
               "precheck": precheck.to_dict()}
     if len(drafters) > 1:
         header["sources"]["drafters"] = [d.to_dict() for d in drafters]
@@ -355,6 +368,10 @@ class _Run:
                     serve_drafter(m, final_t, measured_winner(tuning), tuning)
                 else:
                     record_serving(m, final_t, final_d, tuning)
+                picture, why_not = _draw(tuning, self.outdir)
+                m.data["tuning"]["plot"] = picture.name if picture else None
+                m.save()
+                return PipelineResult(self.outdir, m.data, None, report, False, tuning, None, picture, why_not)
         elif opts.tune:
             skipped = "verify refused the pair; nothing was measured"
         return PipelineResult(self.outdir, m.data, None, report, False, tuning, skipped)
@@ -371,7 +388,7 @@ class _Run:
         quant = self.opts.quant
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
         one_pass = _one_pass(self.opts, quant) and not final.exists()
-        return stages.working_ahead_of_target(target.path, final, quant if one_pass else None)
+        return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
 
     # -------------------------------------------------------------------------------------------- stages
 
@@ -405,15 +422,19 @@ class _Run:
         src = checkpoint_type(target.path)
         key = {"method": self.method.kind, "detail": self.method.detail, "source": target.identity(),
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
+        if self.opts.drop_mtp:  # only when set: outputs made before the option existed stay reusable
+            key["drop_mtp"] = True
         sources = Sources(None, target.repo_spec, None, tok.provenance())
 
         def convert_builtin(out: Path, quant: str | None = None) -> str | None:
             with _bar(self.progress, "convert target") as bar:
-                return stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant)
+                return stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant,
+                                                     self.opts.drop_mtp)
 
         def convert_with_llama_cpp(out: Path) -> str | None:
             assert self.opts.llama_cpp is not None
-            stages.convert_target_llama_cpp(self.opts.llama_cpp, tok, target.path, out, src, self.work)
+            stages.convert_target_llama_cpp(self.opts.llama_cpp, tok, target.path, out, src, self.work,
+                                            self.opts.drop_mtp)
             return None  # an external tool's output: hashed by reading it
 
         builtin = self.method.kind == "builtin"

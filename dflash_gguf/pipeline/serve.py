@@ -1,7 +1,8 @@
-"""How the pair is served: the llama-server command, the ``models.ini`` preset, and the measured n-max.
+"""How the pair is served: the llama-server command, the ``models.ini`` preset, and the measured method.
 
-Untuned, the command uses ``tune.DEFAULT_N_MAX`` (clamped to the drafter's block) and says it was not
-measured; after ``tune`` it uses the fastest measured configuration. Either way ``pair.json`` records which.
+Untuned, the command uses the drafter at ``tune.DEFAULT_N_MAX`` (clamped to its block) and says it was not
+measured; after ``tune`` it serves the fastest configuration measured, whatever drafts: the target alone, its
+own MTP head, n-gram drafting, the drafter, or n-gram drafting before it. ``pair.json`` records which.
 """
 
 from __future__ import annotations
@@ -9,65 +10,96 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
 from ..sidecar import PRESET_NAME, sidecars_beside
-from ..tune import DEFAULT_N_MAX, TuneReport, inspect_drafter, required_p_min
+from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter, required_p_min
 from .manifest import Manifest, read_manifest
+from .naming import DRAFTERS_DIR
+
+
+def _served_configuration(drafter: Drafter, report: TuneReport | None) -> tuple[Configuration, Configuration, str]:
+    """(what to serve, the drafter's own best configuration, why), from the measurement or the untuned default."""
+    default = Configuration(drafter, min(DEFAULT_N_MAX, drafter.max_n_max), required_p_min(drafter))
+    if report is None or report.best is None:
+        return default, default, (f"not measured on this machine: n-max {default.n_max}, the small draft length "
+                                  f"users' measurements favour over the block's maximum of {drafter.max_n_max}; "
+                                  "'dflash-gguf tune' measures it")
+    best = report.best
+    mine = [m for m in report.drafting if m.config.drafter is not None and m.config.ngram is None
+            and m.config.drafter.path.name == drafter.path.name and report.servable(m)]  # by name: it may move
+    own = max(mine, key=lambda m: m.gen_tps or 0.0).config if mine else default
+    own = replace(own, drafter=drafter)  # the file as it is named now (it may have moved since it was measured)
+    if best.config.alone:
+        return best.config, own, (f"measured by tune: the target alone was fastest; the drafter's best was n-max "
+                                  f"{own.n_max}")
+    served = replace(best.config, drafter=drafter) if best.config.drafter is not None else best.config
+    method = f" ({best.config.method})" if best.config.method != best.config.label else ""
+    return served, own, (f"measured by tune: {best.config.label}{method} was fastest "
+                         f"({report.speedup(best) or 0:.2f}x the target alone)")
 
 
 def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> dict[str, Any]:
-    """The ``serve`` section of pair.json: the command, n-max and p-min, and where they came from."""
+    """The ``serve`` section of pair.json: the command for the fastest method measured (the target alone, its own
+    MTP head, n-gram drafting, the drafter, or n-gram drafting before it), and where it came from."""
     info = inspect_drafter(drafter)
-    limit, spec_type = info.max_n_max, info.spec_type or "draft-dflash"  # draft-dspark for a Markov-head drafter
-    if report is None or report.best is None:
-        n_max, p_min, with_drafter, measured = min(DEFAULT_N_MAX, limit), None, True, False
-        note = (f"not measured on this machine: n-max {n_max}, the small draft length users' measurements favour "
-                f"over the block's maximum of {limit}; 'dflash-gguf tune' measures it")
-    else:
-        best, drafting = report.best, report.best_drafting
-        chosen = drafting if best.config.drafter is None else best
-        n_max = chosen.config.n_max if chosen is not None and chosen.config.n_max else min(DEFAULT_N_MAX, limit)
-        p_min = chosen.config.p_min if chosen is not None else None
-        with_drafter, measured = best.config.drafter is not None, True
-        speed = report.speedup(best)
-        note = (f"measured by tune: {best.config.label} was fastest ({speed:.2f}x the target alone)" if with_drafter
-                else f"measured by tune: the target alone was fastest; the drafter's best was n-max {n_max}")
-    if p_min is None:
-        p_min = required_p_min(info)  # a DSpark drafter without a confidence head needs p-min 0
-    drafted = ["llama-server", "-m", str(target.absolute()), "--model-draft", str(drafter.absolute()),
-               "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
-    if p_min is not None:
-        drafted += ["--spec-draft-p-min", f"{p_min:g}"]
-    cmd = drafted if with_drafter else ["llama-server", "-m", str(target.absolute())]
+    served, own, note = _served_configuration(info, report)
+    target_args = ["llama-server", "-m", str(target.absolute())]
+    drafted = target_args + own.server_args()
+    cmd = target_args + served.server_args()
     folder = target.absolute().parent
     models_dir = ["llama-server", "--models-dir", str(folder.parent), "--models-preset", str(folder / PRESET_NAME)]
     # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
     # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark).
-    hub = ["llama-server", "-hf", "USER/REPO", "--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
-    if (needed := required_p_min(info)) is not None:
-        hub += ["--spec-draft-p-min", f"{needed:g}"]
-    if spec_type == "draft-eagle3":  # common/preset.cpp attaches no eagle3- sidecar (-hf does, given the spec type)
+    hub = ["llama-server", "-hf", "USER/REPO", *_without_files(served.server_args())]
+    spec_type = info.spec_type or "draft-dflash"
+    if served.drafter is not None and spec_type == "draft-eagle3":  # common/preset.cpp attaches no eagle3- sidecar
         note += ("; the --models-dir router does not attach an eagle3- drafter in llama.cpp b11434: serve the pair "
                  "with the command above, or from a Hub repo with -hf and --spec-type draft-eagle3")
-    return {"command": cmd, "shell": shlex.join(cmd), "n_max": n_max, "p_min": p_min, "measured": measured,
-            "uses_drafter": with_drafter, "note": note, "with_drafter": shlex.join(drafted),
-            "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME, "model": folder.name,
-            "hub": " ".join(hub)}
+    return {"command": cmd, "shell": shlex.join(cmd), "method": served.method, "n_max": served.n_max or own.n_max,
+            "p_min": served.p_min if served.n_max is not None else own.p_min,
+            "spec_type": ",".join(served.spec_types) or None, "measured": report is not None and report.best
+            is not None, "uses_drafter": served.drafter is not None, "note": note, "with_drafter": shlex.join(drafted),
+            "preset": _preset_options(served), "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME,
+            "model": folder.name, "hub": " ".join(hub)}
+
+
+def _without_files(args: list[str]) -> list[str]:
+    """Server arguments minus ``--model-draft FILE`` (a Hub repo's sidecar is found by -hf)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--model-draft":
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def _preset_options(config: Configuration) -> dict[str, str]:
+    """The configuration as ``models.ini`` keys (common/preset.cpp: an option's long name without dashes). The
+    drafter file is not one: the router attaches the sidecar beside the target and, for a drafter alone, infers
+    its spec type from the file's metadata (common_speculative_types_from_gguf), so that is left out too."""
+    args = _without_files(config.server_args())
+    options = {args[i].lstrip("-"): args[i + 1] for i in range(0, len(args) - 1, 2)}
+    if config.drafter is not None and config.ngram is None:
+        options.pop("spec-type", None)
+    return options
 
 
 def write_models_preset(outdir: Path, serve: dict[str, Any]) -> Path:
     """``models.ini`` for ``llama-server --models-dir <parent> --models-preset models.ini``: this folder's
-    model, the drafter llama-server attaches from the folder, and the n-max chosen (atomically written)."""
+    model and the speculation measured fastest (the drafter sidecar beside the target is attached by the router
+    itself; it is there only when the drafter is what is served). Atomically written."""
     lines = [f"; written by dflash-gguf: {serve['note']}",
              f"; serve: {serve['models_dir']}",
              f"; uploaded to a Hub repo: {serve['hub']}",
-             f"[{serve['model']}]",
-             f"spec-draft-n-max = {serve['n_max']}"]
-    if serve.get("p_min") is not None:
-        lines.append(f"spec-draft-p-min = {serve['p_min']:g}")
+             f"[{serve['model']}]"]
+    lines += [f"{key} = {value}" for key, value in serve["preset"].items()]
     path = Path(outdir) / PRESET_NAME
     with atomic_output(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -75,13 +107,35 @@ def write_models_preset(outdir: Path, serve: dict[str, Any]) -> Path:
 
 
 def record_serving(manifest: Manifest, target: Path, drafter: Path, report: TuneReport | None) -> None:
-    """Write ``serve`` (and, after a measurement, ``tuning``) into pair.json and ``models.ini`` beside it."""
+    """Write ``serve`` (and, after a measurement, ``tuning``) into pair.json and ``models.ini`` beside it.
+
+    A run of one drafter keeps it beside the target (where the --models-dir router attaches it) only while it is
+    what is served; otherwise it waits in ``drafters/``, recorded in pair.json as before."""
+    if "drafters" not in manifest.data["outputs"]:
+        drafter = _place_single_drafter(manifest, target, drafter, report)
     serve = serve_plan(target, drafter, report)
     manifest.data["serve"] = serve
     if report is not None:
         manifest.data["tuning"] = {"status": "measured", **report.to_dict()}
     write_models_preset(manifest.outdir, serve)
     manifest.save()
+
+
+def _place_single_drafter(manifest: Manifest, target: Path, drafter: Path, report: TuneReport | None) -> Path:
+    """The one drafter of a run moved beside the target when the served method uses it, into ``drafters/`` when
+    it does not (the router would attach it); pair.json's record follows. Returns where it is now."""
+    best = report.best if report is not None else None
+    wanted_beside = best is None or best.config.drafter is not None
+    here = Path(drafter)
+    there = target.parent / here.name if wanted_beside else target.parent / DRAFTERS_DIR / here.name
+    if here.absolute() != there.absolute() and here.is_file():
+        there.parent.mkdir(exist_ok=True)
+        os.replace(here, there)
+        manifest.data["outputs"]["drafter"]["file"] = os.path.relpath(there, manifest.outdir)
+        parent = here.parent
+        if parent.name == DRAFTERS_DIR and not any(parent.iterdir()):
+            parent.rmdir()
+    return there if there.is_file() else here
 
 
 def measured_winner(report: TuneReport) -> Path | None:
@@ -112,7 +166,8 @@ def serve_drafter(manifest: Manifest, target: Path, chosen: Path | None, report:
         manifest.data["outputs"]["drafter"] = rec
         plan_for = outdir / rec["file"]
     else:  # pair.json's drafter: the fastest drafter measured (or the first), where it is, in drafters/
-        fastest = report.best_drafting if report is not None else None
+        with_files = [m for m in report.drafting if m.config.drafter is not None] if report is not None else []
+        fastest = max(with_files, key=lambda m: m.gen_tps or 0.0) if with_files else None
         name = fastest.config.drafter.path.name if fastest is not None and fastest.config.drafter else \
             next(iter(by_name))
         rec = {k: v for k, v in by_name[name].items() if k not in ("kind", "source", "verify")}

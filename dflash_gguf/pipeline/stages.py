@@ -245,22 +245,23 @@ def reading_ahead(checkpoint: Path) -> contextlib.AbstractContextManager[object]
     return warm_up((path, 0, path.stat().st_size) for path in sorted(checkpoint.glob("*.safetensors")))
 
 
-def working_ahead_of_target(model_dir: Path, outfile: Path, quant: str | None) -> contextlib.AbstractContextManager[
-        object]:
+def working_ahead_of_target(model_dir: Path, outfile: Path, quant: str | None, drop_mtp: bool = False
+                            ) -> contextlib.AbstractContextManager[object]:
     """What the built-in target conversion can do before its vocabulary (``convert.targets.working_ahead``), done
     while the run does the CPU work in front of it (the drafter check, the tokenizer.model synthesis, a 262k
     vocabulary), seconds in which a core and the disk would sit idle: with ``quant`` (the one pass to
     ``outfile``) its first tensors quantized, else its weights read ahead. Nothing when the checkpoint cannot be
     planned: its conversion reports why."""
     try:
-        fam = family_for(model_dir)
+        fam = family_for(model_dir, drop_mtp=drop_mtp)
         return working_ahead(fam, plan_tensors(fam), outfile, checkpoint_type(model_dir), quant)
     except DflashGgufError:
         return contextlib.nullcontext()
 
 
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
-                           sources: Sources, on_progress: OnProgress = None, quant: str | None = None) -> str | None:
+                           sources: Sources, on_progress: OnProgress = None, quant: str | None = None,
+                           drop_mtp: bool = False) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
     are already read ahead, or its head start made (:func:`working_ahead_of_target`, entered by the run before its
@@ -268,7 +269,7 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
     from ..convert.targets import convert_target
 
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
-                          quant=quant, read_ahead=False, on_progress=on_progress).sha256
+                          quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress).sha256
 
 
 def drafter_reads_target_weights(drafter: Source) -> bool:
@@ -300,11 +301,12 @@ def convert_drafter_llama_cpp(llama_cpp: Path, drafter: Source, tokenizer: Token
 
 
 def convert_target_llama_cpp(llama_cpp: Path, tokenizer: TokenizerStage, model_dir: Path, outfile: Path,
-                             outtype: str, workdir: Path) -> None:
+                             outtype: str, workdir: Path, drop_mtp: bool = False) -> None:
     """llama.cpp's converter on the overlay (it mirrors the target, weights symlinked) or the target itself."""
     from .llama_cpp import run_converter
 
-    run_converter(llama_cpp, tokenizer.overlay or model_dir, outfile, outtype, workdir)
+    run_converter(llama_cpp, tokenizer.overlay or model_dir, outfile, outtype, workdir,
+                  ("--no-mtp",) if drop_mtp else ())
 
 
 def convert_drafter_stage(drafter: Source, target: Source, tokenizer: TokenizerStage, outfile: Path, outtype: str,

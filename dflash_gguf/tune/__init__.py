@@ -1,10 +1,13 @@
-"""``tune``: measure a target and its drafters with real llama-server on this machine, and pick the fastest.
+"""``tune``: measure every way llama-server can speculate for a target on this machine, and pick the fastest.
 
 One server per configuration (b11434 takes the drafter and ``--spec-draft-n-max`` at start-up only): the
-target alone first (the baseline every speed-up is relative to), then each drafter over an adaptive n-max
-sweep: a coarse pass over powers of two minus one, then the neighbours of the best, then ``--spec-draft-p-min``
-at the best n-max while the time budget lasts. A configuration that crashes or hangs is recorded and the sweep
-goes on. Tests assert verdicts (acceptance near 1 against near 0, the report's shape), never absolute speed.
+target alone first (the baseline every speed-up is relative to); the target's own MTP head when its GGUF has
+one; model-free n-gram drafting; each drafter file; n-gram drafting before the fastest drafter. Drafting
+methods go over an adaptive n-max sweep: a coarse pass over powers of two minus one, then the neighbours of the
+best, then ``--spec-draft-p-min`` at the best n-max while the time budget lasts. Every configuration's greedy
+tokens are compared with the target alone's: speculation must not change them. A configuration that crashes or
+hangs is recorded and the sweep goes on. Tests assert verdicts (acceptance near 1 against near 0, the report's
+shape), never absolute speed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,18 @@ from ..dflash_format import DEFAULT_BLOCK_SIZE, DSPARK_MARKER, Keys
 from ..errors import TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
-from .report import Configuration, Drafter, Measurement, Sample, ServerInfo, TuneReport
+from .report import (
+    NGRAM_FLAGS,
+    OWN_MTP_METHOD,
+    Configuration,
+    Drafter,
+    Measurement,
+    Sample,
+    ServerInfo,
+    TuneReport,
+    compare_greedy,
+    device_memory_from_log,
+)
 from .server import Server, ServerFailed, find_llama_server, serve
 from .workload import Rendered, Workload, render
 
@@ -39,10 +53,12 @@ SPEC_TYPES = {DFLASH_ARCH: "draft-dflash", "gemma4-assistant": "draft-mtp", "eag
 # A DSpark drafter is a dflash file with a Markov head (markov_w1.weight): llama-server serves it as draft-dspark.
 DSPARK_SPEC_TYPE = "draft-dspark"
 # Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and
-# the counters that give the number of verification steps.
+# log verbosity 4, at which llama.cpp logs every buffer it allocates (the device memory of an offloaded run, which
+# the host's RSS misses) and its system_info line; a few lines per request, nothing per token.
 _DEFAULT_FLAGS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("-c", "--ctx-size"), ("-c", "4096")),
     (("-np", "--parallel"), ("-np", "1")),
+    (("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"), ("-lv", "4")),
 )
 _SYSTEM_INFO_RE = re.compile(r"system_info: n_threads = (\d+)[^|\n]*\|\s*(.*)$", re.M)
 _DEVICE_RE = re.compile(r"(using device .*?)$|^\s*(Device \d+: .*)$", re.M)
@@ -50,6 +66,30 @@ _WARMUP_TOKENS = 16
 _LONG_SWEEP = 600.0  # seconds: warn (with the way to bound it) when an unbounded sweep looks longer
 
 OnProgress = Callable[[int, int, str], None]
+
+
+# What ``--methods`` can name. Every one that applies is measured unless narrowed; the target alone always is.
+METHOD_OWN_MTP = "mtp"  # the target's own nextn head, when its GGUF has one
+METHOD_DRAFTERS = "drafters"  # the drafter files given
+METHOD_NGRAM_DRAFTER = "ngram+drafter"  # ngram-mod tried before the fastest drafter, at its best n-max
+METHODS: tuple[str, ...] = (METHOD_OWN_MTP, *NGRAM_FLAGS, METHOD_DRAFTERS, METHOD_NGRAM_DRAFTER)
+COMBINED_NGRAM = "ngram-mod"
+# The longest draft tried for the target's own head: like an assistant it runs once per drafted token on its own
+# predicted hidden state, so acceptance falls with every step (b11434's default --spec-draft-n-max is 3).
+OWN_MTP_MAX_N_MAX = 7
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """The target GGUF as the tuner sees it: its architecture and whether it carries an MTP (nextn) head."""
+
+    path: Path
+    arch: str
+    nextn_layers: int  # {arch}.nextn_predict_layers, when the blk.N.nextn.* tensors are there too
+
+    @property
+    def has_own_mtp(self) -> bool:
+        return self.nextn_layers > 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +104,8 @@ class TuneOptions:
     llama_server: Path | None = None
     startup_timeout: float = 300.0
     request_timeout: float = 600.0
+    methods: frozenset[str] = frozenset(METHODS)  # narrowed by --methods
+    serve_changed_output: bool = False  # let a configuration whose greedy text differs win
 
 
 @dataclass(frozen=True)
@@ -155,12 +197,40 @@ def file_type_name(ftype: object) -> str:
         return "unknown"
 
 
-def check_target(path: Path) -> None:
-    """Raises TuneError when ``path`` is a drafter rather than a target (InputError when unreadable)."""
-    arch = read_gguf(Path(path)).arch
+def check_target(path: Path) -> TargetInfo:
+    """The target's architecture and MTP head.
+
+    Raises:
+        TuneError: ``path`` is a drafter rather than a target.
+        InputError: it cannot be read as GGUF.
+    """
+    meta = read_gguf(Path(path))
+    arch = meta.arch or "?"
     if arch in SPEC_TYPES:
         raise TuneError(f"{path} is a {arch} drafter, not a target. Pass the target GGUF first, then its drafters "
                         "(or the pair.json / output folder dflash-convert wrote).")
+    declared = meta.get(f"{arch}.nextn_predict_layers")
+    has_tensors = any(".nextn." in name for name in meta.tensors)
+    nextn = int(declared) if isinstance(declared, int) and declared > 0 and has_tensors else 0
+    return TargetInfo(Path(path).absolute(), arch, nextn)
+
+
+def own_mtp_values(opts: TuneOptions) -> list[int]:
+    """The n-max values first measured for the target's own head."""
+    return [n for n in (opts.n_max_values or coarse_n_max(OWN_MTP_MAX_N_MAX)) if n <= OWN_MTP_MAX_N_MAX]
+
+
+def first_configurations(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOptions) -> list[Configuration]:
+    """Every configuration known before anything is measured, in the order measured: the target alone, its own
+    MTP head, n-gram drafting, then each drafter file (refinement and the n-gram + drafter pair follow)."""
+    out = [Configuration()]
+    if METHOD_OWN_MTP in opts.methods and target.has_own_mtp:
+        out += [Configuration(n_max=n, own_mtp=True) for n in own_mtp_values(opts)]
+    out += [Configuration(ngram=name) for name in NGRAM_FLAGS if name in opts.methods]
+    if METHOD_DRAFTERS in opts.methods:
+        out += [Configuration(d, n, required_p_min(d)) for d in drafters
+                for n in (opts.n_max_values or coarse_n_max(d.max_n_max)) if n <= d.max_n_max]
+    return out
 
 
 def with_default_flags(user_flags: Sequence[str]) -> list[str]:
@@ -201,6 +271,7 @@ class _Budget:
     def __init__(self, seconds: float | None) -> None:
         self.seconds, self.start = seconds, time.monotonic()
         self.longest = 0.0
+        self.skipped: list[str] = []  # labels of the configurations the budget left out
 
     @property
     def elapsed(self) -> float:
@@ -243,7 +314,7 @@ class _Tuner:
                                            self.n_ctx)
                 samples, steps = self._requests(server)
             m = Measurement(config, "ok", tuple(samples), self.opts.workload.repeats, steps, server.peak_rss,
-                            time.monotonic() - t0)
+                            time.monotonic() - t0, device_memory=device_memory_from_log(server.log()))
         except ServerFailed as e:
             log.warning("%s: %s", config.label, str(e).splitlines()[0])
             m = Measurement(config, e.kind, peak_rss=server.peak_rss if server else None,  # type: ignore[arg-type]
@@ -262,7 +333,7 @@ class _Tuner:
         for _ in range(wl.repeats):
             for name, text in self.rendered.texts:
                 answer = server.post("/completion", wl.request(text), timeout=timeout)
-                samples.append(Sample.from_timings(name, answer.get("timings") or {}))
+                samples.append(Sample.from_answer(name, answer))
         after = _spec_counters(server)
         steps = None
         if before is not None and after is not None:
@@ -320,18 +391,41 @@ class TunePlan:
     """What ``tune`` would run, before anything is started (``--dry-run``): the server, the flags every
     configuration gets, and the configurations known up front (refinement depends on what is measured)."""
 
-    target: Path
+    target: TargetInfo
     drafters: tuple[Drafter, ...]
     server: FoundBinary
     flags: tuple[str, ...]
     workload: Workload
     first: tuple[Configuration, ...]
     later: str  # what may follow, in words
+    methods: tuple[str, ...]  # the methods that apply and were not narrowed away
 
     def to_dict(self) -> dict[str, object]:
-        return {"dry_run": True, "target": str(self.target), "server": str(self.server.path),
-                "found_by": self.server.source, "flags": list(self.flags), "workload": self.workload.to_dict(),
-                "configurations": [c.to_dict() for c in self.first], "then": self.later}
+        return {"dry_run": True, "target": str(self.target.path), "target_arch": self.target.arch,
+                "target_mtp_layers": self.target.nextn_layers, "methods": list(self.methods),
+                "server": str(self.server.path), "found_by": self.server.source, "flags": list(self.flags),
+                "workload": self.workload.to_dict(), "configurations": [c.to_dict() for c in self.first],
+                "then": self.later}
+
+
+def applicable_methods(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOptions) -> tuple[str, ...]:
+    """The methods that will be measured: asked for (``--methods``) and possible for these files."""
+    possible = {METHOD_OWN_MTP: target.has_own_mtp, METHOD_DRAFTERS: bool(drafters),
+                METHOD_NGRAM_DRAFTER: bool(drafters) and METHOD_DRAFTERS in opts.methods}
+    return tuple(m for m in METHODS if m in opts.methods and possible.get(m, True))
+
+
+def _prepare(target: Path, drafters: Sequence[Path], opts: TuneOptions) -> tuple[TargetInfo, list[Drafter],
+                                                                                 tuple[str, ...]]:
+    info = check_target(target)
+    found = [inspect_drafter(d) for d in drafters]
+    methods = applicable_methods(info, found, opts)
+    if not methods:
+        asked = ", ".join(sorted(opts.methods)) or "none"
+        raise TuneError(f"Nothing to compare with the target alone: --methods {asked} names no method that applies "
+                        f"to {Path(target).name} (its own MTP head: {'yes' if info.has_own_mtp else 'none'}; drafter "
+                        f"files: {len(found)}). Name one of {', '.join(METHODS)} that applies, or pass drafter files.")
+    return info, found, methods
 
 
 def plan_tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = None) -> TunePlan:
@@ -341,100 +435,169 @@ def plan_tune(target: Path, drafters: Sequence[Path], options: TuneOptions | Non
         LlamaServerNotFound, TuneError, InputError: as :func:`tune`.
     """
     opts = options or TuneOptions()
-    check_target(target)
-    found = [inspect_drafter(d) for d in drafters]
+    info, found, methods = _prepare(target, drafters, opts)
     binary = find_llama_server(opts.llama_server)
-    first = [Configuration()] + [Configuration(d, n, required_p_min(d)) for d in found
-                                 for n in (opts.n_max_values or coarse_n_max(d.max_n_max)) if n <= d.max_n_max]
-    if opts.quick or opts.n_max_values:
-        later = "the target alone again (when more than two configurations ran)"
-    else:
-        later = (f"per drafter, up to 4 n-max values between the fastest and its neighbours, then --spec-draft-p-min "
-                 f"{' and '.join(f'{p:g}' for p in P_MIN_SWEEP)} at the best n-max; then the target alone again")
+    first = first_configurations(info, found, replace(opts, methods=frozenset(methods)))
+    later_parts = []
+    if not (opts.quick or opts.n_max_values):
+        later_parts.append(f"per drafter (and the target's own head), up to 4 n-max values between the fastest and "
+                           f"its neighbours, then --spec-draft-p-min {' and '.join(f'{p:g}' for p in P_MIN_SWEEP)} at "
+                           "the best n-max")
+    if METHOD_NGRAM_DRAFTER in methods:
+        later_parts.append(f"{COMBINED_NGRAM} before the fastest drafter at its best n-max")
+    later_parts.append("the target alone again (when more than two configurations ran)")
+    later = "; then ".join(later_parts)
     if opts.budget is not None:
         later += f"; no configuration starts once {opts.budget:g} s are spent"
-    return TunePlan(Path(target).absolute(), tuple(found), binary, tuple(with_default_flags(opts.user_flags)),
-                    opts.workload, tuple(first), later)
+    return TunePlan(info, tuple(found), binary, tuple(with_default_flags(opts.user_flags)), opts.workload,
+                    tuple(first), later, methods)
 
 
 def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = None,
          on_progress: OnProgress | None = None) -> TuneReport:
-    """Measure the target alone, then every drafter over the sweep; returns the report with its verdict.
+    """Measure the target alone, then every method that applies (its own MTP head, n-gram drafting, each drafter
+    over the n-max sweep, n-gram drafting before the fastest drafter); returns the report with its verdict.
 
     Raises:
         LlamaServerNotFound: no llama-server.
-        TuneError: an input is not a target/drafter, or the target alone could not be served (nothing measured).
+        TuneError: an input is not a target/drafter, no method applies, or the target alone could not be served.
         InputError: a GGUF cannot be read.
     """
     opts = options or TuneOptions()
-    check_target(target)
-    found = [inspect_drafter(d) for d in drafters]
+    info, found, methods = _prepare(target, drafters, opts)
+    opts = replace(opts, methods=frozenset(methods))
     binary = find_llama_server(opts.llama_server)
     budget = _Budget(opts.budget)
     t = _Tuner(target, binary, opts, on_progress)
-    per_drafter = [opts.n_max_values or coarse_n_max(d.max_n_max) for d in found]
-    t.planned = 1 + sum(len(v) for v in per_drafter)
-    base = t.measure(Configuration())
+    first = first_configurations(info, found, opts)
+    t.planned = len(first) + (1 if METHOD_NGRAM_DRAFTER in methods else 0)
+    base = t.measure(first[0])
     budget.spent(base)
     if base.status != "ok":
         raise TuneError(f"Nothing could be measured: the target {target} alone could not be served "
                         f"({base.status}). {base.error} Check that llama-server loads it with these flags: "
                         f"{' '.join(t.flags)}.")
     notes: list[str] = []
-    full = 1 + sum(len(v) + (0 if opts.quick or opts.n_max_values else 4 + len(P_MIN_SWEEP)) for v in per_drafter)
+    refined = 0 if opts.quick or opts.n_max_values else 4 + len(P_MIN_SWEEP)
+    n_sweeps = int(METHOD_OWN_MTP in methods) + (len(found) if METHOD_DRAFTERS in methods else 0)
+    full = len(first) + 1 + refined * n_sweeps
     if opts.budget is None and base.seconds * full > _LONG_SWEEP:
         log.warning("the target alone took %.0f s to measure; the sweep is up to %d configurations, about %.0f min. "
                     "--budget SECONDS or --quick bounds it.", base.seconds, full, base.seconds * full / 60)
-    for d, values in zip(found, per_drafter, strict=True):
-        _sweep_drafter(t, d, [v for v in values if v <= d.max_n_max], budget, notes)
+    own = [_Sweep("the target's own MTP head", lambda n, p: Configuration(n_max=n, p_min=p, own_mtp=True),
+                  own_mtp_values(opts), OWN_MTP_MAX_N_MAX, None)] if METHOD_OWN_MTP in methods else []
+    files = [_Sweep(d.path.name, lambda n, p, d=d: Configuration(d, n, p),
+                    [v for v in (opts.n_max_values or coarse_n_max(d.max_n_max)) if v <= d.max_n_max],
+                    d.max_n_max, required_p_min(d)) for d in found] if METHOD_DRAFTERS in methods else []
+    sweeps = own + files
+    # Breadth first, so that a budget still ranks every method: each method's first configuration (always run, in
+    # the order --dry-run lists them), then the rest of each coarse sweep, then each refinement and p-min sweep.
+    for sweep in own:
+        sweep.first(t, budget, notes)
+    for name in NGRAM_FLAGS:
+        if name in methods:
+            budget.spent(t.measure(Configuration(ngram=name)))
+    for sweep in files:
+        sweep.first(t, budget, notes)
+    for sweep in sweeps:
+        sweep.coarse(t, budget)
+    if not (opts.quick or opts.n_max_values):
+        for sweep in sweeps:
+            sweep.refine(t, budget)
+    if METHOD_NGRAM_DRAFTER in methods:
+        partial = TuneReport(Path(target), tuple(found), opts.workload, "", t.info, (), tuple(t.measurements), None,
+                             0.0, serve_changed_output=opts.serve_changed_output)
+        pure = [m for d in found if (m := partial.best_for(d)) is not None and partial.servable(m)
+                and d not in partial.collapsed]
+        if pure:
+            top = max(pure, key=lambda m: m.gen_tps or 0.0).config
+            _run_one(t, replace(top, ngram=COMBINED_NGRAM), budget)
+        else:
+            t.planned -= 1
+            notes.append(f"{COMBINED_NGRAM} + drafter: not measured, no drafter was servable (measured, greedy text "
+                         "unchanged, acceptance not collapsed).")
     if len(t.measurements) > 2:  # a long sweep: measure the baseline again, so drift shows and is averaged out
         if budget.allows_another():
             t.planned += 1
             t.measure(Configuration(again=True))
         else:
-            notes.append("target alone, again: not measured, the budget was spent (the baseline is from the start "
-                         "of the sweep only).")
+            budget.skipped.append("target alone, again (the baseline is from the start of the sweep only)")
+    if budget.skipped:
+        notes.append(f"not measured, the {budget.seconds:g} s budget was spent: {'; '.join(budget.skipped)}.")
     if opts.n_max_values and any(v > d.max_n_max for d in found for v in opts.n_max_values):
         notes.append("n-max values above a drafter's block_size - 1 were not measured: llama.cpp clamps them.")
+    runs = [m for m in t.measurements if m.config.alone and m.status == "ok"]
+    if len(runs) > 1 and (g := compare_greedy(runs[0].samples, runs[1].samples)).same is False:
+        notes.append(f"the target alone generated different greedy text on its second run ({g.text}): this server "
+                     "is not deterministic here, so the greedy check of the other configurations is not reliable.")
     assert t.rendered is not None
     return TuneReport(Path(target), tuple(found), opts.workload, t.rendered.thinking, t.info,
-                      tuple(opts.user_flags), tuple(t.measurements), opts.budget, budget.elapsed, tuple(notes))
+                      tuple(opts.user_flags), tuple(t.measurements), opts.budget, budget.elapsed, tuple(notes),
+                      opts.serve_changed_output)
 
 
-def _sweep_drafter(t: _Tuner, d: Drafter, values: list[int], budget: _Budget, notes: list[str]) -> None:
-    speed: dict[int, float] = {}
+def _run_one(t: _Tuner, config: Configuration, budget: _Budget) -> Measurement | None:
+    """Measure ``config`` if the budget allows another configuration; else record it as skipped."""
+    if not budget.allows_another():
+        budget.skipped.append(config.label)
+        return None
+    m = t.measure(config)
+    budget.spent(m)
+    return m
 
-    def run(config: Configuration, mandatory: bool = False) -> Measurement | None:
-        if not mandatory and not budget.allows_another():
-            notes.append(f"{config.label}: not measured, the {budget.seconds:g} s budget was spent.")
-            return None
-        m = t.measure(config)
+
+class _Sweep:
+    """One drafting method over n-max: its first value always measured, the rest of the coarse pass while the
+    budget lasts, then (unless --quick or --n-max) the neighbours of the fastest and the p-min sweep at it."""
+
+    def __init__(self, name: str, make: Callable[[int, float | None], Configuration], values: list[int], limit: int,
+                 fixed_p_min: float | None) -> None:
+        self.name, self.make, self.values, self.limit, self.fixed_p_min = name, make, values, limit, fixed_p_min
+        self.speed: dict[int, float] = {}
+        self.stopped = not values
+
+    def _record(self, m: Measurement | None, n: int) -> None:
+        if m is not None and m.status == "ok" and m.gen_tps:
+            self.speed[n] = m.gen_tps
+
+    def first(self, t: _Tuner, budget: _Budget, notes: list[str]) -> None:
+        """The first n-max: always measured; a failure or a collapse there ends the sweep."""
+        if self.stopped:
+            return
+        n = self.values[0]
+        m = t.measure(self.make(n, self.fixed_p_min))
         budget.spent(m)
-        return m
+        self._record(m, n)
+        rest = len(self.values) - 1
+        if rest and m.status != "ok":
+            notes.append(f"{self.name}: could not be served at n-max {n} ({m.status}); the rest of its sweep was "
+                         "skipped.")
+        elif rest and m.collapsed:
+            notes.append(f"{self.name}: acceptance collapsed at n-max {n}; the rest of its sweep was skipped.")
+        else:
+            return
+        t.planned -= rest
+        self.stopped = True
 
-    fixed_p_min = required_p_min(d)
-    for i, n in enumerate(values):
-        m = run(Configuration(d, n, fixed_p_min), mandatory=i == 0)
-        if m is not None and m.status == "ok" and m.gen_tps:
-            speed[n] = m.gen_tps
-            if m.collapsed and i == 0 and len(values) > 1:
-                notes.append(f"{d.path.name}: acceptance collapsed at n-max {n}; the rest of its sweep was skipped.")
-                t.planned -= len(values) - 1
-                return
-    if t.opts.quick or t.opts.n_max_values or not speed:
-        return
-    extra = refine_n_max(speed, d.max_n_max)
-    p_sweep = P_MIN_SWEEP if fixed_p_min is None else ()  # no confidence head: p-min must stay 0
-    t.planned += len(extra) + len(p_sweep)
-    for n in extra:
-        m = run(Configuration(d, n, fixed_p_min))
-        if m is not None and m.status == "ok" and m.gen_tps:
-            speed[n] = m.gen_tps
-    best = max(speed, key=lambda n: speed[n])
-    for p in p_sweep:
-        run(Configuration(d, best, p))
+    def coarse(self, t: _Tuner, budget: _Budget) -> None:
+        if self.stopped:
+            return
+        for n in self.values[1:]:
+            self._record(_run_one(t, self.make(n, self.fixed_p_min), budget), n)
+
+    def refine(self, t: _Tuner, budget: _Budget) -> None:
+        if self.stopped or not self.speed:
+            return
+        extra = refine_n_max(self.speed, self.limit)
+        p_sweep = P_MIN_SWEEP if self.fixed_p_min is None else ()  # no confidence head: p-min must stay 0
+        t.planned += len(extra) + len(p_sweep)
+        for n in extra:
+            self._record(_run_one(t, self.make(n, self.fixed_p_min), budget), n)
+        best = max(self.speed, key=lambda n: self.speed[n])
+        for p in p_sweep:
+            _run_one(t, self.make(best, p), budget)
 
 
-__all__ = ["DEFAULT_N_MAX", "Configuration", "DSparkDrafter", "Drafter", "Measurement", "TuneOptions", "TunePlan",
-           "TuneReport", "Workload", "coarse_n_max", "find_llama_server", "inspect_drafter", "plan_tune",
-           "refine_n_max", "required_p_min", "tune"]
+__all__ = ["DEFAULT_N_MAX", "METHODS", "OWN_MTP_METHOD", "Configuration", "DSparkDrafter", "Drafter", "Measurement",
+           "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_target", "coarse_n_max",
+           "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "required_p_min", "tune"]

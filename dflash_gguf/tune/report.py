@@ -6,6 +6,8 @@ the server build and hardware it printed, the threads, the user's flags, and the
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -39,38 +41,92 @@ class Drafter:
         return max(1, (self.block_size or DEFAULT_BLOCK_SIZE) - 1)
 
 
+# The target's own multi-token-prediction head: llama-server b11434 builds a second context of type
+# LLAMA_CONTEXT_TYPE_MTP over the target's weights when --spec-type draft-mtp is given without -md
+# (common_speculative_init_result), and loads the nextn tensors only then (mparams.load_mtp).
+OWN_MTP_SPEC_TYPE = "draft-mtp"
+OWN_MTP_METHOD = "draft-mtp (target's own head)"
+# Model-free n-gram drafting (common/speculative.cpp). ngram-mod is served with --spec-default's settings
+# (common/arg.cpp: n_match 24, n_min 48, n_max 64); ngram-simple with its own defaults.
+NGRAM_FLAGS: dict[str, tuple[str, ...]] = {
+    "ngram-mod": ("--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"),
+    "ngram-simple": (),
+}
+
+
 @dataclass(frozen=True)
 class Configuration:
-    """One server launch: the target alone (``drafter`` None) or a drafter at an n-max and p-min."""
+    """One server launch: the target alone, its own MTP head, n-gram drafting, a drafter file, or n-gram
+    drafting before a drafter (b11434 tries the types of a comma-separated --spec-type in order)."""
 
     drafter: Drafter | None = None
     n_max: int | None = None
     p_min: float | None = None  # None: llama.cpp's default (0.0)
     again: bool = False  # the target alone measured a second time, after the sweep (drift shows as a difference)
+    own_mtp: bool = False  # the target's own nextn head (draft-mtp, no -md)
+    ngram: str | None = None  # a key of NGRAM_FLAGS: alone, or tried before ``drafter``
+
+    @property
+    def alone(self) -> bool:
+        """The target alone: no speculation at all (the baseline)."""
+        return self.drafter is None and not self.own_mtp and self.ngram is None
+
+    @property
+    def method(self) -> str:
+        """What drafts: 'target alone', 'draft-mtp (target's own head)', 'ngram-mod', 'draft-dflash',
+        'ngram-mod + draft-dflash'."""
+        if self.own_mtp:
+            return OWN_MTP_METHOD
+        drafter = (self.drafter.spec_type or "draft model") if self.drafter else None
+        return " + ".join(m for m in (self.ngram, drafter) if m) or "target alone"
+
+    @property
+    def spec_types(self) -> tuple[str, ...]:
+        """The --spec-type values, in the order llama-server tries them."""
+        if self.own_mtp:
+            return (OWN_MTP_SPEC_TYPE,)
+        return tuple(t for t in (self.ngram, self.drafter.spec_type if self.drafter else None) if t)
 
     @property
     def label(self) -> str:
-        if self.drafter is None:
+        if self.alone:
             return "target alone, again" if self.again else "target alone"
         p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
-        return f"{self.drafter.path.name} n-max {self.n_max}{p}"
+        n = f" n-max {self.n_max}{p}" if self.n_max is not None else ""
+        if self.drafter is None:
+            return f"{self.method}{n}"
+        return f"{self.ngram + ' + ' if self.ngram else ''}{self.drafter.path.name}{n}"
+
+    @property
+    def detail(self) -> str:
+        """The label without the method: what varies within one method (file, n-max, p-min)."""
+        if self.alone:
+            return "again" if self.again else "baseline"
+        p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
+        n = f"n-max {self.n_max}{p}" if self.n_max is not None else ""
+        if self.drafter is not None:
+            return f"{self.drafter.path.name} {n}".strip()
+        return n or "llama.cpp's settings"
 
     def server_args(self) -> list[str]:
         """The llama-server flags this configuration adds to the target and the user's flags."""
-        if self.drafter is None:
+        if self.alone:
             return []
-        args = ["--model-draft", str(self.drafter.path)]
-        if self.drafter.spec_type:
-            args += ["--spec-type", self.drafter.spec_type]
-        args += ["--spec-draft-n-max", str(self.n_max)]
+        args = ["--model-draft", str(self.drafter.path)] if self.drafter else []
+        if self.spec_types:
+            args += ["--spec-type", ",".join(self.spec_types)]
+        if self.ngram:
+            args += NGRAM_FLAGS[self.ngram]
+        if self.n_max is not None:
+            args += ["--spec-draft-n-max", str(self.n_max)]
         if self.p_min is not None:
             args += ["--spec-draft-p-min", f"{self.p_min:g}"]
         return args
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "drafter": self.drafter.path.name if self.drafter else None,
+        return {"label": self.label, "method": self.method, "drafter": self.drafter.path.name if self.drafter else None,
                 "drafter_type": self.drafter.type_name if self.drafter else None,
-                "spec_type": self.drafter.spec_type if self.drafter else None, "n_max": self.n_max,
+                "spec_type": ",".join(self.spec_types) or None, "n_max": self.n_max,
                 "p_min": self.p_min, "server_args": self.server_args()}
 
 
@@ -85,12 +141,93 @@ class Sample:
     predicted_ms: float
     draft_n: int = 0
     draft_accepted: int = 0
+    tokens: tuple[int, ...] = ()  # the generated token ids (``return_tokens``), for the greedy check
 
     @classmethod
-    def from_timings(cls, prompt: str, t: dict[str, Any]) -> Sample:
+    def from_timings(cls, prompt: str, t: dict[str, Any], tokens: Sequence[int] = ()) -> Sample:
         return cls(prompt, int(t.get("prompt_n", 0)), float(t.get("prompt_ms", 0.0)), int(t.get("predicted_n", 0)),
                    float(t.get("predicted_ms", 0.0)), int(t.get("draft_n", 0) or 0),
-                   int(t.get("draft_n_accepted", 0) or 0))
+                   int(t.get("draft_n_accepted", 0) or 0), tuple(int(x) for x in tokens))
+
+    @classmethod
+    def from_answer(cls, prompt: str, answer: dict[str, Any]) -> Sample:
+        """One /completion answer: its ``timings`` and, when asked for, its ``tokens``."""
+        tokens = answer.get("tokens")
+        return cls.from_timings(prompt, answer.get("timings") or {},
+                                tokens if isinstance(tokens, list) and all(isinstance(x, int) for x in tokens) else ())
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    """Whether a configuration generated, under greedy sampling, exactly the target alone's tokens.
+
+    Speculation must not change greedy text: a difference means a broken drafter file or runtime. ``same`` is
+    None when nothing could be compared (no tokens returned)."""
+
+    same: bool | None
+    prompt: str | None = None
+    position: int | None = None  # index of the first differing generated token
+    expected: int | None = None  # the target alone's token there (None: its text ended first)
+    got: int | None = None  # this configuration's token there (None: its text ended first)
+
+    @property
+    def text(self) -> str:
+        if self.same is None:
+            return "not compared"
+        if self.same:
+            return "same"
+        return f"differs at token {self.position} of {self.prompt!r}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"same": self.same, "prompt": self.prompt, "position": self.position, "expected": self.expected,
+                "got": self.got}
+
+
+def compare_greedy(reference: Sequence[Sample], candidate: Sequence[Sample]) -> GreedyCheck:
+    """Every sample of ``candidate`` against the first sample of the same prompt in ``reference``."""
+    expected: dict[str, tuple[int, ...]] = {}
+    for s in reference:
+        if s.tokens:
+            expected.setdefault(s.prompt, s.tokens)
+    compared = False
+    for s in candidate:
+        want = expected.get(s.prompt)
+        if want is None or not s.tokens:
+            continue
+        compared = True
+        for i, (a, b) in enumerate(zip(want, s.tokens, strict=False)):
+            if a != b:
+                return GreedyCheck(False, s.prompt, i, a, b)
+        if len(want) != len(s.tokens):
+            i = min(len(want), len(s.tokens))
+            return GreedyCheck(False, s.prompt, i, want[i] if i < len(want) else None,
+                               s.tokens[i] if i < len(s.tokens) else None)
+    return GreedyCheck(True if compared else None)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What llama-server allocated on one device (a GPU or other accelerator), over every context it made."""
+
+    name: str  # the ggml buffer's device name, e.g. "CUDA0"
+    mib: float  # model + KV/recurrent state + compute + output buffers
+
+
+# llama.cpp logs every buffer it allocates at load, for the target's context and the drafter's alike
+# (llama_model::load_tensors, llama_kv_cache, llama_memory_recurrent, llama_context: "<name> model buffer size =
+# 897.00 MiB"). Host buffers are named CPU, CPU_Mapped, CPU_REPACK or <backend>_Host; the rest live on a device.
+_BUFFER_LINE = re.compile(r"^.*?\b\w+:\s+(\S+)\s+(?:[\w ]+ )?buffer size =\s+([\d.]+) MiB", re.M)
+
+
+def device_memory_from_log(log: str) -> tuple[DeviceMemory, ...]:
+    """Device buffers llama-server logged, summed per device; empty when everything stayed on the host."""
+    per: dict[str, float] = {}
+    for m in _BUFFER_LINE.finditer(log):
+        name = m.group(1)
+        if name.startswith("CPU") or "Host" in name:
+            continue
+        per[name] = per.get(name, 0.0) + float(m.group(2))
+    return tuple(DeviceMemory(name, mib) for name, mib in per.items())
 
 
 @dataclass(frozen=True)
@@ -105,6 +242,20 @@ class Measurement:
     peak_rss: int | None = None
     seconds: float = 0.0
     error: str | None = None
+    device_memory: tuple[DeviceMemory, ...] = ()  # offloaded: what each device held (host RSS misses it)
+
+    @property
+    def offloaded_bytes(self) -> int | None:
+        """Bytes allocated on devices, when any were; None on a host-only run."""
+        total = round(sum(d.mib for d in self.device_memory) * 1024 * 1024)
+        return total or None
+
+    @property
+    def memory_text(self) -> str:
+        """Device memory when the model was offloaded (host RSS would miss it), else the host's peak RSS."""
+        if self.offloaded_bytes:
+            return " + ".join(f"{d.mib:.0f} MiB {d.name}" for d in self.device_memory if d.mib)
+        return f"{self.peak_rss / 1e6:.0f} MB RSS" if self.peak_rss else "-"
 
     def _per_repeat(self, n_attr: str, ms_attr: str) -> list[float]:
         """Tokens per second of each repeat over the whole prompt set (sum of tokens / sum of time)."""
@@ -171,6 +322,7 @@ class Measurement:
                 "prompt_tokens_per_second": _r(self.prompt_tps), "acceptance": _r(self.acceptance, 4),
                 "draft_tokens": self.drafted, "draft_tokens_accepted": self.accepted, "draft_steps": self.draft_steps,
                 "mean_accepted_per_step": _r(self.mean_accepted_per_step, 3), "peak_rss_bytes": self.peak_rss,
+                "device_memory_mib": {d.name: round(d.mib, 2) for d in self.device_memory},
                 "requests": len(self.samples), "request_seconds": _r(self.request_seconds, 2),
                 "seconds": _r(self.seconds, 1)}
 
@@ -209,32 +361,59 @@ class TuneReport:
     budget: float | None
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    serve_changed_output: bool = False  # a configuration whose greedy text differs may still win (the user asked)
 
     @cached_property
     def baseline(self) -> Measurement | None:
         """The target alone: its measurements before and after the sweep, pooled (every repeat counts)."""
-        runs = [m for m in self.measurements if m.config.drafter is None and m.status == "ok"]
+        runs = [m for m in self.measurements if m.config.alone and m.status == "ok"]
         if len(runs) <= 1:
             return runs[0] if runs else None
         return Measurement(Configuration(), "ok", tuple(s for m in runs for s in m.samples),
                            sum(m.repeats for m in runs), None, max(m.peak_rss or 0 for m in runs) or None,
-                           sum(m.seconds for m in runs))
+                           sum(m.seconds for m in runs), device_memory=runs[0].device_memory)
+
+    def greedy(self, m: Measurement) -> GreedyCheck:
+        """``m``'s generated tokens against the first measurement of the target alone."""
+        first = next((b for b in self.measurements if b.config.alone and b.status == "ok"), None)
+        if first is None or m.status != "ok" or m is first:
+            return GreedyCheck(None)
+        return compare_greedy(first.samples, m.samples)
+
+    def servable(self, m: Measurement) -> bool:
+        """Measured, and (unless the user allows it) generating the target alone's greedy text."""
+        return m.status == "ok" and bool(m.gen_tps) and (self.serve_changed_output or self.greedy(m).same
+                                                            is not False)
+
+    @property
+    def drafting(self) -> tuple[Measurement, ...]:
+        """Every measured configuration that speculates (any method)."""
+        return tuple(m for m in self.measurements if m.status == "ok" and m.gen_tps and not m.config.alone)
+
+    @property
+    def changed_output(self) -> tuple[Measurement, ...]:
+        """Configurations whose greedy text is not the target alone's."""
+        return tuple(m for m in self.drafting if self.greedy(m).same is False)
 
     @property
     def best(self) -> Measurement | None:
-        """The fastest configuration measured (the pooled baseline included)."""
-        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps and m.config.drafter is not None]
+        """The fastest servable configuration measured (the pooled baseline included)."""
+        ok = [m for m in self.drafting if self.servable(m)]
         if self.baseline is not None:
             ok.append(self.baseline)
         return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
 
     @property
     def best_drafting(self) -> Measurement | None:
-        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps and m.config.drafter is not None]
+        """The fastest servable configuration that speculates."""
+        ok = [m for m in self.drafting if self.servable(m)]
         return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
 
-    def best_for(self, drafter: Drafter) -> Measurement | None:
-        ok = [m for m in self.measurements if m.status == "ok" and m.gen_tps and m.config.drafter == drafter]
+    def best_for(self, drafter: Drafter, *, servable: bool = True) -> Measurement | None:
+        """The drafter's fastest configuration on its own (not behind n-gram drafting); with ``servable``, among
+        those that keep the greedy text (unless the user allows otherwise)."""
+        ok = [m for m in self.drafting if m.config.drafter == drafter and m.config.ngram is None
+              and (self.servable(m) or not servable)]
         return max(ok, key=lambda m: m.gen_tps or 0.0) if ok else None
 
     @property
@@ -242,15 +421,32 @@ class TuneReport:
         """Drafters whose every measured configuration drafted almost nothing the target kept."""
         out = []
         for d in self.drafters:
-            ms = [m for m in self.measurements if m.config.drafter == d and m.status == "ok" and m.drafted]
+            ms = [m for m in self.measurements if m.config.drafter == d and m.config.ngram is None
+                  and m.status == "ok" and m.drafted]
             if ms and all(m.collapsed for m in ms):
                 out.append(d)
         return tuple(out)
 
     @property
+    def own_mtp_collapsed(self) -> bool:
+        """The target's own MTP head was measured and every configuration of it collapsed."""
+        ms = [m for m in self.measurements if m.config.own_mtp and m.status == "ok" and m.drafted]
+        return bool(ms) and all(m.collapsed for m in ms)
+
+    @property
+    def collapse_found(self) -> bool:
+        """A drafter file, or the target's own MTP head, drafted almost nothing the target kept (exit code 15)."""
+        return bool(self.collapsed) or self.own_mtp_collapsed
+
+    @property
     def ranking(self) -> tuple[Measurement, ...]:
-        """The target alone and each drafter's fastest configuration, fastest first: the comparison of drafters."""
-        entries = [m for d in self.drafters if (m := self.best_for(d)) is not None]
+        """The target alone and each method's (each drafter file's) fastest configuration, fastest first."""
+        best: dict[tuple[str, str | None], Measurement] = {}
+        for m in self.drafting:
+            key = (m.config.method, m.config.drafter.path.name if m.config.drafter else None)
+            if key not in best or (m.gen_tps or 0.0) > (best[key].gen_tps or 0.0):
+                best[key] = m
+        entries = list(best.values())
         if self.baseline is not None:
             entries.append(self.baseline)
         return tuple(sorted(entries, key=lambda m: m.gen_tps or 0.0, reverse=True))
@@ -267,7 +463,7 @@ class TuneReport:
             return "Nothing was measured."
         lines = []
         for d in self.collapsed:
-            m = self.best_for(d)
+            m = self.best_for(d, servable=False)
             assert m is not None
             lines.append(
                 f"Acceptance collapsed for {d.path.name}: {m.accepted} of {m.drafted} drafted tokens accepted "
@@ -275,14 +471,25 @@ class TuneReport:
                 "most likely trained on another model (a QAT, re-trained, merged or renamed variant of its target), "
                 "or its drafts are spoiled by a quantized drafter KV cache or too low a drafter precision. "
                 "Serve it with the exact model it was trained on.")
-        if best.config.drafter is not None:
+        if self.own_mtp_collapsed:
+            lines.append("Acceptance collapsed for the target's own MTP head: its nextn layer does not predict this "
+                         "target (a head left from another version of the weights, or damaged by quantization).")
+        for m in self.changed_output:
+            g = self.greedy(m)
+            lines.append(f"{m.config.label} changed the greedy text (token {g.position} of {g.prompt!r}: "
+                         f"{g.got} where the target alone gives {g.expected}); speculation must not do that, so the "
+                         "drafter file or the runtime is broken" + (" (served anyway, as asked)." if
+                                                                    self.serve_changed_output else
+                                                                    " and it is not served."))
+        if not best.config.alone:
             s = self.speedup(best) or 0.0
-            lines.append(f"Fastest here: {best.config.label}, {best.gen_tps:.1f} tokens/s, {s:.2f}x the target "
-                         f"alone ({base.gen_tps:.1f} tokens/s), acceptance {(best.acceptance or 0) * 100:.1f}%."
-                         + self._spread_note(best, base))
+            method = f" ({best.config.method})" if best.config.method != best.config.label else ""
+            lines.append(f"Fastest here: {best.config.label}{method}, {best.gen_tps:.1f} tokens/s, "
+                         f"{s:.2f}x the target alone ({base.gen_tps:.1f} tokens/s), acceptance "
+                         f"{(best.acceptance or 0) * 100:.1f}%." + self._spread_note(best, base))
             return " ".join(lines)
         drafting = self.best_drafting
-        if drafting is None or drafting.config.drafter in self.collapsed:
+        if drafting is None or drafting.config.drafter in self.collapsed and drafting.config.ngram is None:
             reason = "no drafting configuration could be measured" if drafting is None else "no drafter worked"
             lines.append(f"The target alone is fastest here ({base.gen_tps:.1f} tokens/s): {reason}.")
             return " ".join(lines)
@@ -326,21 +533,28 @@ class TuneReport:
     def to_dict(self) -> dict[str, Any]:
         base = self.baseline.gen_tps if self.baseline else None
         best = self.best
+        changed = set(map(id, self.changed_output))
         return {"target": str(self.target), "drafters": [{"file": d.path.name, "path": str(d.path), "arch": d.arch,
                                                           "spec_type": d.spec_type, "block_size": d.block_size,
                                                           "type": d.type_name} for d in self.drafters],
                 "workload": {**self.workload.to_dict(), "thinking": self.thinking},
                 "server": self.server.to_dict(), "user_flags": list(self.user_flags), "budget_seconds": self.budget,
                 "seconds": round(self.seconds, 1),
-                "configurations": [m.to_dict(base) for m in self.measurements],
+                "configurations": [m.to_dict(base) | {"greedy_same_as_target": self.greedy(m).to_dict(),
+                                                       "servable": self.servable(m) if not m.config.alone else
+                                                       m.status == "ok", "changed_output": id(m) in changed}
+                                   for m in self.measurements],
+                "serve_changed_output": self.serve_changed_output,
                 "baseline": {"generation_tokens_per_second": _r(base),
                              "generation_tokens_per_second_range": [_r(x) for x in rng] if (rng := (
                                  self.baseline.gen_tps_range if self.baseline else None)) else None,
-                             "runs": sum(1 for m in self.measurements if m.config.drafter is None and m.status == "ok"),
+                             "runs": sum(1 for m in self.measurements if m.config.alone and m.status == "ok"),
                              "repeats": self.baseline.repeats if self.baseline else 0},
                 "best": best.config.to_dict() | {"speedup": _r(self.speedup(best), 3)} if best else None,
-                "ranking": [{"configuration": m.config.label, "drafter": m.config.drafter.path.name
-                             if m.config.drafter else None, "generation_tokens_per_second": _r(m.gen_tps),
+                "ranking": [{"configuration": m.config.label, "method": m.config.method,
+                             "drafter": m.config.drafter.path.name if m.config.drafter else None,
+                             "generation_tokens_per_second": _r(m.gen_tps),
                              "speedup": _r(self.speedup(m), 3)} for m in self.ranking],
-                "collapsed": [d.path.name for d in self.collapsed], "verdict": self.verdict,
+                "collapsed": [d.path.name for d in self.collapsed], "own_mtp_collapsed": self.own_mtp_collapsed,
+                "verdict": self.verdict,
                 "notes": list(self.notes)}

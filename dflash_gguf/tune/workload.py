@@ -123,9 +123,10 @@ class Workload:
     source: str = "built-in"
 
     def request(self, prompt: str, n_predict: int | None = None) -> dict[str, Any]:
-        """The /completion body: greedy and exactly ``n_predict`` tokens, the prompt evaluated every time."""
+        """The /completion body: greedy and exactly ``n_predict`` tokens, the prompt evaluated every time, and the
+        generated token ids returned (the greedy check compares them with the target alone's)."""
         return {"prompt": prompt, "n_predict": n_predict or self.n_predict, "temperature": 0.0, "top_k": 1,
-                "seed": 0, "ignore_eos": True, "cache_prompt": False, "stream": False}
+                "seed": 0, "ignore_eos": True, "cache_prompt": False, "stream": False, "return_tokens": True}
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompts": [p.name for p in self.prompts], "source": self.source, "n_predict": self.n_predict,

@@ -97,12 +97,12 @@ def unsupported_message(path: Path, arch: str | None) -> str:
             "requirements), or pass an existing GGUF of the target with --target-gguf.")
 
 
-def family_for(model_dir: Path, tokenizer_dir: Path | None = None, cls: type[TextFamily] | None = None
-               ) -> TextFamily:
+def family_for(model_dir: Path, tokenizer_dir: Path | None = None, cls: type[TextFamily] | None = None, *,
+               drop_mtp: bool = False) -> TextFamily:
     """The family object for a target dir, with its checkpoint indexed and config checked.
 
     ``cls`` forces a family outside the target registry (a drafter converted by a target-style b11434 class,
-    e.g. the Gemma-4 assistant).
+    e.g. the Gemma-4 assistant). ``drop_mtp``: b11434's ``--no-mtp`` (a family without an MTP head ignores it).
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, InputError.
@@ -120,7 +120,7 @@ def family_for(model_dir: Path, tokenizer_dir: Path | None = None, cls: type[Tex
     config = read_target_config(model_dir)
     hparams = cls.load_hparams(raw)
     src = TargetSource(model_dir, Path(tokenizer_dir or model_dir), config, hparams, index_checkpoint(model_dir))
-    fam = cls(src)
+    fam = cls(src, drop_mtp=drop_mtp)
     fam.check_config()
     return fam
 
@@ -182,6 +182,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    quant: str | None = None,
                    dry_run: bool = False,
                    read_ahead: bool = True,
+                   drop_mtp: bool = False,
                    on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
@@ -190,7 +191,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     quantizes in the same pass: the bytes of converting to ``outtype`` and then running llama-quantize
     (its Q6_K output rule included), with no intermediate file. ``read_ahead=False``: the caller already
     works ahead itself (:func:`working_ahead`; the pipeline does, from its first stage on), so the vocabulary is
-    built without.
+    built without. ``drop_mtp``: as b11434's ``--no-mtp``, a multi-token-prediction head is left out (the target's
+    own ``draft-mtp`` drafting then cannot be served).
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
@@ -198,7 +200,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     """
     start = time.perf_counter()
     model_dir = Path(model_dir)
-    fam = family_for(model_dir, tokenizer_dir)
+    fam = family_for(model_dir, tokenizer_dir, drop_mtp=drop_mtp)
     specs = plan_tensors(fam)
     ahead = (working_ahead(fam, specs, Path(outfile), outtype, quant) if read_ahead and not dry_run
              else contextlib.nullcontext())

@@ -88,6 +88,7 @@ class TextFamily:
 
     src: TargetSource
     notes: list[str] = field(default_factory=list)
+    drop_mtp: bool = False  # b11434's --no-mtp: leave a multi-token-prediction head out (families that have one)
 
     # -- config ---------------------------------------------------------------------------------
     @classmethod

@@ -101,6 +101,8 @@ class Qwen35Family(TextFamily):
 
     def n_mtp(self) -> int:
         """MTP layers: ``mtp_num_hidden_layers``, else counted from the ``mtp.layers.N`` tensors (_QwenMtpMixin)."""
+        if self.drop_mtp:
+            return 0
         n = int(self.hp.get("mtp_num_hidden_layers") or 0)
         if n:
             return n
@@ -169,10 +171,16 @@ class Qwen35Family(TextFamily):
                 "llama.cpp b11434 would still declare the MTP layer, and its loader then stops with 'tensor "
                 f"blk.{self.block_count}.attn_norm.weight not found'. Download the complete checkpoint, or set "
                 "mtp_num_hidden_layers to 0 in text_config to convert it without MTP (as b11434's --no-mtp).")
-        if not self.n_mtp():
+        if self.drop_mtp and self.has_mtp_tensors():
+            self.notes.append("MTP layer left out, as b11434's --no-mtp does")
+        elif not self.n_mtp():
             self.notes.append("no MTP layer: written as b11434 writes it with --no-mtp")
 
     # -- tensors --------------------------------------------------------------------------------
+    def skip(self, hf_name: str) -> bool:
+        """b11434's filter, and with --no-mtp the MTP block (_QwenMtpMixin.filter_tensors drops ``mtp.*``)."""
+        return super().skip(hf_name) or (self.drop_mtp and hf_name.startswith(("mtp.", "model.mtp.")))
+
     def normalise_name(self, hf_name: str) -> str:
         """ModelBase / _QwenMtpMixin.filter_tensors, then Qwen2MoeModel's and Qwen3NextModel's renames."""
         name = super().normalise_name(hf_name)

@@ -1,0 +1,80 @@
+"""``tune.png``: tokens/s against n-max, one line per method and drafter file, for readers who would rather look.
+
+The target alone is a horizontal band (its repeat range) with its median; n-gram drafting, which has no n-max,
+is a dashed level; the served configuration is starred. Matplotlib is an optional extra
+(``pip install 'dflash-gguf[plot]'``): without it :func:`write_plot` raises :class:`PlotUnavailable` and the
+caller still prints the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..atomic import atomic_output
+from ..errors import DflashGgufError
+from .report import Measurement, TuneReport
+
+PLOT_NAME = "tune.png"
+INSTALL_HINT = "pip install 'dflash-gguf[plot]'"
+
+
+class PlotUnavailable(DflashGgufError):
+    """Matplotlib is not installed; the message says how to get the picture."""
+
+
+def _series(report: TuneReport) -> dict[str, list[Measurement]]:
+    """Measured configurations with an n-max and llama.cpp's default p-min, by method and drafter file."""
+    out: dict[str, list[Measurement]] = {}
+    for m in report.drafting:
+        if m.config.n_max is None or m.config.p_min not in (None, 0.0):
+            continue
+        name = m.config.method if m.config.drafter is None else \
+            f"{m.config.method}: {m.config.drafter.path.name}"
+        out.setdefault(name, []).append(m)
+    return {k: sorted(v, key=lambda m: m.config.n_max or 0) for k, v in out.items()}
+
+
+def write_plot(report: TuneReport, path: Path) -> Path:
+    """Draw the measurement into ``path`` (PNG, written atomically); returns it.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+        OutputError: the folder is missing or not writable.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable(f"tune.png was not drawn: matplotlib is not installed. {INSTALL_HINT} draws it; the "
+                              "table above has the same numbers.") from None
+    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
+    base = report.baseline
+    if base is not None and base.gen_tps:
+        lo, hi = base.gen_tps_range or (base.gen_tps, base.gen_tps)
+        ax.axhspan(lo, hi, color="0.85", label=f"target alone ({lo:.0f}-{hi:.0f} tokens/s)")
+        ax.axhline(base.gen_tps, color="0.45", linewidth=1)
+    served = report.best
+    for name, ms in _series(report).items():
+        ax.plot([m.config.n_max for m in ms], [m.gen_tps for m in ms], marker="o", label=name)
+    levels = [m for m in report.drafting if m.config.n_max is None]
+    for i, m in enumerate(levels):  # axhline does not advance the colour cycle: colours after the series'
+        ax.axhline(m.gen_tps or 0.0, linestyle="--", linewidth=1.2, label=m.config.method, color=f"C{6 + i}")
+    if served is not None and not served.config.alone and served.gen_tps:
+        x = served.config.n_max if served.config.n_max is not None else 0
+        ax.plot([x], [served.gen_tps], marker="*", markersize=16, color="black", linestyle="none",
+                label=f"served: {served.config.label}")
+    ax.set_xlabel("--spec-draft-n-max (n-gram drafting has none: dashed)")
+    ax.set_ylabel("generation tokens/s (median of repeats)")
+    wl = report.workload
+    ax.set_title(f"{report.target.name}: {len(wl.prompts)} prompts x {wl.n_predict} tokens, {wl.repeats} repeat(s), "
+                 f"threads {report.server.threads if report.server.threads is not None else 'default'}",
+                 fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    with atomic_output(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return Path(path)
