@@ -300,6 +300,19 @@ _LISTINGS: dict[tuple[str, str, str], dict[str, int | None]] = {}
 _PARTIAL: set[tuple[str, str, str]] = set()  # listings read from a snapshot folder offline: only what is cached
 
 
+def repo_exists(repo: str) -> bool:
+    """Whether the Hub has the model repo ``org/name`` (False offline or when the Hub cannot be asked: a repo that
+    cannot be confirmed is never suggested)."""
+    if _offline() or not is_repo_id(repo):
+        return False
+    from huggingface_hub import HfApi
+
+    try:
+        return bool(HfApi().repo_exists(repo))
+    except Exception:  # noqa: BLE001 - any failure to ask means "not confirmed"
+        return False
+
+
 def _pin(repo: str, revision: str) -> str:
     """The commit ``revision`` names, asked once per process (offline: the commit the cache recorded)."""
     key = (_endpoint(), repo, revision)

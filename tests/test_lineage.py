@@ -196,6 +196,16 @@ def _ident(*names: str, bases: tuple[str, ...] = (), tags: tuple[str, ...] = ())
         ("mlabonne/gemma-4-12B-it-abliterated", _ident("Gemma 4 12B It"), "underived"),
         ("mlabonne/gemma-4-12B-it-abliterated", _ident("Gemma 4 12B It Abliterated"), "match"),
         (None, _ident("Gemma 4 12B It", bases=("https://huggingface.co/google/gemma-4-12B-pt",)), "unmarked"),
+        # a fine-tune under its own name, whose card names the intended model as its base: a derived model
+        ("google/gemma-4-12B-it", _ident("Hermes 5 Gemma 4 12B", bases=("google/gemma-4-12B-it",)), "derived"),
+        # the same model behind another org (a mirror), or as a repack of the QAT checkpoint
+        ("google/gemma-4-12B-it", _ident("unsloth/gemma-4-12B-it"), "match"),
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized",
+         _ident("bartowski/google_gemma-4-12b-it-qat-q4_0-unquantized-GGUF"), "match"),
+        # sizes differ, each way and under a QAT name
+        ("google/gemma-4-31B-it", _ident("gemma-4-12B-it"), "size"),
+        ("google/gemma-4-12B-it-qat-q4_0-unquantized", _ident("gemma-4-31B-it-qat-q4_0-unquantized"), "size"),
+        ("Qwen/Qwen3-30B-A3B", _ident("Qwen3 30B A6B"), "size"),
     ],
 )
 def test_judge_on_published_names(intended: str | None, target: ModelIdentity, kind: str) -> None:
@@ -258,3 +268,104 @@ def test_a_qat_mtp_assistant_is_refused_on_the_original_target(tmp_path: Path, t
     assert report.exit_code == int(refused), [r for r in report.results if r.status == "fail"]
     check = report.result("lineage.derived_target")
     assert check is not None and check.status == ("fail" if refused else "pass"), check
+
+
+def test_tune_names_the_lineage_mismatch_behind_a_collapse() -> None:
+    """tune's verdict on a collapsed drafter quotes what the files' names show (item 4 of lineage both ways)."""
+    from dflash_gguf.tune.report import Configuration, Drafter, Measurement, Sample, ServerInfo, TuneReport
+    from dflash_gguf.tune.workload import Workload
+
+    d = Drafter(Path("gemma4-tiny-it-DFlash-BF16.gguf"), "dflash", "draft-dflash", 16, "BF16")
+    ms = tuple(Measurement(c, "ok", (Sample("code", 1, 1.0, 64, 100.0, drafted, 0),), 1)
+               for c, drafted in ((Configuration(), 0), (Configuration(d, 4), 400)))
+    why = f"the drafter was trained for '{QAT_INTENDED}', which is quantization-aware trained (QAT), ..."
+    report = TuneReport(Path("t.gguf"), (d,), Workload(), "off", ServerInfo(Path("s"), "PATH"), (), ms, None, 1.0,
+                        lineage=((d.path.name, why),))
+    assert report.collapsed == (d,) and f"The files show a lineage mismatch: {why}" in report.verdict
+    assert report.to_dict()["lineage"] == {d.path.name: why}
+
+
+@pytest.mark.reference
+def test_tune_on_a_qat_drafter_and_the_original_target_says_why_acceptance_collapsed(
+        ref_files: dict[str, Path]) -> None:
+    """Allowed past verify, the mismatched pair from b11434's converter is measured: acceptance collapses (exit 15),
+    and the verdict names the lineage mismatch the files show."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LLAMA_SERVER": str(reference.llama_bin("llama-server"))}
+    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-gguf"), "tune", str(ref_files["plain"]),
+                           str(ref_files["drafter_qat"]), "--methods", "drafters", "--n-max", "3", "--n-predict",
+                           "32", "--repeats", "1", "--json", "--", "-t", "1"], capture_output=True, text=True,
+                          env=env, stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 15, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    name = ref_files["drafter_qat"].name
+    assert doc["collapsed"] == [name]
+    assert "which is quantization-aware trained (QAT)" in doc["lineage"][name]
+    assert "The files show a lineage mismatch" in doc["verdict"]
+    REFERENCE_COMPARISONS.append("llama-server/tune-lineage-collapse")
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(("drafter", "target", "refused"), [("qat", "qat", False), ("qat", "plain", True),
+                                                             ("plain", "qat", True), ("plain", "plain", False)])
+def test_mtp_assistants_from_b11434s_converter_are_judged_both_ways(tmp_path: Path, drafter: str, target: str,
+                                                                     refused: bool) -> None:
+    """GGUFs nobody here wrote: assistants and targets converted by b11434, their only evidence the general.* keys
+    gguf-py copies from the cards. Each lineage with its own target passes; crossed, either way, is refused."""
+    from fixtures.gemma4_assistant import make_gemma4_assistant
+
+    names = {"plain": ("gemma-4-tiny-it", INTENDED), "qat": ("gemma-4-tiny-it-qat-q4_0-unquantized", QAT_INTENDED)}
+    t_name, _ = names[target]
+    a_name, a_base = names[drafter]
+    made = mf.make_gemma4_target(tmp_path / "t")
+    t_dir = made if made.name == t_name else Path(shutil.move(made, made.parent / t_name))
+    (t_dir / "README.md").write_text(TARGETS[target][1], encoding="utf-8")
+    a_dir = make_gemma4_assistant(tmp_path / "a", name=f"{a_name}-assistant")
+    (a_dir / "README.md").write_text(_card(a_base), encoding="utf-8")
+    t_gguf, a_gguf = tmp_path / f"{t_name}-BF16.gguf", tmp_path / f"{a_name}-assistant-BF16.gguf"
+    for folder, out in ((t_dir, t_gguf), (a_dir, a_gguf)):
+        proc = reference.run_reference_convert(folder, None, out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    code, checks = _verify(a_gguf, t_gguf)
+    assert code == int(refused), {k: v for k, v in checks.items() if v["status"] == "fail"}
+    assert checks["lineage.derived_target"]["status"] == ("fail" if refused else "pass")
+    REFERENCE_COMPARISONS.append(f"lineage/b11434-assistant/{drafter}-on-{target}")
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_the_pipeline_names_the_matching_assistant_only_when_the_hub_has_it(tmp_path: Path, published: bool) -> None:
+    """A QAT assistant with the original Gemma-4 target from the loopback Hub: refused before any weight is fetched,
+    with the same check precheck and verify use, and the assistant made for this target named when it exists."""
+    import os
+
+    import hub_server
+    from conftest import run_cli
+    from fixtures.gemma4_assistant import make_gemma4_assistant
+    from hub_server import FakeRepo
+
+    target = mf.make_gemma4_target(tmp_path / "t")
+    (target / "README.md").write_text(TARGETS["plain"][1], encoding="utf-8")
+    qat = make_gemma4_assistant(tmp_path / "q", name="gemma-4-tiny-it-qat-q4_0-unquantized-assistant")
+    (qat / "README.md").write_text(_card(QAT_INTENDED), encoding="utf-8")
+    files = lambda d: FakeRepo({p.name: p.read_bytes() for p in d.iterdir() if p.is_file()})  # noqa: E731
+    repos = {INTENDED: files(target), f"{QAT_INTENDED}-assistant": files(qat)}
+    if published:
+        plain = make_gemma4_assistant(tmp_path / "p")
+        (plain / "README.md").write_text(_card(INTENDED), encoding="utf-8")
+        repos[f"{INTENDED}-assistant"] = files(plain)
+    with hub_server.serve(repos) as hub:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
+            "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
+            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "HF_HUB_OFFLINE": "0"}
+        run = run_cli("dflash-convert", "--target", INTENDED, "--drafter", f"{QAT_INTENDED}-assistant", "--outdir",
+                      tmp_path / "out", env=env)
+        pre = run_cli("dflash-gguf", "precheck", f"{QAT_INTENDED}-assistant", INTENDED, env=env)
+    assert run.returncode == 6 and "[lineage.derived_target]" in run.stderr, run.stderr
+    assert "which is quantization-aware trained (QAT)" in run.stderr
+    assert (f"The assistant made for this target is on the Hub: --drafter {INTENDED}-assistant" in run.stderr) \
+        is published, run.stderr
+    assert pre.returncode == 1 and "lineage.derived_target" in pre.stdout, pre.stdout + pre.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.gguf"))

@@ -76,9 +76,27 @@ def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: b
     if report.errors:
         raise PairRefused(
             f"Precheck refused drafter {drafter.label} with target {target.label} before any weights were "
-            f"downloaded: {_failures(report)} ('dflash-gguf precheck {drafter.spec} {target.spec}' prints the full "
-            "report.)", report)
+            f"downloaded: {_failures(report)}{matching_assistant_hint(drafter, target, report)} ('dflash-gguf "
+            f"precheck {drafter.spec} {target.spec}' prints the full report.)", report)
     return report
+
+
+def matching_assistant_hint(drafter: Source, target: Source, report: Report) -> str:
+    """For a Gemma-4 MTP assistant refused for lineage (a QAT one on the original target, or the reverse): the
+    assistant Google publishes for this target, when the Hub has it; else nothing."""
+    from ..drafters.gemma4_assistant import ARCHITECTURES
+    from ..verify.lineage import assistant_repo_for
+
+    if target.repo is None or not any(r.id.startswith("lineage.") for r in report.errors):
+        return ""
+    config = drafters.read_config(drafter.path / "config.json", "Drafter config")
+    if not set(config.get("architectures") or ()) & set(ARCHITECTURES):
+        return ""
+    wanted = assistant_repo_for(target.repo)
+    if drafter.repo is not None and wanted.lower() == drafter.repo.lower():
+        return ""
+    return f" The assistant made for this target is on the Hub: --drafter {wanted}." if hub.repo_exists(wanted) \
+        else ""
 
 
 # ----------------------------------------------------------------------------------------- target method

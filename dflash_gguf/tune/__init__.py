@@ -531,9 +531,25 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
         notes.append(f"the target alone generated different greedy text on its second run ({g.text}): this server "
                      "is not deterministic here, so the greedy check of the other configurations is not reliable.")
     assert t.rendered is not None
-    return TuneReport(Path(target), tuple(found), opts.workload, t.rendered.thinking, t.info,
-                      tuple(opts.user_flags), tuple(t.measurements), opts.budget, budget.elapsed, tuple(notes),
-                      opts.serve_changed_output)
+    report = TuneReport(Path(target), tuple(found), opts.workload, t.rendered.thinking, t.info,
+                        tuple(opts.user_flags), tuple(t.measurements), opts.budget, budget.elapsed, tuple(notes),
+                        opts.serve_changed_output)
+    shown = [_lineage_of(d, Path(target)) for d in report.collapsed]
+    return replace(report, lineage=tuple(x for x in shown if x[1]))
+
+
+def _lineage_of(drafter: Drafter, target: Path) -> tuple[str, str]:
+    """(file name, what verify's lineage checks say about this drafter and target; "" when they see nothing): the
+    names often show why acceptance collapsed (a drafter trained for a QAT checkpoint, served with the original)."""
+    from ..errors import DflashGgufError
+    from ..verify import verify_files
+
+    try:
+        checks = verify_files(drafter.path, target, allow_derived_target=False).results
+    except DflashGgufError:
+        return drafter.path.name, ""
+    said = [f"{c.message}" for c in checks if c.id.startswith("lineage.") and c.status == "fail"]
+    return drafter.path.name, " ".join(said)
 
 
 def _run_one(t: _Tuner, config: Configuration, budget: _Budget) -> Measurement | None:

@@ -362,6 +362,8 @@ class TuneReport:
     seconds: float
     notes: tuple[str, ...] = field(default=())
     serve_changed_output: bool = False  # a configuration whose greedy text differs may still win (the user asked)
+    # (drafter file name, what its and the target's names say) for a collapsed drafter whose files show why
+    lineage: tuple[tuple[str, str], ...] = ()
 
     @cached_property
     def baseline(self) -> Measurement | None:
@@ -470,7 +472,9 @@ class TuneReport:
                 f"({(m.acceptance or 0) * 100:.2f}%). The drafter and the target do not belong together: it was "
                 "most likely trained on another model (a QAT, re-trained, merged or renamed variant of its target), "
                 "or its drafts are spoiled by a quantized drafter KV cache or too low a drafter precision. "
-                "Serve it with the exact model it was trained on.")
+                "Serve it with the exact model it was trained on." + "".join(
+                    f" The files show a lineage mismatch: {why}" for name, why in self.lineage
+                    if name == d.path.name))
         if self.own_mtp_collapsed:
             lines.append("Acceptance collapsed for the target's own MTP head: its nextn layer does not predict this "
                          "target (a head left from another version of the weights, or damaged by quantization).")
@@ -556,5 +560,6 @@ class TuneReport:
                              "generation_tokens_per_second": _r(m.gen_tps),
                              "speedup": _r(self.speedup(m), 3)} for m in self.ranking],
                 "collapsed": [d.path.name for d in self.collapsed], "own_mtp_collapsed": self.own_mtp_collapsed,
+                "lineage": dict(self.lineage),
                 "verdict": self.verdict,
                 "notes": list(self.notes)}

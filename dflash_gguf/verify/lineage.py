@@ -129,6 +129,12 @@ def known_target_for(drafter: str) -> KnownPair | None:
     return None
 
 
+def assistant_repo_for(target_repo: str) -> str:
+    """The MTP assistant Google publishes for a Gemma-4 checkpoint: ``<target>-assistant`` (google/gemma-4-31B-it
+    -> google/gemma-4-31B-it-assistant; the QAT checkpoint's: ...-qat-q4_0-unquantized-assistant)."""
+    return repo_id(target_repo).rstrip("/") + "-assistant"
+
+
 # ------------------------------------------------------------------------------------------- evidence
 
 
@@ -303,7 +309,9 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
                 "size", f"the drafter was trained for {intended!r} ({want.size.upper()}) but the target is "
                 f"{sorted(sizes)[0].upper()} ({ev})"))
     bases = [parse_name(ev.value) for ev in target.base_models]
-    if names and not same_family and not any(b.family == want.family for b in bases):
+    # a repack's name carries its source's org inside it (bartowski/google_gemma-4-12b-it-GGUF): naming the
+    # intended model itself settles the family
+    if names and not same_family and not is_itself and not any(b.family == want.family for b in bases):
         found.append(LineageFinding(
             "family", f"the drafter was trained for {intended!r} but the target is named {names[0][0]}"))
     if not found:
