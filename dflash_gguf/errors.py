@@ -6,6 +6,8 @@ Stages raise these; each class carries its ``exit_code``, and only the CLI layer
 
 from __future__ import annotations
 
+import json
+
 
 class DflashGgufError(Exception):
     """Base of all errors meant for a human. ``str(err)`` is the one-paragraph message."""
@@ -17,6 +19,22 @@ class InputError(DflashGgufError):
     """An input file cannot be read at all (missing, truncated, not the format it claims)."""
 
     exit_code = 2
+
+
+class UnreadableJson(InputError, json.JSONDecodeError):
+    """A JSON file of a repo, folder or manifest that is not JSON, not UTF-8, or outside the readers' bounds.
+
+    Also a ``json.JSONDecodeError``, so a stage that reads the file with its own message keeps it; anywhere else
+    it reaches the CLI as the unreadable-input error it is, naming the file."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        json.JSONDecodeError.__init__(self, reason, "", 0)
+        self.reason = reason  # what is wrong, without the file: for a stage that words its own message
+        self.message = (f"{path} cannot be read as JSON: {reason}. Re-download it, or restore the file the model's "
+                        "repository ships.")
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class ConfigError(DflashGgufError):

@@ -9,7 +9,6 @@ Nothing here writes into a snapshot, and no code from a repo is run.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +29,8 @@ from .errors import (
     RevisionNotFoundError,
     UnsupportedModelError,
 )
+from .jsonfile import load_json
+from .relpath import name_problem
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +118,18 @@ def _prune_to_index(chosen: list[str], read_index: Callable[[], Any], where: str
     """Keep only the shards the index names: some repos carry a second copy (``consolidated.safetensors``)."""
     if INDEX not in chosen or not any(p.endswith(".safetensors") for p in chosen):
         return chosen
-    index = read_index()
+    try:
+        index = read_index()
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UnsupportedModelError(f"{where}: {INDEX} is not readable JSON ({e}), so the safetensors shards that "
+                                    "make up the model are unknown. Fix or remove the index file.") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise UnsupportedModelError(f"{where}: {INDEX} has no 'weight_map', so the safetensors shards that make up "
                                     "the model are unknown. Fix or remove the index file.")
+    if problems := sorted({p for v in weight_map.values() if (p := name_problem(v)) is not None}):
+        raise UnsupportedModelError(f"{where}: {INDEX} names a shard that is not a file of the repo: {problems[0]}. "
+                                    "Nothing outside the repo is read; fix or remove the index file.")
     shards = {str(v) for v in weight_map.values()}
     missing = sorted(shards - set(chosen))
     if missing:
@@ -368,7 +376,7 @@ def _hub_choice(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]
         snap = _storage(repo) / "snapshots" / commit
         if _offline() and not (snap / INDEX).is_file():  # name everything the cache lacks, not just the index
             _raise_offline(repo, revision, missing=[p for p in chosen if not (snap / p).is_file()])
-        return json.loads(Path(_download_one(repo, commit, revision, INDEX, progress=False)).read_text("utf-8"))
+        return load_json(Path(_download_one(repo, commit, revision, INDEX, progress=False)))
 
     where = f"{repo}@{commit}"
     chosen = _prune_to_index(chosen, read_index, where)
@@ -382,7 +390,7 @@ def _hub_choice(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]
 
 def _folder_choice(folder: Path, patterns: tuple[str, ...]) -> list[RepoFile]:
     files = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
-    chosen = _prune_to_index(_select(files, patterns), lambda: json.loads(files[INDEX].read_text("utf-8")),
+    chosen = _prune_to_index(_select(files, patterns), lambda: load_json(files[INDEX]),
                              str(folder))
     _check_weights(chosen, files, patterns, str(folder))
     return [RepoFile(p, files[p].stat().st_size, True) for p in chosen]

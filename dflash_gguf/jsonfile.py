@@ -10,8 +10,14 @@ A tokenizers file's ``model.merges`` (515k pairs in Gemma-4's) is the bulk of it
 113 MB Python string. :func:`read_json` therefore leaves that one array as its validated UTF-8 text, a
 :class:`JsonArrayText` that :func:`array_runs` decodes a few thousand elements at a time.
 
-Errors are the callers': :func:`read_json` raises ``OSError``, ``UnicodeDecodeError`` or ``ValueError``
-(``json.JSONDecodeError``), and each stage turns them into its own message and exit code. A
+Every JSON file read from a repo, a folder or a manifest goes through the same bounds (:func:`parse_bounded`): at
+most ``MAX_JSON_BYTES`` (Gemma-4's 262k-token tokenizer.json is 32 MB), nesting no deeper than the decoder's
+recursion limit, and no ``NaN``/``Infinity`` (not JSON; a NaN norm epsilon would be written into a GGUF). A file
+outside them raises :class:`JsonLimitError` (a ``json.JSONDecodeError``).
+
+Errors: :func:`read_json` and :func:`load_json` raise ``OSError`` or :class:`~dflash_gguf.errors.UnreadableJson`
+(an ``InputError`` naming the file, and a ``json.JSONDecodeError``): a stage that catches decoding errors turns it
+into its own message and exit code, and one that does not lets a clear error reach the CLI. A
 :class:`JsonArrayText` was checked when it was read, so decoding it later cannot fail.
 """
 
@@ -29,12 +35,85 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import UnreadableJson
+
 _BY_CONTENT: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
 _CONTENT_ENTRIES = 16
+MAX_JSON_BYTES = 256 << 20  # 8x the largest real tokenizer.json we know of (Gemma-4's, 32 MB)
+
+
+class JsonLimitError(json.JSONDecodeError):
+    """A JSON file outside the bounds every reader applies: too large, nested too deep, or NaN/Infinity."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "", 0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_CONSTANT_FIELD = re.compile(r'"([^"\\]{1,200})"\s*:\s*(-?Infinity|NaN)\b')
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonLimitError(f"it holds {name}, which is not a JSON number (a value such as a norm epsilon must be "
+                         "finite)")
+
+
+def parse_bounded(text: str | bytes) -> Any:
+    """``json.loads`` within the bounds above.
+
+    Raises:
+        UnicodeDecodeError: bytes that are not UTF-8.
+        json.JSONDecodeError: not JSON, or outside the bounds (:class:`JsonLimitError`).
+    """
+    if len(text) > MAX_JSON_BYTES:
+        raise JsonLimitError(f"it is {len(text) / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any "
+                             "Hugging Face JSON file needs")
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except JsonLimitError:
+        field = _CONSTANT_FIELD.search(text)
+        if field is None:
+            raise
+        raise JsonLimitError(f"its field {field.group(1)!r} is {field.group(2)}, which is not a JSON number (a size "
+                             "or a norm epsilon must be finite)") from None
+    except RecursionError:
+        raise JsonLimitError("it is nested deeper than a JSON reader follows (about 1000 levels); no real "
+                             "config or tokenizer file is") from None
+
+
+def _why(e: UnicodeDecodeError | json.JSONDecodeError) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return f"it is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})"
+    return str(e)
+
+
+def load_json(path: Path) -> Any:
+    """``path`` parsed afresh (a value the caller may change), within the bounds of :func:`parse_bounded`.
+
+    Raises:
+        OSError: it cannot be read.
+        UnreadableJson: not UTF-8, not JSON or outside the bounds (a ``json.JSONDecodeError`` too).
+    """
+    size = Path(path).stat().st_size
+    try:
+        if size > MAX_JSON_BYTES:
+            raise JsonLimitError(f"it is {size / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any Hugging "
+                                 "Face JSON file needs")
+        return parse_bounded(Path(path).read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UnreadableJson(path, _why(e)) from None
 
 
 @functools.lru_cache(maxsize=16)
 def _parse(path: str, size: int, mtime_ns: int) -> Any:
+    if size > MAX_JSON_BYTES:  # refused before a byte of it is read
+        raise JsonLimitError(f"it is {size / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any Hugging "
+                             "Face JSON file needs")
     raw = Path(path).read_bytes()
     key = (len(raw), hashlib.sha256(raw).digest())
     if key in _BY_CONTENT:
@@ -44,7 +123,7 @@ def _parse(path: str, size: int, mtime_ns: int) -> Any:
     if value is None:
         text = raw.decode("utf-8")
         del raw  # the bytes and the decoded text would otherwise both live through the parse
-        value = json.loads(text)
+        value = parse_bounded(text)
         del text
     _BY_CONTENT[key] = value
     while len(_BY_CONTENT) > _CONTENT_ENTRIES:
@@ -53,9 +132,17 @@ def _parse(path: str, size: int, mtime_ns: int) -> Any:
 
 
 def read_json(path: Path) -> Any:
-    """The parsed content of ``path`` (shared, do not mutate)."""
+    """The parsed content of ``path`` (shared, do not mutate), within the bounds of :func:`parse_bounded`.
+
+    Raises:
+        OSError: it cannot be read.
+        UnreadableJson: not UTF-8, not JSON or outside the bounds (a ``json.JSONDecodeError`` too).
+    """
     st = Path(path).stat()
-    return _parse(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    try:
+        return _parse(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UnreadableJson(path, _why(e)) from None
 
 
 class JsonArrayText:
@@ -126,7 +213,7 @@ def _parse_lean(raw: bytes) -> Any:
             continue
         spans, end = found
         try:
-            value = json.loads((raw[:key.end()] + json.dumps(_SENTINEL).encode() + raw[end:]).decode("utf-8"))
+            value = parse_bounded((raw[:key.end()] + json.dumps(_SENTINEL).encode() + raw[end:]).decode("utf-8"))
         except ValueError:  # UnicodeDecodeError too: the whole file is then read (and refused) as it is
             return None
         model = value.get("model") if isinstance(value, dict) else None

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, TensorError
+from ..jsonfile import load_json, parse_bounded
+from ..relpath import name_problem
 
 # Tensor names b11434's converters drop silently (ModelBase.prepare_tensors), for drafters and targets alike.
 IGNORED_SUFFIXES = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
@@ -52,7 +54,7 @@ def read_header(path: Path) -> dict[str, TensorRef]:
                 f"but the file has {size} bytes. {fix}"
             )
         try:
-            header = json.loads(f.read(n).decode("utf-8"))
+            header = parse_bounded(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise InputError(f"{path} has a corrupt safetensors header (not JSON: {e}). {fix}") from None
     if not isinstance(header, dict):
@@ -96,11 +98,17 @@ def index_checkpoint(model_dir: Path) -> dict[str, TensorRef]:
     weight_map: dict[str, str] = {}
     if index_file.is_file():
         try:
-            weight_map = json.loads(index_file.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = load_json(index_file)["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError
-        except (KeyError, TypeError, json.JSONDecodeError):
-            raise InputError(f"{index_file} has no valid 'weight_map'. Re-download it.") from None
+        except (KeyError, TypeError, OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            why = f" ({e})" if isinstance(e, ValueError | OSError) else ""
+            raise InputError(f"{index_file} has no valid 'weight_map'{why}. Re-download it.") from None
+        for shard in set(weight_map.values()):
+            if (problem := name_problem(shard)) is not None:
+                raise InputError(f"{index_file}: its weight_map names the shard {problem}. A shard is a file "
+                                 "beside the index, named by a plain relative path; the checkpoint will not be read "
+                                 "from outside its folder. Re-download the index from the model's repo.")
         parts = sorted(set(weight_map.values()))
     if not parts:
         bins = [p for p in os.listdir(model_dir) if p.startswith("pytorch_model") and p.endswith(".bin")]

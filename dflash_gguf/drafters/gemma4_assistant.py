@@ -13,12 +13,12 @@ nothing in the file makes it infer that type.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, IncompatiblePairError, TokenizerError, UnsupportedModelError
+from ..jsonfile import load_json
 from . import Finding, Interpretation, TargetFacts, failed, passed
 
 FAMILY = "gemma4_assistant"
@@ -124,7 +124,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
 def _vocab_of(tokenizer_json: Path) -> tuple[Any, Any] | None:
     """The vocabulary a tokenizer.json defines (its model and added tokens), or None when it cannot be read."""
     try:
-        tj = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+        tj = load_json(tokenizer_json)
     except (OSError, ValueError):
         return None
     return (tj.get("model"), tj.get("added_tokens")) if isinstance(tj, dict) else None

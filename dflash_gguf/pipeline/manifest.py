@@ -17,6 +17,8 @@ from typing import Any
 
 from ..atomic import atomic_output
 from ..errors import InputError
+from ..jsonfile import load_json
+from ..relpath import name_problem
 from ..verify.report import Report
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class Manifest:
         if not path.is_file():
             return cls(outdir)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = load_json(path)
         except (OSError, ValueError) as e:
             log.warning("%s is unreadable (%s); starting over", path, e)
             return cls(outdir)
@@ -180,7 +182,7 @@ def read_manifest(path: Path) -> PairRecord:
         InputError: not readable, or not a pair manifest.
     """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = load_json(Path(path))
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read it as a pair manifest ({e}). Pass the pair.json dflash-convert "
                          "wrote, or the two GGUF files.") from None
@@ -197,14 +199,23 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(outputs, dict):
         raise InputError(f"{path} is not a pair manifest written by dflash-convert (format {FORMAT}). Pass the "
                          "two GGUF files instead.")
+    several = outputs.get("drafters")
     try:
         sides = {side: OutputRecord.from_dict(outputs[side]) for side in ("target", "drafter")}
+        drafters = tuple(OutputRecord.from_dict(d) for d in several) if isinstance(several, list) else \
+            (sides["drafter"],)
     except (KeyError, TypeError):
         raise InputError(f"{path}: its 'outputs' do not name a target and a drafter file (the run did not finish). "
                          "Re-run dflash-convert with the same options to complete it.") from None
     serve = data.get("serve")
-    several = outputs.get("drafters")
-    drafters = tuple(OutputRecord.from_dict(d) for d in several) if isinstance(several, list) else (sides["drafter"],)
+    named = [(f"outputs.{side}.file", rec) for side, rec in sides.items()]
+    if isinstance(several, list):
+        named += [(f"outputs.drafters[{i}].file", rec) for i, rec in enumerate(drafters)]
+    for field_name, rec in named:
+        if (problem := name_problem(rec.file)) is not None:
+            raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
+                             "(or drafters/ inside it); re-run dflash-convert to write a new pair.json rather than "
+                             "editing it.")
     return PairRecord(Path(path), str(data.get("status", "")), sides["target"], sides["drafter"],
                       (data.get("options") or {}).get("target_method"),
                       ServeRecord.from_dict(serve) if isinstance(serve, dict) else None, drafters)

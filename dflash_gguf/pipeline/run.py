@@ -23,6 +23,7 @@ from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
+from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
 from ..verify import Report, read_gguf
@@ -478,7 +479,7 @@ class _Run:
         target and one sidecar per folder."""
         for rec in earlier.values():
             name = rec.get("file") if isinstance(rec, dict) else None
-            path = self.outdir / name if name else None
+            path = inside(self.outdir, name)  # never a file outside the folder, whatever pair.json says
             if path is None or name in current or not path.is_file() or path.is_symlink():
                 continue
             if path.stat().st_size == rec.get("size") and sha256_file(path) == rec.get("sha256"):
