@@ -11,7 +11,7 @@ A tokenizers file's ``model.merges`` (515k pairs in Gemma-4's) is the bulk of it
 :class:`JsonArrayText` that :func:`array_runs` decodes a few thousand elements at a time.
 
 Every JSON file read from a repo, a folder or a manifest goes through the same bounds (:func:`parse_bounded`): at
-most ``MAX_JSON_BYTES`` (Gemma-4's 262k-token tokenizer.json is 32 MB), nesting no deeper than the decoder's
+most ``MAX_JSON_BYTES`` (a 262k-token tokenizer.json is tens of MB), nesting no deeper than the decoder's
 recursion limit, and no ``NaN``/``Infinity`` (not JSON; a NaN norm epsilon would be written into a GGUF). A file
 outside them raises :class:`JsonLimitError` (a ``json.JSONDecodeError``).
 
@@ -39,7 +39,7 @@ from .errors import UnreadableJson
 
 _BY_CONTENT: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
 _CONTENT_ENTRIES = 16
-MAX_JSON_BYTES = 256 << 20  # 8x the largest real tokenizer.json we know of (Gemma-4's, 32 MB)
+MAX_JSON_BYTES = 256 << 20  # several times the largest real tokenizer.json (262k-token vocabularies: tens of MB)
 
 
 class JsonLimitError(json.JSONDecodeError):

@@ -236,6 +236,26 @@ def test_the_folder_and_the_command_follow_the_winner(demo_pair: Path, tmp_path:
         assert verified.returncode == 0, verified.stdout + verified.stderr  # the record names where the file is
 
 
+def test_a_drafter_set_aside_by_tune_is_reused_by_the_next_run(tmp_path: Path) -> None:
+    """After another method won, the drafter waits in drafters/; running the pipeline again puts it back beside the
+    target, where its stage record has it, and reuses it rather than converting it again."""
+    target = mf.make_gemma4_target(tmp_path / "targets")
+    drafter_dir = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    folder = tmp_path / "pair"
+    assert run_cli("dflash-convert", "--target", target, "--drafter", drafter_dir, "--outdir", folder).returncode == 0
+    record = read_manifest(folder / "pair.json")
+    drafter = record.file("drafter")
+    record_serving(Manifest.load(folder), record.file("target"), drafter,
+                   _winning(inspect_drafter(drafter), Configuration(ngram="ngram-mod")))
+    parked = folder / DRAFTERS_DIR / drafter.name
+    assert parked.is_file() and not drafter.exists()
+    inode = parked.stat().st_ino
+    again = run_cli("dflash-convert", "--target", target, "--drafter", drafter_dir, "--outdir", folder)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert drafter.stat().st_ino == inode and not (folder / DRAFTERS_DIR).exists()  # the same file, not made again
+    assert read_manifest(folder / "pair.json").drafter.file == drafter.name
+
+
 def replace_path(d: Drafter, path: Path) -> Drafter:
     from dataclasses import replace
 

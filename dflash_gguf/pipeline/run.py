@@ -31,7 +31,7 @@ from . import stages
 from .manifest import Manifest, file_record, sha256_file
 from .naming import DRAFTERS_DIR, QUANT_TYPES, checkpoint_type, gguf_name, model_name
 from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
-from .serve import measured_winner, record_serving, serve_drafter
+from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files
 from .sources import resolve_source as resolve_spec
 
@@ -290,6 +290,8 @@ class _Run:
         m = self.manifest
         m.data.update(header)
         m.data["status"] = "in-progress"
+        if len(drafters) == 1:  # a drafter an earlier tune set aside goes back where its stage record has it
+            unpark_single_drafter(m)
         earlier = dict(m.data.get("outputs") or {})
         for done in ("outputs", "serve", "verify", "tuning"):  # until this run vouches for them again
             m.data.pop(done, None)

@@ -7,6 +7,7 @@ own MTP head, n-gram drafting, the drafter, or n-gram drafting before it. ``pair
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
+from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
 from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter, required_p_min
 from .manifest import Manifest, read_manifest
@@ -136,6 +138,24 @@ def _place_single_drafter(manifest: Manifest, target: Path, drafter: Path, repor
         if parent.name == DRAFTERS_DIR and not any(parent.iterdir()):
             parent.rmdir()
     return there if there.is_file() else here
+
+
+def unpark_single_drafter(manifest: Manifest) -> None:
+    """A run of one drafter whose earlier tune moved it into ``drafters/`` (another method won): moved back beside
+    the target, where the drafter stage recorded it, so a re-run reuses it instead of converting it again."""
+    outputs = manifest.data.get("outputs") or {}
+    rec = outputs.get("drafter") if "drafters" not in outputs else None
+    name = rec.get("file") if isinstance(rec, dict) else None
+    parked = inside(manifest.outdir, name)
+    if parked is None or parked.parent.name != DRAFTERS_DIR or not parked.is_file():
+        return
+    home = manifest.outdir / parked.name
+    if not home.exists():
+        os.replace(parked, home)
+        rec["file"] = home.name
+        manifest.save()
+        with contextlib.suppress(OSError):  # only when it is now empty
+            parked.parent.rmdir()
 
 
 def measured_winner(report: TuneReport) -> Path | None:
