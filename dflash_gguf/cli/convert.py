@@ -12,9 +12,21 @@ import click
 from ..provenance import Sources
 from ._common import Progress, echo_conversion, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
-_QUANTS = ("q4_0", "q8_0", "bf16", "f16")
+
+def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Any type llama-quantize b11434 makes, any case (Q4_K_M, q8_0, IQ4_XS), as its lower-case name."""
+    if value is None:
+        return None
+    from ..errors import QuantizeError
+    from ..quantize.types import quant_type
+
+    try:
+        return quant_type(value, f"--{param.name.replace('_', '-')}").key  # type: ignore[union-attr]
+    except QuantizeError as e:
+        raise click.BadParameter(str(e)) from None
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
-                  "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp")
+                  "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
+                  "imatrix")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -26,12 +38,17 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
 @click.option("--target", "--target-model-dir", "target", required=True, metavar="SPEC",
               help="Target model: Hub repo id org/name[@revision], or a local folder. Its config.json and tokenizer "
                    "files are embedded in the drafter GGUF.")
-@click.option("--quant", type=click.Choice(_QUANTS), default=None,
-              help="Type of the target GGUF (pipeline; default q4_0). With --outfile: quantize the drafter in the "
-                   "same pass, the bytes of converting and then running llama-quantize, with no BF16 file.")
-@click.option("--draft-quant", type=click.Choice(_QUANTS), default=None,
+@click.option("--quant", default=None, callback=_quant_type, metavar="TYPE",
+              help="Type of the target GGUF (pipeline; default q4_0): any type llama-quantize makes, any case "
+                   "(Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, ...); q4_0 and q8_0 in one pass by the built-in quantizer, the "
+                   "others by llama-quantize from the BF16 conversion. With --outfile (q4_0, q8_0): quantize the "
+                   "drafter in the same pass, the bytes of converting and then running llama-quantize.")
+@click.option("--draft-quant", default=None, callback=_quant_type, metavar="TYPE",
               help="Type of the drafter GGUF (pipeline; default q8_0: the precision ggml-org publishes DFlash "
                    "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice.")
+@click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Pipeline: an importance matrix (llama-imatrix's output) for the target's quantization, passed to "
+                   "llama-quantize; needed by IQ1/IQ2/IQ3_XXS and Q2_K_S.")
 @click.option("--quantizer", type=click.Choice(["auto", "builtin", "llama-quantize"]), default=None,
               help="Pipeline: who quantizes (default auto: the built-in bit-exact quantizer, in one pass with the "
                    "conversion, when its compiled kernels make the type; else llama-quantize if found). "
@@ -109,6 +126,9 @@ def convert_cmd(drafter: tuple[str, ...], target: str, outfile: Path | None, dry
                                "pipeline.")
     if len(drafter) > 1:
         raise click.UsageError("--outfile converts one drafter: give --drafter once (the pipeline takes several).")
+    if options["quant"] not in (None, "q4_0", "q8_0"):
+        raise click.UsageError(f"--outfile quantizes in the same pass to q4_0 or q8_0; for {options['quant'].upper()} "
+                               "run the pipeline (no --outfile) or 'dflash-gguf quantize' on the BF16 file.")
     _drafter_only(Path(drafter[0]), Path(target), outfile, options["outtype"] or "auto", options["tokenizer_dir"],
                   options["pair_with"], options["drafter_repo"], options["target_repo"], options["quant"], dry_run,
                   json_)
@@ -149,7 +169,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
               allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
-              no_mtp: bool) -> None:
+              no_mtp: bool, imatrix: Path | None) -> None:
     import shlex
 
     from ..pipeline import MANIFEST_NAME, PipelineOptions, run_pipeline
@@ -168,7 +188,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     opts = PipelineOptions(target, drafter[0], quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
                            allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
                            quantizer=quantizer or "auto", tune=tune,
-                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp)
+                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix)
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:

@@ -12,14 +12,19 @@ from pathlib import Path
 from ..convert.outtype import resolve_outtype
 from ..convert.safetensors import index_checkpoint
 
-QUANT_TYPES = ("q4_0", "q8_0", "bf16", "f16")
+QUANT_TYPES = ("q4_0", "q8_0", "bf16", "f16")  # the built-in's; --quant takes any llama-quantize type (quantize.types)
 # Inside --outdir: every drafter of a run that makes several, and a run's one drafter while it is not what is
 # served (llama-server's --models-dir router attaches any dflash-/dspark-/mtp- file beside the target).
 DRAFTERS_DIR = "drafters"
 UNQUANTIZED = ("bf16", "f16", "f32")
-# Bytes per weight of each output type relative to a 16-bit checkpoint (ggml block sizes: q4_0 18 bytes and
-# q8_0 34 bytes per 32 weights); used only for the plan's size estimates.
-SIZE_RATIO = {"q4_0": 18 / 64, "q8_0": 34 / 64, "bf16": 1.0, "f16": 1.0, "f32": 2.0}
+
+
+def size_ratio(type_name: str) -> float:
+    """Bytes per weight of ``type_name`` relative to a 16-bit checkpoint (its bits per weight / 16); used only for
+    the plan's size estimates."""
+    from ..quantize.types import quant_type
+
+    return quant_type(type_name).bits / 16.0
 
 
 def encoding(type_name: str) -> str:

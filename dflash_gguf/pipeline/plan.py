@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OutputError
-from .naming import SIZE_RATIO
+from .naming import size_ratio
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def estimate_outputs(sides: list[SideFiles], *, keep_intermediate: bool) -> tupl
         if side.link is not None:
             outputs.append(Output(side.link, 0, "link"))
             continue
-        inter = int(side.weights * SIZE_RATIO[side.src] / SIZE_RATIO["bf16"])
-        final = int(side.weights * SIZE_RATIO[side.quant])
+        inter = int(side.weights * size_ratio(side.src))
+        final = int(side.weights * size_ratio(side.quant))
         if side.src == side.quant or side.one_pass:
             size = inter if side.src == side.quant else final
             outputs.append(Output(side.final, size, "final"))

@@ -13,13 +13,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, jsonfile
 from ..convert.vocab import forget_built
-from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
+from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, QuantizeError
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
@@ -64,6 +64,7 @@ class PipelineOptions:
     tune_options: TuneOptions | None = None
     more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
     drop_mtp: bool = False  # --no-mtp: the target GGUF without its own MTP head (b11434's converter flag)
+    imatrix: Path | None = None  # --imatrix: an importance matrix for llama-quantize (the target's quantization)
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -155,12 +156,39 @@ def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> dict[s
 # ------------------------------------------------------------------------------------------------ plan
 
 
-def _one_pass(opts: PipelineOptions, quant: str) -> bool:
+def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
+    """``--quant`` and ``--draft-quant`` as the types they name (any case, llama-quantize's aliases), refused before
+    anything is fetched when they cannot be made here: a type only llama-quantize makes with none found, or one
+    that needs an importance matrix without ``--imatrix`` (the target's; the drafter's type gets none).
+
+    Raises:
+        QuantizeError: as above, naming the flag and the way out.
+    """
+    from ..quantize import SUPPORTED_TYPES, quant_type
+
+    target, drafter = quant_type(opts.quant, "--quant"), quant_type(opts.draft_quant, "--draft-quant")
+    for flag, qtype, imatrix in (("--quant", target, opts.imatrix), ("--draft-quant", drafter, None)):
+        if qtype.needs_imatrix and imatrix is None:
+            how = "pass --imatrix FILE (made by llama-imatrix)" if flag == "--quant" else \
+                "the drafter is quantized without one: choose q8_0, q4_0 or a K-quant"
+            raise QuantizeError(f"{flag} {qtype.name} needs an importance matrix: llama.cpp b11434 refuses to make "
+                                f"it without one; {how}.")
+        if qtype.key not in SUPPORTED_TYPES and stages.quantizer_choice(qtype.key, opts.quantizer) == "builtin":
+            raise QuantizeError(f"{flag} {qtype.name} is made by llama-quantize, which was not found (the built-in "
+                                f"quantizer makes {', '.join(QUANT_TYPES)}). Install llama.cpp's (pip install "
+                                "'dflash-gguf[llama-cpp]') or name it with $LLAMA_QUANTIZE; nothing was fetched.")
+    if opts.imatrix is not None and not Path(opts.imatrix).is_file():
+        raise QuantizeError(f"--imatrix {opts.imatrix}: no such file.")
+    return replace(opts, quant=target.key, draft_quant=drafter.key)
+
+
+def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
     """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
-    BF16 file on disk. Only when the built-in quantizer is the one that would run, and no intermediate is
-    to be kept."""
+    BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target: not with an
+    importance matrix, which only llama-quantize reads), and no intermediate is to be kept."""
+    imatrix = target and opts.imatrix is not None
     return (quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
-            and stages.quantizer_choice(quant, opts.quantizer) == "builtin")
+            and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix) == "builtin")
 
 
 def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
@@ -210,7 +238,7 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
             downloads.append(Download(method.detail, method.detail.partition(":")[2], None, 0))
     src_t = _config_type(target.path / "config.json")
     sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
-                       opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant), link)]
+                       opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant, target=True), link)]
     for i, drafter in enumerate(drafters):
         src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
         sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, opts.draft_quant,
@@ -233,9 +261,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         ResolveError, InputError, ConfigError, TensorError, TokenizerError, QuantizeError, OutputError: from
             the stage that failed; outputs of finished stages stay and the next run resumes after them.
     """
-    for flag, value in (("--quant", opts.quant), ("--draft-quant", opts.draft_quant)):
-        if value not in QUANT_TYPES:
-            raise InputError(f"{flag} {value!r} is not one of {', '.join(QUANT_TYPES)}.")
+    opts = check_quant_types(opts)
     drafters = [resolve_spec(spec) for spec in opts.drafters]
     drafter, target = drafters[0], resolve_spec(opts.target)
     log.info("drafter %s, target %s", ", ".join(d.label for d in drafters), target.label)
@@ -390,7 +416,7 @@ class _Run:
         start wasted), else the weights read ahead."""
         quant = self.opts.quant
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
-        one_pass = _one_pass(self.opts, quant) and not final.exists()
+        one_pass = _one_pass(self.opts, quant, target=True) and not final.exists()
         return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
 
     # -------------------------------------------------------------------------------------------- stages
@@ -442,7 +468,7 @@ class _Run:
 
         builtin = self.method.kind == "builtin"
         convert = convert_builtin if builtin else convert_with_llama_cpp
-        one_pass = convert_builtin if builtin and _one_pass(self.opts, quant) else None
+        one_pass = convert_builtin if builtin and _one_pass(self.opts, quant, target=True) else None
         final = self.outdir / gguf_name(name, quant)
         inter = self.outdir / gguf_name(name, src)
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
@@ -513,7 +539,12 @@ class _Run:
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
                         final: Path, quant: str, *, keep_input: bool = False) -> dict[str, Any]:
-        q_key = {"input": key, "type": quant, "quantizer": stages.quantizer_choice(quant, self.opts.quantizer)}
+        imatrix = self.opts.imatrix if side == "target" else None
+        q_key = {"input": key, "type": quant,
+                 "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None)}
+        if imatrix is not None:  # only when given: outputs made before the option existed stay reusable
+            q_key["imatrix"] = {"path": str(Path(imatrix).resolve()), "size": Path(imatrix).stat().st_size,
+                                "mtime_ns": Path(imatrix).stat().st_mtime_ns}
         if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
@@ -521,7 +552,8 @@ class _Run:
                 self.manifest.record(f"{side}.convert", key, [inter], hashes={inter: sha})
             log.info("%s: quantizing to %s", side, final)
             with _bar(self.progress, f"quantize {side}") as bar:
-                q = stages.quantize_stage(inter, final, quant, self.opts.threads, self.opts.quantizer, bar)
+                q = stages.quantize_stage(inter, final, quant, self.opts.threads, self.opts.quantizer, bar,
+                                          imatrix=imatrix)
             self.manifest.record(f"{side}.quantize", q_key, [final], hashes={final: q.sha256},
                                  quantizer=q.quantizer, quantizer_version=q.version)
         if not keep_input and not self.opts.keep_intermediate and inter.exists():

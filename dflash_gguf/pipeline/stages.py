@@ -348,19 +348,20 @@ class Quantized:
 
 
 def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, quantizer: str = "auto",
-                   on_progress: OnProgress = None) -> Quantized:
+                   on_progress: OnProgress = None, *, imatrix: Path | None = None) -> Quantized:
     """``quantizer`` as ``dflash-gguf quantize --quantizer`` (see ``quantize.choose_quantizer``)."""
     from ..quantize import quantize_gguf
 
-    result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads, on_progress=on_progress)
+    result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads, imatrix=imatrix,
+                           on_progress=on_progress)
     return Quantized(result.quantizer, result.quantizer_version, result.sha256)
 
 
-def quantizer_choice(type_name: str, quantizer: str = "auto") -> str:
+def quantizer_choice(type_name: str, quantizer: str = "auto", *, imatrix: bool = False) -> str:
     """Which quantizer ``quantize_gguf`` will take for ``type_name`` (part of a stage's key)."""
     from ..quantize import choose_quantizer
 
-    found = choose_quantizer(type_name, quantizer)
+    found = choose_quantizer(type_name, quantizer, imatrix=imatrix)
     return f"llama-quantize {found.path}" if found else "builtin"
 
 

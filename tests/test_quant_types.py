@@ -1,0 +1,105 @@
+"""Every type llama-quantize b11434 makes, by its names: accepted by --quant, --draft-quant and ``quantize``; made by
+the built-in in one pass where it can (q4_0, q8_0), else by llama-quantize from the BF16 conversion exactly as a
+user would run it; refused before anything is fetched when it cannot be made here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fixtures as mf
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS, run_cli
+
+from dflash_gguf.errors import QuantizeError
+from dflash_gguf.pipeline.naming import gguf_name, size_ratio
+from dflash_gguf.quantize.types import NAMES, quant_type
+
+
+def test_the_names_are_llama_quantizes_in_any_case() -> None:
+    assert quant_type("q4_k_m").name == "Q4_K_M" and quant_type("Q4_K").name == "Q4_K_M"  # llama-quantize's alias
+    assert quant_type("iq4_xs").key == "iq4_xs" and quant_type("BF16").unquantized
+    assert quant_type("IQ2_XXS").needs_imatrix and quant_type("Q2_K_S").needs_imatrix
+    assert not quant_type("Q2_K").needs_imatrix and not quant_type("IQ3_S").needs_imatrix
+    for bad in ("COPY", "q4_k_x", "fp8"):
+        with pytest.raises(QuantizeError, match="not a type llama-quantize b11434 makes"):
+            quant_type(bad)
+    assert {"Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS", "MXFP4_MOE", "Q8_0"} <= set(NAMES)
+    assert gguf_name("gemma-4-12B-it", "q4_k_m") == "gemma-4-12B-it-Q4_K_M.gguf"
+    assert size_ratio("q4_0") == pytest.approx(18 / 64) and size_ratio("q8_0") == pytest.approx(34 / 64)
+    assert 0.28 < size_ratio("q4_k_m") < 0.29  # 4.58 GB for Llama-3-8B's 8.03 B weights
+
+
+def _pair(tmp_path: Path) -> tuple[Path, Path]:
+    return mf.make_gemma4_target(tmp_path / "targets"), mf.make_drafter(tmp_path / "drafters", target="gemma4")
+
+
+def test_what_cannot_be_made_here_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    target, drafter = _pair(tmp_path)
+    out = tmp_path / "pair"
+    iq2 = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "IQ2_XXS")
+    assert iq2.returncode == 8 and "IQ2_XXS needs an importance matrix" in iq2.stderr and "--imatrix" in iq2.stderr
+    assert not out.exists()
+    drafter_iq = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out,
+                         "--draft-quant", "iq1_m")
+    assert drafter_iq.returncode == 8 and "--draft-quant IQ1_M needs an importance matrix" in drafter_iq.stderr
+    bad = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "Q4_K_X")
+    assert bad.returncode == 2 and "Q4_K_M" in bad.stderr and not out.exists()  # the list of names
+    outfile = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outfile", tmp_path / "d.gguf",
+                      "--quant", "q4_k_m")
+    assert outfile.returncode == 2 and "run the pipeline" in outfile.stderr and not (tmp_path / "d.gguf").exists()
+    missing = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant",
+                      "Q4_K_M", "--quantizer", "builtin")
+    assert missing.returncode == 8 and "Q4_K_M is made by llama-quantize" in missing.stderr and not out.exists()
+
+
+@pytest.mark.reference
+def test_a_k_quant_pipeline_is_llama_quantize_on_the_bf16_conversion(tmp_path: Path) -> None:
+    """--quant Q4_K_M --draft-quant q6_k: the target through llama-quantize from the BF16 conversion (kept here),
+    byte for byte what running llama-quantize by hand on that file gives; the names, the plan and pair.json follow
+    the type."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    target, drafter = _pair(tmp_path)
+    out = tmp_path / "pair"
+    env = {"LLAMA_QUANTIZE": str(reference.llama_bin("llama-quantize"))}
+    plan = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "q4_k_m",
+                   "--draft-quant", "Q6_K", "--dry-run", env=env)
+    assert plan.returncode == 0 and "gemma-4-tiny-it-Q4_K_M.gguf" in plan.stdout, plan.stdout + plan.stderr
+    assert "(intermediate" in plan.stdout  # K-quants go through the BF16 file
+    run = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "q4_k_m",
+                  "--draft-quant", "Q6_K", "--keep-intermediate", env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads((out / "pair.json").read_text())
+    made = doc["outputs"]["target"]
+    assert made["file"] == "gemma-4-tiny-it-Q4_K_M.gguf" and made["type"] == "q4_k_m"
+    assert made["made_by"].startswith("llama-quantize")
+    assert doc["outputs"]["drafter"]["file"] == "dflash-gemma-4-tiny-it-Q6_K.gguf"
+    by_hand = tmp_path / "by-hand-Q4_K_M.gguf"
+    proc = reference.run_llama_quantize(out / made["intermediate"]["file"], by_hand, "Q4_K_M")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / made["file"]).read_bytes() == by_hand.read_bytes()
+    assert run_cli("dflash-verify", out / "pair.json").returncode == 0
+    REFERENCE_COMPARISONS.append("pipeline --quant Q4_K_M = llama-quantize by hand")
+
+
+@pytest.mark.reference
+def test_quantize_passes_any_type_to_llama_quantize(tmp_path: Path) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    from dflash_gguf.convert.targets import convert_target
+
+    target, _ = _pair(tmp_path)
+    bf16 = tmp_path / "t-BF16.gguf"
+    convert_target(target, bf16, "bf16")
+    ours = tmp_path / "ours-IQ4_XS.gguf"
+    run = run_cli("dflash-gguf", "quantize", bf16, ours, "iq4_xs", "--json",
+                  env={"LLAMA_QUANTIZE": str(reference.llama_bin("llama-quantize"))})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["quantizer"] == "llama-quantize"
+    by_hand = tmp_path / "by-hand.gguf"
+    assert reference.run_llama_quantize(bf16, by_hand, "IQ4_XS").returncode == 0
+    assert ours.read_bytes() == by_hand.read_bytes()
+    refused = run_cli("dflash-gguf", "quantize", bf16, tmp_path / "x.gguf", "iq2_xs")
+    assert refused.returncode == 8 and "needs an importance matrix" in refused.stderr
+    REFERENCE_COMPARISONS.append("quantize IQ4_XS = llama-quantize by hand")
