@@ -14,6 +14,7 @@ from .dflash_format import PROVENANCE_PREFIX
 DRAFTER_REPO = "drafter.repo"
 DRAFTER_REVISION = "drafter.revision"
 DRAFTER_SOURCE = "drafter.source"
+DRAFTER_BASE_MODEL = "drafter.base_model"  # its card's base_model: the model it was trained for, not converted with
 TARGET_REPO = "target.repo"
 TARGET_REVISION = "target.revision"
 TARGET_SOURCE = "target.source"

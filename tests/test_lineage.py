@@ -369,3 +369,24 @@ def test_the_pipeline_names_the_matching_assistant_only_when_the_hub_has_it(tmp_
         is published, run.stderr
     assert pre.returncode == 1 and "lineage.derived_target" in pre.stdout, pre.stdout + pre.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.gguf"))
+
+
+@pytest.mark.reference
+def test_outfile_then_verify_gives_the_verdict_precheck_gives(ref_files: dict[str, Path], tmp_path: Path) -> None:
+    """The drafter trained for the QAT checkpoint converted with --outfile against the original target (as llama.cpp's
+    converter would, no judgement), then verified with the original target GGUF from b11434: refused with the check
+    precheck and the pipeline use."""
+    from conftest import run_cli
+
+    d, t = ref_files["drafter_qat_dir"], ref_files["plain_dir"]
+    out = tmp_path / "gemma4-tiny-it-DFlash-BF16.gguf"
+    made = run_cli("dflash-convert", "--drafter", d, "--target", t, "--outfile", out)
+    assert made.returncode == 0, made.stdout + made.stderr
+    code, checks = _verify(out, ref_files["plain"])
+    assert code == 1 and checks["lineage.derived_target"]["status"] == "fail", checks["lineage.derived_target"]
+    assert "which is quantization-aware trained (QAT)" in checks["lineage.derived_target"]["message"]
+    pre = precheck(d / "config.json", t / "config.json", drafter_repo=d.name, target_repo=t.name,
+                   drafter_card=(d / "README.md").read_text(encoding="utf-8"),
+                   target_card=(t / "README.md").read_text(encoding="utf-8"))
+    assert pre.exit_code == 1 and pre.result("lineage.derived_target").status == "fail"
+    REFERENCE_COMPARISONS.append("lineage/outfile+verify/qat-drafter-on-original")

@@ -45,7 +45,7 @@ from . import torch_zip
 from .configs import TargetConfig, read_target_config
 from .general import add_general
 from .outtype import OUTTYPES, resolve_outtype, tensor_type
-from .result import ConvertResult, finish, target_embedding_fingerprint, target_record
+from .result import ConvertResult, drafter_card_record, finish, target_embedding_fingerprint, target_record
 from .safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
 from .tensor_io import byte_source, f32_to_bf16, patched_writer, tensor_writer, to_f32
 from .textmodel import add_textmodel_keys, rope_parameters
@@ -472,7 +472,8 @@ def convert_drafter(
     plan.add_uint32(Keys.MASK_TOKEN_ID, cfg.mask_token_id)
 
     recorded = target_record(target_dir, target.path, target.arch, vocab.sha256,
-                             {prov.DRAFTER_SOURCE: str(drafter_dir), **(provenance or {})})
+                             {prov.DRAFTER_SOURCE: str(drafter_dir), **drafter_card_record(drafter_dir),
+                              **(provenance or {})})
     return finish(plan, Path(outfile), outtype, vocab, tuple(notes), recorded, start, quant=quant, dry_run=dry_run,
                   on_progress=on_progress)
 

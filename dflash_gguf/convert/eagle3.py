@@ -39,7 +39,7 @@ from ..tensor_names import DECODER_BLOCK
 from .configs import read_target_config
 from .general import add_general
 from .outtype import OUTTYPES, resolve_outtype, tensor_type
-from .result import ConvertResult, finish, target_record
+from .result import ConvertResult, drafter_card_record, finish, target_record
 from .safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
 from .targets.base import TensorSpec
 from .targets.llama import llama3_rope_factors, rope_row_order
@@ -301,7 +301,8 @@ def convert_eagle3(
     vocab = add_llama_vocab(plan, tokenizer_dir or target_dir, spec.vocab_size)
     notes = reading.notes
     recorded = target_record(target_dir, target.path, target.arch, vocab.sha256,
-                             {prov.DRAFTER_SOURCE: str(drafter_dir), **(provenance or {})})
+                             {prov.DRAFTER_SOURCE: str(drafter_dir), **drafter_card_record(drafter_dir),
+                              **(provenance or {})})
     return finish(plan, Path(outfile), outtype, vocab, tuple(notes), recorded, start, quant=quant, dry_run=dry_run,
                   on_progress=on_progress)
 

@@ -21,6 +21,7 @@ from .. import provenance as prov
 from ..atomic import atomic_output, check_free_space
 from ..errors import InputError, TensorError
 from ..ggufio import GGUFPlan, TensorOut, Written
+from ..model_card import base_models
 from .safetensors import index_checkpoint
 from .tensor_io import to_f32
 from .vocab import VocabInfo
@@ -96,6 +97,13 @@ def target_embedding_fingerprint(target_dir: Path) -> str | None:
     with open(ref.path, "rb", buffering=0) as f:
         raw = b"".join(os.pread(f.fileno(), row_bytes, ref.offset + i * row_bytes) for i in ids)
     return efp.encode(efp.compute(to_f32(raw, ref.dtype).reshape(len(ids), n_embd), n_vocab))
+
+
+def drafter_card_record(drafter_dir: Path) -> dict[str, str]:
+    """The drafter card's first ``base_model`` as our key (llama.cpp's converter copies it into
+    ``general.base_model.*``; our general keys differ, so verify reads it from here)."""
+    found = base_models(drafter_dir)
+    return {prov.DRAFTER_BASE_MODEL: found[0]} if found else {}
 
 
 def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: str,

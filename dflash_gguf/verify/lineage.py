@@ -18,11 +18,9 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePath
-from typing import Any
-
-import yaml
 
 from ..ggufio import GGUFMeta, StringArray
+from ..model_card import front_matter, str_list
 from .report import Report
 
 # Name fragments that mark a model derived from another one (lower-case, matched per name token).
@@ -187,31 +185,13 @@ def identity_from_gguf(meta: GGUFMeta) -> ModelIdentity:
     return ModelIdentity(tuple(names), tuple(tag_list), tuple(bases))
 
 
-def card_front_matter(card_text: str | None) -> dict[str, Any]:
-    """The YAML header of a model card (README.md), or {} when there is none or it does not parse."""
-    if not card_text or not card_text.startswith("---"):
-        return {}
-    end = card_text.find("\n---", 3)
-    try:
-        data = yaml.safe_load(card_text[3:end if end > 0 else len(card_text)])
-    except yaml.YAMLError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _str_list(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value] if value.strip() else []
-    return [str(v) for v in value if isinstance(v, str | int | float)] if isinstance(value, list) else []
-
-
 def identity_from_card(name: str | None, card_text: str | None, *, where: str = "repo") -> ModelIdentity:
     """A Hugging Face repo id or folder name plus its card front matter (the fields gguf-py copies)."""
-    fm = card_front_matter(card_text)
+    fm = front_matter(card_text)
     names = [Evidence(where, name)] if name else []
-    names += [Evidence(f"README.md {k}", v) for k in ("model_name",) for v in _str_list(fm.get(k))]
-    tags = [Evidence("README.md tags", v) for v in _str_list(fm.get("tags"))]
-    bases = [Evidence("README.md base_model", v) for v in _str_list(fm.get("base_model"))]
+    names += [Evidence(f"README.md {k}", v) for k in ("model_name",) for v in str_list(fm.get(k))]
+    tags = [Evidence("README.md tags", v) for v in str_list(fm.get("tags"))]
+    bases = [Evidence("README.md base_model", v) for v in str_list(fm.get("base_model"))]
     relation = fm.get("base_model_relation")
     return ModelIdentity(tuple(names), tuple(tags), tuple(bases), relation if isinstance(relation, str) else None)
 

@@ -15,7 +15,6 @@ from gguf import Keys as GKeys
 from .. import fingerprint as efp
 from .. import provenance as prov
 from ..dflash_format import ARCH, DEFAULT_BLOCK_SIZE, VOCAB_HASH_KEYS, Keys, gguf_taps_outside, vocab_sha256
-from ..dflash_format import PROVENANCE_PREFIX as PREFIX
 from ..ggufio.reader import GGUFMeta, read_rows
 from ..target_archs import by_gguf
 from .format_checks import dspark_serving, read_i64, taps, u32
@@ -206,10 +205,10 @@ def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) 
 def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
     """(target name the drafter was trained for, where that came from).
 
-    A published pair found through the drafter's names wins over ``target.repo``: that key names the target
-    the file was *converted against*, which is exactly what may be wrong (a QAT target given by mistake).
-    A drafter from llama.cpp's converter has none of our keys: its ``general.*`` names and the card's
-    ``base_model`` (``general.base_model.N.*``) are used instead.
+    A published pair found through the drafter's names, then the drafter card's ``base_model`` (our
+    ``drafter.base_model`` key, or ``general.base_model.N.*`` in a file from llama.cpp's converter), win over
+    ``target.repo`` and ``target.source``: those name the target the file was *converted against*, which is
+    exactly what may be wrong (a drafter trained for a QAT checkpoint, converted with the original).
     """
     ours = [Evidence(k, v) for k in (prov.key(prov.DRAFTER_REPO), prov.key(prov.DRAFTER_SOURCE))
             if isinstance(v := d.get(k), str) and v]
@@ -217,11 +216,14 @@ def intended_target(d: GGUFMeta) -> tuple[str | None, str]:
     found = intended_from_identity(ModelIdentity(names=(*ours, *general.names)))
     if found:
         return found
+    card = d.get(prov.key(prov.DRAFTER_BASE_MODEL))
+    bases = (*((Evidence(prov.key(prov.DRAFTER_BASE_MODEL), card),) if isinstance(card, str) and card else ()),
+             *general.base_models)
+    if found := intended_from_identity(ModelIdentity(base_models=bases)):
+        return found
     repo = d.get(prov.key(prov.TARGET_REPO))
     if isinstance(repo, str) and repo:
         return repo, prov.key(prov.TARGET_REPO)
-    if found := intended_from_identity(ModelIdentity(base_models=general.base_models)):
-        return found
     src = d.get(prov.key(prov.TARGET_SOURCE))
     name = Path(src.rstrip("/")).name if isinstance(src, str) else ""
     if name and not re.fullmatch(r"[0-9a-f]{40}", name):  # an HF cache snapshots/<sha> dir names nothing
@@ -251,7 +253,8 @@ def check_lineage(d: GGUFMeta, t: GGUFMeta | None, allow_derived: bool) -> Repor
     if t is None:
         # judged alone: compare the published target with the one the file was converted against
         converted = d.get(prov.key(prov.TARGET_REPO))
-        if not (intended and isinstance(converted, str) and converted and not source.startswith(PREFIX)):
+        from_conversion = source in (prov.key(prov.TARGET_REPO), prov.key(prov.TARGET_SOURCE))
+        if not (intended and isinstance(converted, str) and converted and not from_conversion):
             return r
         ident = ModelIdentity(names=(Evidence(prov.key(prov.TARGET_REPO), converted),))
     else:
