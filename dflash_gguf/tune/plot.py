@@ -23,10 +23,12 @@ class PlotUnavailable(DflashGgufError):
 
 
 def _series(report: TuneReport) -> dict[str, list[Measurement]]:
-    """Measured configurations with an n-max and llama.cpp's default p-min, by method and drafter file."""
+    """Measured configurations with an n-max, by method and drafter file: llama.cpp's default p-min (the p-min
+    sweep would draw a line per value), and n-gram drafting before a drafter at whatever p-min it was measured."""
     out: dict[str, list[Measurement]] = {}
     for m in report.drafting:
-        if m.config.n_max is None or m.config.p_min not in (None, 0.0):
+        combined = m.config.ngram is not None and m.config.drafter is not None  # one point, at the drafter's best
+        if m.config.n_max is None or (m.config.p_min not in (None, 0.0) and not combined):
             continue
         name = m.config.method if m.config.drafter is None else \
             f"{m.config.method}: {m.config.drafter.path.name}"
@@ -57,7 +59,8 @@ def write_plot(report: TuneReport, path: Path) -> Path:
         ax.axhline(base.gen_tps, color="0.45", linewidth=1)
     served = report.best
     for name, ms in _series(report).items():
-        ax.plot([m.config.n_max for m in ms], [m.gen_tps for m in ms], marker="o", label=name)
+        ax.plot([m.config.n_max for m in ms], [m.gen_tps for m in ms], marker="o" if len(ms) > 1 else "D",
+                label=name)
     levels = [m for m in report.drafting if m.config.n_max is None]
     for i, m in enumerate(levels):  # axhline does not advance the colour cycle: colours after the series'
         ax.axhline(m.gen_tps or 0.0, linestyle="--", linewidth=1.2, label=m.config.method, color=f"C{6 + i}")
