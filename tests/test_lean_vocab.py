@@ -19,6 +19,7 @@ from gguf import GGUFValueType
 
 from dflash_gguf import jsonfile
 from dflash_gguf.dflash_format import vocab_sha256
+from dflash_gguf.errors import UnreadableJson
 from dflash_gguf.ggufio import GGUFPlan, StringArray, read_gguf
 from dflash_gguf.ggufio.layout import pack_value
 
@@ -100,7 +101,7 @@ def test_damaged_merges_are_refused_as_json_loads_refuses_them(tmp_path: Path) -
             jsonfile.read_json(path)
     path.write_bytes(text.replace('"c d"', '"c \x00d"').encode().replace(b"\x00", b"\xff"))
     jsonfile.forget()
-    with pytest.raises(UnicodeDecodeError):
+    with pytest.raises(UnreadableJson, match="not UTF-8 text"):  # a ValueError (JSONDecodeError) naming the file
         jsonfile.read_json(path)
 
 

@@ -212,8 +212,7 @@ def test_builtin_dry_run_writes_nothing(tmp_path: Path, drafter_bf16: Path) -> N
     ("make_input", "type_name", "extra", "exit_code", "message"),
     [
         ("quantized", "q8_0", [], 8, "is already quantized (tensor fc.weight is Q4_0)"),
-        ("bf16", "q5_x", [], 8, "Unknown quantization type 'q5_x'. The built-in quantizer supports: "
-                                "q4_0, q8_0, f16, bf16, f32"),
+        ("bf16", "q5_x", [], 8, "type 'q5_x' is not a type llama-quantize b11434 makes. Choose one of Q1_0"),
         ("truncated", "q8_0", [], 2, "Cannot read"),
         ("missing", "q8_0", [], 2, "does not exist"),
         ("bf16", "q8_0", ["--quantizer", "llama-quantize", "--llama-quantize", "/nonexistent/llama-quantize"], 8,
