@@ -135,6 +135,12 @@ class DownloadError(HubError):
     exit_code = 14
 
 
+class FolderBusyError(DflashGgufError):
+    """Another dflash-gguf run is writing the same output folder (its pid and start time are named)."""
+
+    exit_code = 19
+
+
 class LlamaServerNotFound(DflashGgufError):
     """``tune`` needs llama.cpp's llama-server and none was found (or the one named is not executable)."""
 

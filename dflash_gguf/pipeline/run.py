@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import LLAMA_CPP_BUILD, __version__, jsonfile
+from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, QuantizeError
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
@@ -37,7 +37,7 @@ from .sources import resolve_source as resolve_spec
 
 log = logging.getLogger(__name__)
 
-WORK_DIR = ".dflash-work"  # inside --outdir: the tokenizer overlay and the converters' scratch cwd
+WORK_DIR = folder_lock.WORK_DIR  # inside --outdir: the tokenizer overlay, the converters' scratch cwd, the lock
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
 
 
@@ -293,9 +293,9 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         gguf_path = stages.obtain_target_gguf(method.detail)
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
         header["sources"]["target_gguf"] = {"spec": method.detail, "path": str(gguf_path.resolve())}
-    outdir.mkdir(parents=True, exist_ok=True)
     try:
-        return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
+        with folder_lock.writing(outdir, f"dflash-convert --outdir {outdir}"):
+            return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
     finally:
         forget_built()  # the target's vocabulary, built once for the drafter check, the target and the drafters
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import folder_lock
 from ..atomic import atomic_output
 from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
@@ -212,11 +213,13 @@ def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
 
     Raises:
         InputError: the manifest cannot be read, or no longer names the files that were measured.
+        FolderBusyError: a pipeline run is writing the folder.
     """
     record = read_manifest(manifest_path)
-    manifest = Manifest.load(record.folder)
-    if len(record.drafters) > 1:
-        serve_drafter(manifest, record.file("target"), measured_winner(report), report)
-    else:
-        record_serving(manifest, record.file("target"), record.file("drafter"), report)
+    with folder_lock.writing(record.folder, f"dflash-gguf tune {manifest_path}"):
+        manifest = Manifest.load(record.folder)
+        if len(record.drafters) > 1:
+            serve_drafter(manifest, record.file("target"), measured_winner(report), report)
+        else:
+            record_serving(manifest, record.file("target"), record.file("drafter"), report)
     return manifest.data
