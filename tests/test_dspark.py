@@ -305,3 +305,15 @@ def test_pipeline_makes_a_dspark_pair_from_the_loopback_hub(qwen3: Path, tmp_pat
     assert diff(outdir / name, ref) == []
     REFERENCE_COMPARISONS.append("pipeline/loopback-hub/dspark")
 
+
+
+@pytest.mark.parametrize("case", ["d2t", "speculators"])
+def test_precheck_states_the_n_max_limit_draft_dspark_keeps(qwen3: Path, tmp_path: Path, case: str) -> None:
+    """An anchored DSpark drafter (sample_from_anchor) drafts a full block, so n-max goes up to block_size, as
+    tune's sweep and verify say; a speculators-style one up to block_size - 1."""
+    from dflash_gguf.verify import precheck
+
+    drafter = make_dspark_drafter(tmp_path, **CASES[case])
+    report = precheck(drafter / "config.json", qwen3 / "config.json")
+    limit = DSPARK_BLOCK_SIZE - 1 if case == "speculators" else DSPARK_BLOCK_SIZE
+    assert f"--spec-draft-n-max can go up to {limit};" in report.result("pair.block_size").message

@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 from .. import drafters
 from .. import provenance as prov
 from ..drafters import Interpretation
-from ..drafters.eagle3 import Eagle3Spec, target_taps
+from ..drafters.eagle3 import GGUF_ARCH, Eagle3Spec, target_taps
 from ..errors import NotCoveredError, TensorError, UnsupportedModelError
 from ..ggufio import GGUFPlan, TensorOut
 from ..ggufio.layout import GGML_QUANT_VERSION
@@ -49,7 +49,7 @@ from .vocab import VocabInfo, add_bpe_vocab, add_sentencepiece_vocab
 
 log = logging.getLogger(__name__)
 
-ARCH = "eagle3"
+ARCH = GGUF_ARCH
 KEY_TARGET_LAYERS = f"{ARCH}.target_layers"
 KEY_TARGET_HIDDEN_SIZE = f"{ARCH}.target_hidden_size"
 KEY_NORM_BEFORE_RESIDUAL = f"{ARCH}.norm_before_residual"

@@ -20,6 +20,7 @@ from ..target_archs import by_hf
 from . import Finding, Interpretation, TargetFacts, failed, passed
 
 FAMILY = "eagle3"
+GGUF_ARCH = "eagle3"  # general.architecture of its GGUF (llm_arch_from_string "eagle3")
 # The EAGLE-3 class names b11434 registers on LlamaModel (SpecForge, vLLM/AngelSlim, speculators).
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
 SPEC_TYPE = "draft-eagle3"  # never inferred from the file (common_speculative_types_from_gguf knows only dflash)

@@ -21,6 +21,10 @@ from pathlib import Path
 
 from ..dflash_format import ARCH as DFLASH_ARCH
 from ..dflash_format import DEFAULT_BLOCK_SIZE, DSPARK_MARKER, Keys
+from ..drafters.eagle3 import GGUF_ARCH as EAGLE3_ARCH
+from ..drafters.eagle3 import SPEC_TYPE as EAGLE3_SPEC_TYPE
+from ..drafters.gemma4_assistant import GGUF_ARCH as ASSISTANT_ARCH
+from ..drafters.gemma4_assistant import SPEC_TYPE as ASSISTANT_SPEC_TYPE
 from ..errors import TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
@@ -49,7 +53,7 @@ COARSE_N_MAX = (1, 3, 7, 15)  # powers of two minus one: each step doubles the d
 P_MIN_SWEEP = (0.5, 0.75)  # llama.cpp's default is 0.0 (common.h); one report recovered acceptance at 0.75
 # Drafter architectures and the --spec-type that serves them (common/arg.cpp names); llama-server infers the
 # same from the metadata when -md is given alone (common_speculative_types_from_gguf).
-SPEC_TYPES = {DFLASH_ARCH: "draft-dflash", "gemma4-assistant": "draft-mtp", "eagle3": "draft-eagle3"}
+SPEC_TYPES = {DFLASH_ARCH: "draft-dflash", ASSISTANT_ARCH: ASSISTANT_SPEC_TYPE, EAGLE3_ARCH: EAGLE3_SPEC_TYPE}
 # A DSpark drafter is a dflash file with a Markov head (markov_w1.weight): llama-server serves it as draft-dspark.
 DSPARK_SPEC_TYPE = "draft-dspark"
 # Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and

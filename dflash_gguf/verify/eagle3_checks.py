@@ -15,13 +15,13 @@ from gguf import GGUFValueType as VT
 from gguf import Keys as GKeys
 
 from ..dflash_format import VOCAB_HASH_KEYS
-from ..drafters.eagle3 import _OUTPUT_TAP_ARCHS, N_TAPS, SPEC_TYPE
+from ..drafters.eagle3 import _OUTPUT_TAP_ARCHS, GGUF_ARCH, N_TAPS, SPEC_TYPE
 from ..ggufio.layout import type_name
 from ..ggufio.reader import GGUFMeta
 from .format_checks import read_i64
 from .report import Report
 
-ARCH = "eagle3"
+ARCH = GGUF_ARCH
 RECONVERT = "Reconvert the EAGLE-3 head from its Hugging Face checkpoint with dflash-convert --target TARGET."
 PICK = "Pair the EAGLE-3 head with the target it was converted for (or reconvert it with --target this target)."
 ENC_NORM = "enc.output_norm.weight"

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import drafters
 from ..drafters import TargetFacts
+from ..drafters.dspark import n_max_limit
 from .lineage import card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
 
@@ -61,7 +62,9 @@ def precheck(
                "draft-mtp); 'dflash-gguf tune' measures the fastest --spec-draft-n-max")
     elif reading.spec is not None:
         bs = reading.spec.block_size
-        r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {bs - 1}; 'dflash-gguf tune' "
+        dspark = getattr(reading.spec, "dspark", None)
+        limit = n_max_limit(bs, dspark.sample_from_anchor) if dspark is not None else bs - 1
+        r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {limit}; 'dflash-gguf tune' "
                "measures the fastest")
 
     drafter_ident = identity_from_card(drafter_repo, drafter_card)
