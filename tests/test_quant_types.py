@@ -103,3 +103,28 @@ def test_quantize_passes_any_type_to_llama_quantize(tmp_path: Path) -> None:
     refused = run_cli("dflash-gguf", "quantize", bf16, tmp_path / "x.gguf", "iq2_xs")
     assert refused.returncode == 8 and "needs an importance matrix" in refused.stderr
     REFERENCE_COMPARISONS.append("quantize IQ4_XS = llama-quantize by hand")
+
+
+@pytest.mark.reference
+def test_the_qat_recipe_pure_q4_0_with_a_q8_0_token_embedding(tmp_path: Path) -> None:
+    """--pure --token-embedding-type q8_0 on the target (ggml-org's recipe for Gemma's QAT checkpoints): what
+    llama-quantize makes with those flags from the same BF16 file, and no Q6_K output rule."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    from gguf_compare import diff
+
+    from dflash_gguf.ggufio.reader import read_gguf
+
+    target, drafter = _pair(tmp_path)
+    out = tmp_path / "pair"
+    run = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "q4_0",
+                  "--pure", "--token-embedding-type", "q8_0", "--keep-intermediate")
+    assert run.returncode == 0, run.stdout + run.stderr
+    made = json.loads((out / "pair.json").read_text())["outputs"]["target"]
+    types = {name: t.qtype for name, t in read_gguf(out / made["file"]).tensors.items()}
+    assert types["token_embd.weight"] == 8 and 14 not in types.values()  # Q8_0 embedding, no Q6_K anywhere
+    by_hand = tmp_path / "by-hand.gguf"
+    proc = reference.run_llama_quantize(out / made["intermediate"]["file"], by_hand, "Q4_0", "--pure",
+                                        "--token-embedding-type", "q8_0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert diff(out / made["file"], by_hand) == []
+    REFERENCE_COMPARISONS.append("pipeline --pure q4_0 --token-embedding-type q8_0 = llama-quantize")

@@ -640,17 +640,22 @@ def test_compiled_kernels_check_their_buffers() -> None:
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize(("tied", "type_name", "output_type", "embd_type"), [
-    (False, "q4_0", "q8_0", None),
-    (False, "q4_0", None, "q8_0"),
-    (False, "q8_0", "q6_k", "f16"),
-    (True, "q4_0", "q8_0", None),  # a tied embedding follows --output-tensor-type
-    (True, "q4_0", "q4_0", "q6_k"),  # --token-embedding-type wins over the tied rule
-    (True, "f16", "q8_0", None),  # F16 file: the tied embedding is not the output tensor
+@pytest.mark.parametrize(("tied", "type_name", "output_type", "embd_type", "pure"), [
+    (False, "q4_0", "q8_0", None, False),
+    (False, "q4_0", None, "q8_0", False),
+    (False, "q8_0", "q6_k", "f16", False),
+    (True, "q4_0", "q8_0", None, False),  # a tied embedding follows --output-tensor-type
+    (True, "q4_0", "q4_0", "q6_k", False),  # --token-embedding-type wins over the tied rule
+    (True, "f16", "q8_0", None, False),  # F16 file: the tied embedding is not the output tensor
+    (True, "q4_0", None, "q8_0", True),  # ggml-org's Gemma QAT files: --pure q4_0, a q8_0 token embedding
+    (True, "q4_0", None, None, True),  # --pure: the tied embedding at q4_0 too (no Q6_K output rule)
+    (False, "q8_0", None, None, True),
+    (False, "q4_0", "q6_k", None, True),  # the overrides still apply under --pure
 ])
 def test_builtin_overrides_match_llama_quantize(tmp_path: Path, tied: bool, type_name: str, output_type: str | None,
-                                                embd_type: str | None) -> None:
-    """--output-tensor-type / --token-embedding-type: the built-in and llama-quantize agree byte for byte."""
+                                                embd_type: str | None, pure: bool) -> None:
+    """--output-tensor-type / --token-embedding-type / --pure: the built-in and llama-quantize agree byte for
+    byte."""
     from dflash_gguf.quantize import Overrides
 
     reference.require_or_skip(reference.llama_cpp_available())
@@ -663,13 +668,14 @@ def test_builtin_overrides_match_llama_quantize(tmp_path: Path, tied: bool, type
         tensors["output.weight"] = (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16)
     reference._write_tiny(src, "llama", reference._tiny_hparams(2, n_embd), tensors, drop_tensors=(),
                           extra_tensors=(), drop_keys=())
-    ov = Overrides(output_type, embd_type)
+    ov = Overrides(output_type, embd_type, pure)
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     quantize_gguf(src, ours, type_name, quantizer="builtin", overrides=ov)
     _ref_quantize(src, ref, type_name, *ov.args())
     assert gguf_compare.diff(ours, ref) == []
     assert _types(ours) == _types(ref)
-    REFERENCE_COMPARISONS.append(f"quantize overrides {type_name} {output_type}/{embd_type} tied={tied}")
+    REFERENCE_COMPARISONS.append(f"quantize overrides {type_name} {output_type}/{embd_type} tied={tied}"
+                                 + (" --pure" if pure else ""))
 
 
 def test_builtin_refuses_an_override_it_cannot_make_or_that_does_not_fit(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(e)) from None
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
-                  "imatrix")
+                  "imatrix", "pure", "token_embedding_type", "output_tensor_type")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -46,6 +46,13 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
 @click.option("--draft-quant", default=None, callback=_quant_type, metavar="TYPE",
               help="Type of the drafter GGUF (pipeline; default q8_0: the precision ggml-org publishes DFlash "
                    "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice.")
+@click.option("--pure", is_flag=True,
+              help="Pipeline: quantize the target as llama-quantize --pure does (no mixture rules; ggml-org makes "
+                   "Gemma's QAT files as --pure q4_0 with --token-embedding-type q8_0).")
+@click.option("--token-embedding-type", default=None, metavar="TYPE",
+              help="Pipeline: the target's token_embd.weight type, as llama-quantize's flag of that name.")
+@click.option("--output-tensor-type", default=None, metavar="TYPE",
+              help="Pipeline: the target's output.weight type (or a tied embedding's), as llama-quantize's flag.")
 @click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Pipeline: an importance matrix (llama-imatrix's output) for the target's quantization, passed to "
                    "llama-quantize; needed by IQ1/IQ2/IQ3_XXS and Q2_K_S.")
@@ -169,11 +176,13 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
               allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
-              no_mtp: bool, imatrix: Path | None) -> None:
+              no_mtp: bool, imatrix: Path | None, pure: bool, token_embedding_type: str | None,
+              output_tensor_type: str | None) -> None:
     import shlex
 
     from ..pipeline import MANIFEST_NAME, PipelineOptions, run_pipeline
     from ..pipeline.manifest import PairRecord
+    from ..quantize import Overrides
     from ..tune import TuneOptions
     from .tune import parse_methods
     from .verify import render
@@ -188,7 +197,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     opts = PipelineOptions(target, drafter[0], quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
                            allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
                            quantizer=quantizer or "auto", tune=tune,
-                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix)
+                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,
+                           target_overrides=Overrides(output_tensor_type, token_embedding_type, pure))
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:

@@ -25,6 +25,10 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
               help="Type of output.weight (or of a tied token embedding), as llama-quantize's flag of that name.")
 @click.option("--token-embedding-type", default=None, metavar="TYPE",
               help="Type of token_embd.weight, as llama-quantize's flag of that name.")
+@click.option("--pure", is_flag=True,
+              help="llama-quantize's --pure: no mixture rules, every quantizable tensor at TYPE (the output tensor "
+                   "too, unless --output-tensor-type). ggml-org makes Gemma's QAT files as --pure q4_0 with "
+                   "--token-embedding-type q8_0.")
 @click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="An importance matrix (llama-imatrix's output) passed to llama-quantize; IQ1/IQ2/IQ3_XXS and Q2_K_S "
                    "need one. The built-in quantizer declines it.")
@@ -34,7 +38,7 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
                  threads: int, allow_requantize: bool, output_tensor_type: str | None,
-                 token_embedding_type: str | None, imatrix: Path | None, dry_run: bool, json_: bool,
+                 token_embedding_type: str | None, pure: bool, imatrix: Path | None, dry_run: bool, json_: bool,
                  verbose: bool) -> None:
     """Quantize a BF16/F16 GGUF to TYPE as llama-quantize b11434 would: any type it makes, any case (q4_0, q8_0,
     f16, bf16, f32 by the built-in quantizer; Q4_K_M, Q6_K, IQ4_XS, ... by llama-quantize).
@@ -50,7 +54,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
                                allow_requantize=allow_requantize, llama_quantize=llama_quantize,
-                               overrides=Overrides(output_tensor_type, token_embedding_type), imatrix=imatrix,
+                               overrides=Overrides(output_tensor_type, token_embedding_type, pure), imatrix=imatrix,
                                dry_run=dry_run,
                                on_progress=progress)
     finally:

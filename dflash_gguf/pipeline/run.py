@@ -23,6 +23,7 @@ from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, Quan
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
+from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
@@ -65,6 +66,8 @@ class PipelineOptions:
     more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
     drop_mtp: bool = False  # --no-mtp: the target GGUF without its own MTP head (b11434's converter flag)
     imatrix: Path | None = None  # --imatrix: an importance matrix for llama-quantize (the target's quantization)
+    # --pure / --token-embedding-type / --output-tensor-type for the target's quantization
+    target_overrides: Overrides = NO_OVERRIDES
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -185,7 +188,10 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
 def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
     """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
     BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target: not with an
-    importance matrix, which only llama-quantize reads), and no intermediate is to be kept."""
+    importance matrix, which only llama-quantize reads, or --pure / a tensor-type override), and no intermediate is
+    to be kept."""
+    if target and opts.target_overrides.given:  # the one pass writes llama-quantize's default choices
+        return False
     imatrix = target and opts.imatrix is not None
     return (quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
             and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix) == "builtin")
@@ -540,8 +546,11 @@ class _Run:
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
                         final: Path, quant: str, *, keep_input: bool = False) -> dict[str, Any]:
         imatrix = self.opts.imatrix if side == "target" else None
+        overrides = self.opts.target_overrides if side == "target" else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
                  "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None)}
+        if overrides.given:  # only when given: outputs made before the option existed stay reusable
+            q_key["overrides"] = overrides.args()
         if imatrix is not None:  # only when given: outputs made before the option existed stay reusable
             q_key["imatrix"] = {"path": str(Path(imatrix).resolve()), "size": Path(imatrix).stat().st_size,
                                 "mtime_ns": Path(imatrix).stat().st_mtime_ns}
@@ -553,7 +562,7 @@ class _Run:
             log.info("%s: quantizing to %s", side, final)
             with _bar(self.progress, f"quantize {side}") as bar:
                 q = stages.quantize_stage(inter, final, quant, self.opts.threads, self.opts.quantizer, bar,
-                                          imatrix=imatrix)
+                                          imatrix=imatrix, overrides=overrides)
             self.manifest.record(f"{side}.quantize", q_key, [final], hashes={final: q.sha256},
                                  quantizer=q.quantizer, quantizer_version=q.version)
         if not keep_input and not self.opts.keep_intermediate and inter.exists():

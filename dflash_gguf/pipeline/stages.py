@@ -19,6 +19,7 @@ from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
 from ..jsonfile import read_json
 from ..provenance import Sources
+from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..verify import Report, precheck, read_gguf, verify_files
 from .naming import checkpoint_type
 from .sources import Source
@@ -348,12 +349,13 @@ class Quantized:
 
 
 def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, quantizer: str = "auto",
-                   on_progress: OnProgress = None, *, imatrix: Path | None = None) -> Quantized:
+                   on_progress: OnProgress = None, *, imatrix: Path | None = None,
+                   overrides: Overrides = NO_OVERRIDES) -> Quantized:
     """``quantizer`` as ``dflash-gguf quantize --quantizer`` (see ``quantize.choose_quantizer``)."""
     from ..quantize import quantize_gguf
 
     result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads, imatrix=imatrix,
-                           on_progress=on_progress)
+                           overrides=overrides, on_progress=on_progress)
     return Quantized(result.quantizer, result.quantizer_version, result.sha256)
 
 

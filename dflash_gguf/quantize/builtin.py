@@ -150,15 +150,22 @@ def input_from_plan(plan: GGUFPlan, label: Path) -> InputGGUF:
 
 @dataclass(frozen=True)
 class Overrides:
-    """llama-quantize's ``--output-tensor-type`` and ``--token-embedding-type`` (type names, None: not given)."""
+    """llama-quantize's ``--output-tensor-type``, ``--token-embedding-type`` (type names, None: not given) and
+    ``--pure`` (no mixture rules: every quantizable tensor at the file's type)."""
 
     output_tensor_type: str | None = None
     token_embedding_type: str | None = None
+    pure: bool = False
+
+    @property
+    def given(self) -> bool:
+        return bool(self.output_tensor_type or self.token_embedding_type or self.pure)
 
     def args(self) -> list[str]:
         """The same flags for llama-quantize."""
         return [*(["--output-tensor-type", self.output_tensor_type] if self.output_tensor_type else []),
-                *(["--token-embedding-type", self.token_embedding_type] if self.token_embedding_type else [])]
+                *(["--token-embedding-type", self.token_embedding_type] if self.token_embedding_type else []),
+                *(["--pure"] if self.pure else [])]
 
     def parsed(self) -> tuple[GGMLQuantizationType | None, GGMLQuantizationType | None]:
         """The two types, refusing what the built-in cannot make."""
@@ -194,7 +201,7 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
     for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name)):
         stored = Q(t.qtype)
         choice = choose_type(t.name, t.ne, stored, default, has_output, output_type=output_type,
-                             token_embd_type=token_embd_type)
+                             token_embd_type=token_embd_type, pure=overrides.pure)
         block = GGML_QUANT_SIZES[choice.qtype][0]
         if choice.override and t.ne[0] % block:
             raise QuantizeError(f"{choice.reason} {choice.qtype.name} does not fit tensor {t.name} of {gguf.path}: "

@@ -4,7 +4,7 @@ Source: ``src/llama-quant.cpp`` of llama.cpp b11434 (``tensor_allows_quantizatio
 ``llama_tensor_get_type``, ``llama_tensor_get_type_impl``, ``tensor_type_fallback``) and
 ``weight_name_comparer`` in ``src/llama-model-loader.h`` (the output tensor order). Only the
 branches reachable for Q4_0/Q8_0/F16/BF16/F32 without an imatrix are mirrored, with the
-``--output-tensor-type`` and ``--token-embedding-type`` overrides.
+``--output-tensor-type`` and ``--token-embedding-type`` overrides and ``--pure``.
 """
 
 from __future__ import annotations
@@ -77,14 +77,16 @@ OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K, "f16": Q.F16, 
 
 def choose_type(name: str, ne: tuple[int, ...], stored: GGMLQuantizationType, default: GGMLQuantizationType,
                 has_output: bool, *, output_type: GGMLQuantizationType | None = None,
-                token_embd_type: GGMLQuantizationType | None = None) -> TensorChoice:
+                token_embd_type: GGMLQuantizationType | None = None, pure: bool = False) -> TensorChoice:
     """llama_tensor_get_type() for ``default`` in {Q4_0, Q8_0, F16, BF16, F32}, no imatrix.
 
     ``has_output``: the file has ``output.weight``; without it the token embedding is tied and
     takes the output tensor's rule (init_quantize_state_counters / has_tied_embeddings).
     ``output_type`` / ``token_embd_type``: llama-quantize's ``--output-tensor-type`` /
     ``--token-embedding-type``. As there, an override on its own tensor is taken as is (no row-length
-    fallback), while a tied embedding follows ``output_type`` through the mixture rules.
+    fallback), while a tied embedding follows ``output_type`` through the mixture rules. ``pure``: llama-quantize's
+    ``--pure`` skips the mixture rules (``llama_tensor_get_type_impl``), so every quantizable tensor takes the
+    default type (the overrides still apply, and so does the row-length fallback).
     """
     if not allows_quantization(name, ggml_n_dims(ne)):
         return TensorChoice(stored)
@@ -97,7 +99,9 @@ def choose_type(name: str, ne: tuple[int, ...], stored: GGMLQuantizationType, de
     new = default
     reason = ""
     tied_embd = not has_output and name in _TOKEN_EMBD
-    if (name == "output.weight" or tied_embd) and output_type is not None:
+    if pure:
+        pass
+    elif (name == "output.weight" or tied_embd) and output_type is not None:
         new, reason = output_type, "--output-tensor-type (tied embedding)"
     elif name == "output.weight" or tied_embd:
         block = GGML_QUANT_SIZES[new][0]
