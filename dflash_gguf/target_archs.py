@@ -2,7 +2,8 @@
 b11434's graph publishes the layer inputs a drafter taps, and which vocabulary path the drafter converter mirrors.
 
 Sources: ``src/models/*.cpp`` of b11434 (the graphs that set ``res->t_layer_inp`` for DFlash extraction; the
-Gemma 1-3 graphs do not: "layer input tensor is null"), ``conversion/*.py`` (``set_vocab`` of each class).
+Gemma 1-3, GLM and DeepSeek-V2/V3 graphs do not: "layer input tensor is null"), ``conversion/*.py`` (``set_vocab``
+of each class, and which architecture each Hugging Face class is converted to).
 The built-in *target* converter's own coverage is its family registry (``convert/targets``).
 """
 
@@ -46,6 +47,14 @@ TARGET_ARCHS: tuple[TargetArch, ...] = (
     TargetArch("lfm2", ("Lfm2ForCausalLM", "LFM2ForCausalLM"), True, "gpt2"),  # LFM2Model: TextModel's
     # NemotronHModel reads its tokenizer through transformers with remote code; DeepSeek-V4 targets are FP8.
     *(TargetArch(name) for name in ("nemotron_h", "deepseek4")),
+    # z-lab publishes DFlash drafters for GLM-5.1 and Kimi-K2.6, but b11434's graphs for them (and for GLM-4.5/4.6,
+    # GLM-4.7-Flash, DeepSeek-V3) never set t_layer_inp, so llm_graph_result::set_outputs asserts on the first draft.
+    TargetArch("glm4moe", ("Glm4MoeForCausalLM", "Glm4vMoeForConditionalGeneration", "SolarOpenForCausalLM"), False),
+    TargetArch("deepseek2", ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
+                             "KimiVLForConditionalGeneration", "KimiK25ForConditionalGeneration"), False),
+    TargetArch("deepseek32", ("DeepseekV32ForCausalLM",), False),
+    TargetArch("glm-dsa", ("GlmMoeDsaForCausalLM",), False),
+    TargetArch("glm5-next", ("Glm5NextForConditionalGeneration",), False),
     TargetArch("gemma", ("GemmaForCausalLM",), False),
     TargetArch("gemma2", ("Gemma2ForCausalLM",), False),
     TargetArch("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma3TextModel"), False),

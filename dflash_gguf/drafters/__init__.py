@@ -176,7 +176,8 @@ def target_findings(target: TargetFacts) -> tuple[Finding, ...]:
     if arch is not None and arch.tappable is False:
         return (failed("pair.target_arch", f"{where}target architecture {target.arch} publishes no layer inputs in "
                        "llama.cpp b11434 ('layer input tensor is null'), so no drafter can run on it.",
-                       "Pick a drafter made for a target llama.cpp can tap (Gemma-4, Qwen3, Qwen3.5, Llama-3...).",
+                       "Pick a drafter made for a target llama.cpp can tap (Gemma-4, Qwen3, Qwen3.5, Llama-3...); "
+                       "llama.cpp's own converter would make the files, but the pair aborts at its first draft.",
                        UnsupportedModelError),)
     out = [passed("pair.target_arch", f"target architecture {target.arch or '?'}"
                   + (f" (llama.cpp {arch.gguf})" if arch is not None else ""))]
