@@ -56,6 +56,12 @@ class JsonLimitError(json.JSONDecodeError):
 _CONSTANT_FIELD = re.compile(r'"([^"\\]{1,200})"\s*:\s*(-?Infinity|NaN)\b')
 
 
+def _check_size(n_bytes: int) -> None:
+    if n_bytes > MAX_JSON_BYTES:
+        raise JsonLimitError(f"it is {n_bytes / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any Hugging "
+                             "Face JSON file needs")
+
+
 def _no_constant(name: str) -> Any:
     raise JsonLimitError(f"it holds {name}, which is not a JSON number (a value such as a norm epsilon must be "
                          "finite)")
@@ -68,9 +74,7 @@ def parse_bounded(text: str | bytes) -> Any:
         UnicodeDecodeError: bytes that are not UTF-8.
         json.JSONDecodeError: not JSON, or outside the bounds (:class:`JsonLimitError`).
     """
-    if len(text) > MAX_JSON_BYTES:
-        raise JsonLimitError(f"it is {len(text) / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any "
-                             "Hugging Face JSON file needs")
+    _check_size(len(text))
     if isinstance(text, bytes):
         text = text.decode("utf-8")
     try:
@@ -101,9 +105,7 @@ def load_json(path: Path) -> Any:
     """
     size = Path(path).stat().st_size
     try:
-        if size > MAX_JSON_BYTES:
-            raise JsonLimitError(f"it is {size / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any Hugging "
-                                 "Face JSON file needs")
+        _check_size(size)  # before a byte of it is read
         return parse_bounded(Path(path).read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UnreadableJson(path, _why(e)) from None
@@ -111,9 +113,7 @@ def load_json(path: Path) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _parse(path: str, size: int, mtime_ns: int) -> Any:
-    if size > MAX_JSON_BYTES:  # refused before a byte of it is read
-        raise JsonLimitError(f"it is {size / 1e6:.0f} MB, more than the {MAX_JSON_BYTES >> 20} MiB any Hugging "
-                             "Face JSON file needs")
+    _check_size(size)  # before a byte of it is read
     raw = Path(path).read_bytes()
     key = (len(raw), hashlib.sha256(raw).digest())
     if key in _BY_CONTENT:

@@ -13,6 +13,7 @@ Appends from tests without the mark are counted and listed in the summary; with
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -91,6 +92,19 @@ def run_cli(exe: str, *args: str | Path, cwd: Path | None = None,
         return run_cli_process(exe, *args, cwd=cwd, env=env)
     return in_process.run(exe, [str(a) for a in args], cwd=cwd, env={"LLAMA_QUANTIZE": "", **(env or {})},
                           offline=True)
+
+
+def run_tune(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """``dflash-gguf tune ARGS`` as a console script with b11434's llama-server (a process: tune starts servers
+    and stops them by their process group); returns the process and its ``--json`` document ({} without one)."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-gguf"), "tune", *map(str, args)],
+                          capture_output=True, text=True, env=reference.llama_server_env(), stdin=subprocess.DEVNULL,
+                          timeout=900)
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        doc = {}
+    return proc, doc
 
 
 def run_cli_process(exe: str, *args: str | Path, cwd: Path | None = None,

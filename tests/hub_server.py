@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".onnx", ".ckpt")
@@ -56,6 +58,11 @@ class FakeRepo:
         self.tags: set[str] = set()  # the names in ``refs`` that are tags; the rest are branches
         self.gated, self.private, self.tokens = gated, private, set(tokens)
         self.push(files, sha=sha)
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> FakeRepo:
+        """One commit holding the files at the top of ``folder`` (a fixture repo made on disk)."""
+        return cls({p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()})
 
     def push(self, files: dict[str, bytes], *, branch: str = "main", sha: str = "") -> str:
         """A new commit with exactly ``files`` on ``branch`` (created if new); returns its sha."""
@@ -391,3 +398,11 @@ def fake_hub(repos: dict[str, FakeRepo]) -> Iterator[str]:
     """Serve ``repos`` on 127.0.0.1; yields the endpoint URL for ``HF_ENDPOINT`` (see :func:`serve` for the log)."""
     with serve(repos) as hub:
         yield hub.url
+
+
+def client_env(url: str, hf_home: Path) -> dict[str, str]:
+    """This process's environment for the real Hub client against the loopback Hub at ``url``: no other HF_*
+    variable, a fresh ``HF_HOME``, online, no xet, no proxy for 127.0.0.1."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
+        "HF_HOME": str(hf_home), "HF_ENDPOINT": url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0",
+        "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}

@@ -251,6 +251,11 @@ def _binaries_identity(program: str | None) -> str:
 # ------------------------------------------------------------------------------------ binaries
 
 
+def llama_server_env() -> dict[str, str]:
+    """This process's environment with b11434's llama-server for tune and ``--tune`` (and no llama-quantize)."""
+    return {**os.environ, "LLAMA_SERVER": str(llama_bin("llama-server")), "LLAMA_QUANTIZE": ""}
+
+
 def llama_bin(name: str) -> Path:
     """Path of a b11434 binary or library ("llama-quantize", "llama-server", "libllama.so", ...).
 

@@ -11,7 +11,6 @@ safetensors index and a pair.json naming files with '..', an absolute path or a 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -151,14 +150,12 @@ def test_the_loopback_hub_pipeline_refuses_an_index_that_climbs_out(tmp_path: Pa
 
     drafter, target = _pair(tmp_path)
     _index_naming("../outside.safetensors")(drafter, target)
-    files = lambda d: FakeRepo({p.name: p.read_bytes() for p in d.iterdir() if p.is_file()})  # noqa: E731
-    with hub_server.serve({"z-lab/gemma4-tiny-it-DFlash": files(drafter), "google/gemma-4-tiny-it": files(target)}) \
-            as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-            "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
-            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "HF_HUB_OFFLINE": "0"}
+    repos = {"z-lab/gemma4-tiny-it-DFlash": FakeRepo.of_folder(drafter),
+             "google/gemma-4-tiny-it": FakeRepo.of_folder(target)}
+    with hub_server.serve(repos) as hub:
         run = run_cli("dflash-convert", "--target", "google/gemma-4-tiny-it", "--drafter",
-                      "z-lab/gemma4-tiny-it-DFlash", "--outdir", tmp_path / "pair", env=env)
+                      "z-lab/gemma4-tiny-it-DFlash", "--outdir", tmp_path / "pair",
+                      env=hub_server.client_env(hub.url, tmp_path / "hf"))
     out = _clean(run, "model.safetensors.index.json")
     assert "'../outside.safetensors' leaves its folder" in out
     assert not list((tmp_path / "hf").glob("**/outside.safetensors"))

@@ -290,17 +290,11 @@ def test_tune_on_a_qat_drafter_and_the_original_target_says_why_acceptance_colla
         ref_files: dict[str, Path]) -> None:
     """Allowed past verify, the mismatched pair from b11434's converter is measured: acceptance collapses (exit 15),
     and the verdict names the lineage mismatch the files show."""
-    import os
-    import subprocess
-    import sys
+    from conftest import run_tune
 
-    env = {**os.environ, "LLAMA_SERVER": str(reference.llama_bin("llama-server"))}
-    proc = subprocess.run([str(Path(sys.executable).parent / "dflash-gguf"), "tune", str(ref_files["plain"]),
-                           str(ref_files["drafter_qat"]), "--methods", "drafters", "--n-max", "3", "--n-predict",
-                           "32", "--repeats", "1", "--json", "--", "-t", "1"], capture_output=True, text=True,
-                          env=env, stdin=subprocess.DEVNULL, timeout=900)
+    proc, doc = run_tune(ref_files["plain"], ref_files["drafter_qat"], "--methods", "drafters", "--n-max", "3",
+                         "--n-predict", "32", "--repeats", "1", "--json", "--", "-t", "1")
     assert proc.returncode == 15, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
     name = ref_files["drafter_qat"].name
     assert doc["collapsed"] == [name]
     assert "which is quantization-aware trained (QAT)" in doc["lineage"][name]
@@ -339,8 +333,6 @@ def test_mtp_assistants_from_b11434s_converter_are_judged_both_ways(tmp_path: Pa
 def test_the_pipeline_names_the_matching_assistant_only_when_the_hub_has_it(tmp_path: Path, published: bool) -> None:
     """A QAT assistant with the original Gemma-4 target from the loopback Hub: refused before any weight is fetched,
     with the same check precheck and verify use, and the assistant made for this target named when it exists."""
-    import os
-
     import hub_server
     from conftest import run_cli
     from fixtures.gemma4_assistant import make_gemma4_assistant
@@ -350,16 +342,13 @@ def test_the_pipeline_names_the_matching_assistant_only_when_the_hub_has_it(tmp_
     (target / "README.md").write_text(TARGETS["plain"][1], encoding="utf-8")
     qat = make_gemma4_assistant(tmp_path / "q", name="gemma-4-tiny-it-qat-q4_0-unquantized-assistant")
     (qat / "README.md").write_text(_card(QAT_INTENDED), encoding="utf-8")
-    files = lambda d: FakeRepo({p.name: p.read_bytes() for p in d.iterdir() if p.is_file()})  # noqa: E731
-    repos = {INTENDED: files(target), f"{QAT_INTENDED}-assistant": files(qat)}
+    repos = {INTENDED: FakeRepo.of_folder(target), f"{QAT_INTENDED}-assistant": FakeRepo.of_folder(qat)}
     if published:
         plain = make_gemma4_assistant(tmp_path / "p")
         (plain / "README.md").write_text(_card(INTENDED), encoding="utf-8")
-        repos[f"{INTENDED}-assistant"] = files(plain)
+        repos[f"{INTENDED}-assistant"] = FakeRepo.of_folder(plain)
     with hub_server.serve(repos) as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-            "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
-            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "HF_HUB_OFFLINE": "0"}
+        env = hub_server.client_env(hub.url, tmp_path / "hf")
         run = run_cli("dflash-convert", "--target", INTENDED, "--drafter", f"{QAT_INTENDED}-assistant", "--outdir",
                       tmp_path / "out", env=env)
         pre = run_cli("dflash-gguf", "precheck", f"{QAT_INTENDED}-assistant", INTENDED, env=env)

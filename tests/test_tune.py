@@ -16,7 +16,7 @@ from pathlib import Path
 import fixtures as mf
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, run_cli
+from conftest import REFERENCE_COMPARISONS, run_cli, run_tune
 
 from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, TuneError
 from dflash_gguf.tune import DEFAULT_N_MAX, coarse_n_max, refine_n_max
@@ -204,9 +204,6 @@ def test_inputs_that_name_no_pair(demo_pair: Path, tmp_path: Path) -> None:
 
 # -- with real llama-server b11434 ------------------------------------------------------------------------------
 
-def _env() -> dict[str, str]:
-    """The b11434 build's llama-server, one thread (2 cores here: the second would only add noise)."""
-    return {**os.environ, "LLAMA_SERVER": str(reference.llama_bin("llama-server")), "LLAMA_QUANTIZE": ""}
 
 
 @pytest.fixture(scope="module")
@@ -227,19 +224,11 @@ def acceptance(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _tune(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    proc = subprocess.run([GGUF, "tune", *map(str, args)], capture_output=True, text=True, env=_env(),
-                          stdin=subprocess.DEVNULL, timeout=900)
-    try:
-        doc = json.loads(proc.stdout)
-    except ValueError:
-        doc = {}
-    return proc, doc
 
 
 @pytest.mark.reference
 def test_matched_pair_drafts_and_is_measured(acceptance: dict[str, Path]) -> None:
-    proc, doc = _tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--n-max", "7", "--n-predict",
+    proc, doc = run_tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--n-max", "7", "--n-predict",
                       "48", "--repeats", "2", "--methods", "drafters", "--json", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = doc["configurations"]
@@ -267,7 +256,7 @@ def test_matched_pair_drafts_and_is_measured(acceptance: dict[str, Path]) -> Non
 
 @pytest.mark.reference
 def test_perturbed_target_collapses_with_its_own_exit_code(acceptance: dict[str, Path]) -> None:
-    proc, doc = _tune(acceptance["perturbed"], acceptance["drafter"], "--quick", "--n-predict", "32", "--thinking",
+    proc, doc = run_tune(acceptance["perturbed"], acceptance["drafter"], "--quick", "--n-predict", "32", "--thinking",
                       "off", "--methods", "drafters", "--json", "--", "-t", "1")
     assert proc.returncode == ACCEPTANCE_COLLAPSED, proc.stderr[-3000:]
     drafting = [r for r in doc["configurations"] if r["drafter"]]
@@ -275,7 +264,7 @@ def test_perturbed_target_collapses_with_its_own_exit_code(acceptance: dict[str,
     assert doc["collapsed"] == ["dflash-qwen3-tiny-spm-BF16.gguf"]
     assert doc["verdict"].startswith("Acceptance collapsed for dflash-qwen3-tiny-spm-BF16.gguf")
     assert doc["workload"]["thinking"] == "off"
-    text, _ = _tune(acceptance["perturbed"], acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
+    text, _ = run_tune(acceptance["perturbed"], acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
                     "--repeats", "1", "--methods", "drafters", "--", "-t", "1")
     assert text.returncode == ACCEPTANCE_COLLAPSED and "Acceptance collapsed" in text.stdout
     assert "target alone" in text.stdout.splitlines()[2]
@@ -287,7 +276,7 @@ def test_a_drafter_llama_cpp_refuses_is_reported_and_the_sweep_goes_on(acceptanc
                                                                        tmp_path: Path) -> None:
     refused = tmp_path / "dflash-refused-BF16.gguf"
     _drafter_llama_cpp_refuses(acceptance, refused)
-    proc, doc = _tune(acceptance["target"], refused, acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
+    proc, doc = run_tune(acceptance["target"], refused, acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
                       "--repeats", "1", "--methods", "drafters", "--json", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     by_file = {r["drafter"]: r for r in doc["configurations"]}
@@ -331,7 +320,8 @@ def test_pipeline_tunes_records_and_serves_in_llama_cpp_layout(acceptance: dict[
                            str(acceptance["target_dir"]), "--drafter", str(acceptance["drafter_dir"]), "--outdir",
                            str(outdir), "--tune", "--tune-budget", "12", "--tune-flags", "-t 1", "--tune-methods",
                            "drafters"],
-                          capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL, timeout=900)
+                          capture_output=True, text=True, env=reference.llama_server_env(), stdin=subprocess.DEVNULL,
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "configuration" in proc.stdout and "llama.cpp's folder layout" in proc.stdout
     doc = json.loads((outdir / "pair.json").read_text())
@@ -371,8 +361,8 @@ def test_pipeline_tunes_records_and_serves_in_llama_cpp_layout(acceptance: dict[
     else:
         assert not answer["timings"].get("draft_n") and "--spec-draft-n-max" not in args
     # tune on the folder later (another machine, other flags): pair.json and models.ini follow the new measurement
-    proc, doc = _tune(outdir, "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--methods", "drafters", "--json",
-                      "--", "-t", "1")
+    proc, doc = run_tune(outdir, "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--methods", "drafters",
+                         "--json", "--", "-t", "1")
     assert proc.returncode == 0 and doc["recorded_in"] == str(outdir / "pair.json"), proc.stderr[-2000:]
     again = json.loads((outdir / "pair.json").read_text())
     assert again["serve"]["n_max"] == 2 and again["tuning"]["configurations"][1]["n_max"] == 2

@@ -12,7 +12,6 @@ it is on this machine.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import click
 import fixtures as mf
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
+from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli, run_tune
 
 from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, TuneError
 from dflash_gguf.ggufio.reader import read_gguf
@@ -264,8 +263,6 @@ def replace_path(d: Drafter, path: Path) -> Drafter:
 
 # -- with real llama-server b11434 ---------------------------------------------------------------------------------
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "LLAMA_SERVER": str(reference.llama_bin("llama-server")), "LLAMA_QUANTIZE": ""}
 
 
 @pytest.fixture(scope="module")
@@ -284,13 +281,6 @@ def qwen35(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _tune(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    proc = subprocess.run([str(BIN / "dflash-gguf"), "tune", *map(str, args)], capture_output=True, text=True,
-                          env=_env(), stdin=subprocess.DEVNULL, timeout=900)
-    try:
-        return proc, json.loads(proc.stdout)
-    except ValueError:
-        return proc, {}
 
 
 @pytest.mark.reference
@@ -299,7 +289,7 @@ def test_the_targets_own_mtp_head_drafts_with_no_drafter_file(qwen35: dict[str, 
     measured beside it, and no configuration changes the greedy text."""
     meta = read_gguf(qwen35["target"])
     assert meta.get("qwen35.nextn_predict_layers") == 1 and "blk.4.nextn.eh_proj.weight" in meta.tensors
-    proc, doc = _tune(qwen35["target"], "--quick", "--n-max", "2", "--n-predict", "32", "--json", "--", "-t", "1")
+    proc, doc = run_tune(qwen35["target"], "--quick", "--n-max", "2", "--n-predict", "32", "--json", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = doc["configurations"]
     assert [r["method"] for r in rows] == ["target alone", "draft-mtp (target's own head)", "ngram-mod",
@@ -317,7 +307,7 @@ def test_the_targets_own_mtp_head_drafts_with_no_drafter_file(qwen35: dict[str, 
 
 @pytest.mark.reference
 def test_a_perturbed_mtp_head_collapses_with_the_collapse_exit_code(qwen35: dict[str, Path]) -> None:
-    proc, doc = _tune(qwen35["perturbed"], "--methods", "mtp", "--n-max", "2", "--n-predict", "32", "--repeats", "1",
+    proc, doc = run_tune(qwen35["perturbed"], "--methods", "mtp", "--n-max", "2", "--n-predict", "32", "--repeats", "1",
                       "--json", "--", "-t", "1")
     assert proc.returncode == ACCEPTANCE_COLLAPSED, proc.stderr[-3000:]
     head = [r for r in doc["configurations"] if r["method"] == "draft-mtp (target's own head)"]
@@ -336,7 +326,7 @@ def test_the_pipeline_serves_whichever_method_is_fastest(qwen35: dict[str, Path]
     proc = subprocess.run([str(BIN / "dflash-convert"), "--target", str(qwen35["target_dir"]), "--drafter",
                            str(qwen35["drafter_dir"]), "--outdir", str(outdir), "--quant", "q8_0", "--tune",
                            "--tune-budget", "10", "--tune-flags", "-t 1"], capture_output=True, text=True,
-                          env=_env(), stdin=subprocess.DEVNULL, timeout=900)
+                          env=reference.llama_server_env(), stdin=subprocess.DEVNULL, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((outdir / "pair.json").read_text())
     tuning, serve = doc["tuning"], doc["serve"]

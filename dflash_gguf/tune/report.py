@@ -88,25 +88,27 @@ class Configuration:
         return tuple(t for t in (self.ngram, self.drafter.spec_type if self.drafter else None) if t)
 
     @property
+    def _draft_length(self) -> str:
+        """``n-max 4 p-min 0.5``, or "" for a method without one (n-gram drafting alone)."""
+        p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
+        return f"n-max {self.n_max}{p}" if self.n_max is not None else ""
+
+    @property
     def label(self) -> str:
         if self.alone:
             return "target alone, again" if self.again else "target alone"
-        p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
-        n = f" n-max {self.n_max}{p}" if self.n_max is not None else ""
         if self.drafter is None:
-            return f"{self.method}{n}"
-        return f"{self.ngram + ' + ' if self.ngram else ''}{self.drafter.path.name}{n}"
+            return f"{self.method} {self._draft_length}".strip()
+        return f"{self.ngram + ' + ' if self.ngram else ''}{self.detail}"
 
     @property
     def detail(self) -> str:
         """The label without the method: what varies within one method (file, n-max, p-min)."""
         if self.alone:
             return "again" if self.again else "baseline"
-        p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
-        n = f"n-max {self.n_max}{p}" if self.n_max is not None else ""
         if self.drafter is not None:
-            return f"{self.drafter.path.name} {n}".strip()
-        return n or "llama.cpp's settings"
+            return f"{self.drafter.path.name} {self._draft_length}".strip()
+        return self._draft_length or "llama.cpp's settings"
 
     def server_args(self) -> list[str]:
         """The llama-server flags this configuration adds to the target and the user's flags."""
@@ -375,12 +377,16 @@ class TuneReport:
                            sum(m.repeats for m in runs), None, max(m.peak_rss or 0 for m in runs) or None,
                            sum(m.seconds for m in runs), device_memory=runs[0].device_memory)
 
+    @cached_property
+    def _greedy(self) -> dict[int, GreedyCheck]:
+        """Each measurement's check (by id), compared once: every verdict and table asks for them."""
+        first = next((b for b in self.measurements if b.config.alone and b.status == "ok"), None)
+        return {id(m): GreedyCheck(None) if first is None or m.status != "ok" or m is first
+                else compare_greedy(first.samples, m.samples) for m in self.measurements}
+
     def greedy(self, m: Measurement) -> GreedyCheck:
         """``m``'s generated tokens against the first measurement of the target alone."""
-        first = next((b for b in self.measurements if b.config.alone and b.status == "ok"), None)
-        if first is None or m.status != "ok" or m is first:
-            return GreedyCheck(None)
-        return compare_greedy(first.samples, m.samples)
+        return self._greedy.get(id(m), GreedyCheck(None))
 
     def servable(self, m: Measurement) -> bool:
         """Measured, and (unless the user allows it) generating the target alone's greedy text."""

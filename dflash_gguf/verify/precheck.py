@@ -13,7 +13,6 @@ from typing import Any
 
 from .. import drafters
 from ..drafters import TargetFacts
-from ..drafters.dspark import n_max_limit
 from .lineage import card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
 from .report import Report
 
@@ -61,11 +60,8 @@ def precheck(
         r.info("pair.block_size", "no block: an MTP head drafts one token per step (served with --spec-type "
                "draft-mtp); 'dflash-gguf tune' measures the fastest --spec-draft-n-max")
     elif reading.spec is not None:
-        bs = reading.spec.block_size
-        dspark = getattr(reading.spec, "dspark", None)
-        limit = n_max_limit(bs, dspark.sample_from_anchor) if dspark is not None else bs - 1
-        r.info("pair.block_size", f"block_size {bs}: --spec-draft-n-max can go up to {limit}; 'dflash-gguf tune' "
-               "measures the fastest")
+        r.info("pair.block_size", f"block_size {reading.spec.block_size}: --spec-draft-n-max can go up to "
+               f"{reading.spec.n_max_limit}; 'dflash-gguf tune' measures the fastest")
 
     drafter_ident = identity_from_card(drafter_repo, drafter_card)
     intended, source = intended_from_identity(drafter_ident) or (None, "")
