@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .drafters import FAMILIES
 from .errors import (
     ConfigError,
     DownloadError,
@@ -44,11 +45,10 @@ TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.mode
                       "vocab.json", "merges.txt")
 INDEX = "model.safetensors.index.json"
 WEIGHT_PATTERNS = ("*.safetensors", INDEX)
-# A drafter's files beyond its weights: its tokenizer (an MTP assistant converts with its own), and the mask row
-# of a DFlash drafter trained on a target whose own mask embedding is untrained (read by a restricted unpickler,
-# never by pickle.load).
-MASK_EMBEDDING = "mask_embedding.pt"
-DRAFTER_PATTERNS = (*WEIGHT_PATTERNS, *TOKENIZER_PATTERNS, MASK_EMBEDDING)
+# A drafter's files beyond its weights: its tokenizer (an MTP assistant converts with its own), and the files its
+# family names (a DFlash drafter's mask_embedding.pt: read by a restricted unpickler, never by pickle.load).
+DRAFTER_PATTERNS = (*WEIGHT_PATTERNS, *TOKENIZER_PATTERNS,
+                    *dict.fromkeys(name for family in FAMILIES for name in family.fetch_files))
 # Other serialisations of the same weights: never fetched through a wildcard (an exact name still is).
 OTHER_FORMATS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.onnx", "*.onnx_data", "*.gguf",
                  "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.npz", "*.mlmodel", "*.nemo")

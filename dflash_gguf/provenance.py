@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .dflash_format import PROVENANCE_PREFIX
+# Prefix of this project's own provenance keys; llama.cpp ignores unknown keys and
+# llama-quantize copies them (llama_model_quantize_impl copies every KV).
+PROVENANCE_PREFIX = "dflash_gguf."
 
 # Key names below the prefix, shared by the converter (writes) and verify (reads).
 DRAFTER_REPO = "drafter.repo"

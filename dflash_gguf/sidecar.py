@@ -6,53 +6,46 @@ attached (common/preset.cpp ``draft_prefixes``, ``load_from_models_dir``), and `
 fetches a repo's ``dflash-`` file with the model (common/download.cpp ``find_best_dflash``). The spec type
 is inferred from the drafter's metadata (``common_speculative_types_from_gguf``).
 
-A DSpark drafter keeps ``general.architecture`` dflash; its ``markov_w1.weight`` tensor is what makes it one
-(and what llama.cpp infers ``draft-dspark`` from), so its prefix ``dspark-`` comes from the file's tensors or,
-before the file exists, from the drafter family that writes that tensor.
+Each drafter family names its prefix (``DrafterFamily.sidecar_kind``): a file's comes from the family its header
+belongs to, and before the file exists from the family that reads the checkpoint's config.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .dflash_format import DSPARK_MARKER
+from . import drafters
+from .drafters.dflash import FAMILY as DFLASH
 from .errors import DflashGgufError
 from .ggufio.reader import GGUFMeta
 
-# general.architecture of a drafter -> its file-name prefix (eagle3- is excluded from targets by
-# gguf_filename_is_model, the other three are preset.cpp's draft_prefixes).
-PREFIXES = {"dflash": "dflash-", "dspark": "dspark-", "mtp": "mtp-", "eagle3": "eagle3-"}
 PRESET_NAME = "models.ini"  # beside the pair; --models-preset reads it (common/preset.cpp parse_ini_from_file)
 
 
 def is_sidecar(path: Path | str) -> bool:
     name = Path(path).name
-    return name.endswith(".gguf") and name.startswith(tuple(PREFIXES.values()))
+    return name.endswith(".gguf") and name.startswith(drafters.SIDECAR_PREFIXES)
 
 
 def drafter_kind(meta: GGUFMeta) -> str:
-    """The prefix key of a drafter GGUF: ``dspark`` when it carries the Markov head, else its architecture."""
-    if meta.arch == "gemma4-assistant":  # an MTP head: preset.cpp's mtp- prefix
-        return "mtp"
-    return "dspark" if DSPARK_MARKER in meta.tensors else (meta.arch or "dflash")
+    """The sidecar kind of a drafter GGUF (``dflash``, ``dspark``, ``mtp``, ``eagle3``), from its family; a
+    dflash-like file no family claims (a fork's layout) is named as a DFlash one."""
+    family = drafters.family_of_gguf(meta)
+    return family.sidecar_kind if family is not None else DFLASH.sidecar_kind
 
 
 def drafter_kind_of_checkpoint(drafter_dir: Path) -> str:
-    """The prefix key of the GGUF a Hugging Face drafter checkpoint converts to (its family decides the tensors)."""
-    from . import drafters
-
+    """The sidecar kind of the GGUF a Hugging Face drafter checkpoint converts to (its family writes it)."""
     try:
-        family = drafters.interpret_folder(Path(drafter_dir)).family
+        name = drafters.interpret_folder(Path(drafter_dir)).family
     except DflashGgufError:
-        return "dflash"
-    if family == "gemma4_assistant":  # writes a gemma4-assistant file: an MTP head
-        return "mtp"
-    return family if family in ("dspark", "eagle3") else "dflash"  # eagle3: its own architecture
+        name = None
+    return drafters.family_named(name).sidecar_kind if name else DFLASH.sidecar_kind
 
 
-def sidecar_name(target_model: str, type_name: str, arch: str = "dflash") -> str:
+def sidecar_name(target_model: str, type_name: str, kind: str = DFLASH.sidecar_kind) -> str:
     """``dflash-gemma-4-12B-it-Q8_0.gguf``: the prefix, the target's model name and the drafter's encoding."""
-    return f"{PREFIXES[arch]}{target_model}-{type_name.upper()}.gguf"
+    return f"{kind}-{target_model}-{type_name.upper()}.gguf"
 
 
 def sidecars_beside(target: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from dflash_gguf.dflash_format import PROVENANCE_PREFIX
+from dflash_gguf.provenance import PROVENANCE_PREFIX
 
 # general.* keys b11434 derives from the drafter dir with gguf-py's Metadata heuristics (README YAML,
 # directory name, parameter count). They carry no runtime meaning; we write only general.name, our own.

@@ -267,7 +267,7 @@ def test_notes_cite_nothing_outside_the_repository(tmp_path: Path, targets: dict
 
 def test_failure_mid_write_leaves_nothing(tmp_path: Path, targets: dict[str, Path],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from dflash_gguf.convert import drafter as drafter_mod
+    from dflash_gguf.drafters.dflash import convert as drafter_mod
 
     def broken_writer(src, qtype):  # noqa: ANN001, ANN202
         def write(out):  # noqa: ANN001, ANN202
@@ -398,7 +398,7 @@ def test_checkpoint_shrinking_mid_read_is_an_input_error(tmp_path: Path, targets
 # the test interrupts it, so SIGINT lands mid-write every time, whatever the machine's speed.
 _PAUSE_MID_WRITE = r"""
 import pathlib, sys, time
-from dflash_gguf.convert import drafter
+from dflash_gguf.drafters.dflash import convert as drafter
 ready = pathlib.Path(sys.argv[1])
 real_writer = drafter.tensor_writer
 

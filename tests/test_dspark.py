@@ -21,10 +21,11 @@ from gguf_compare import diff
 
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters.dspark import DSparkDrafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan
 from dflash_gguf.sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
-from dflash_gguf.tune import DSparkDrafter, TuneOptions, inspect_drafter, plan_tune, required_p_min
+from dflash_gguf.tune import TuneOptions, inspect_drafter, plan_tune
 from dflash_gguf.verify import verify_files
 
 BIN = Path(sys.executable).parent
@@ -207,7 +208,7 @@ def test_tune_and_serve_read_the_dspark_rules(qwen3: Path, tmp_path: Path) -> No
     a, b = inspect_drafter(anchored), inspect_drafter(bonus)
     assert isinstance(a, DSparkDrafter) and a.spec_type == "draft-dspark"
     assert a.max_n_max == DSPARK_BLOCK_SIZE and b.max_n_max == DSPARK_BLOCK_SIZE - 1  # sample_from_anchor or not
-    assert required_p_min(a) is None and required_p_min(b) == 0.0
+    assert a.required_p_min is None and b.required_p_min == 0.0
     target = tmp_path / "t.gguf"
     target.touch()
     plan = serve_plan(target, bonus)

@@ -21,10 +21,11 @@ from gguf_compare import diff
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
 from dflash_gguf.drafters import TargetFacts, interpret_folder, pair_findings
+from dflash_gguf.drafters.eagle3 import EAGLE3_MAX_N_MAX, Eagle3Drafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan
 from dflash_gguf.sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
-from dflash_gguf.tune import EAGLE3_MAX_N_MAX, Eagle3Drafter, inspect_drafter
+from dflash_gguf.tune import inspect_drafter
 from dflash_gguf.verify import verify_files
 
 

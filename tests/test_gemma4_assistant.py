@@ -19,10 +19,11 @@ from gguf_compare import diff
 
 from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters.gemma4_assistant import MTP_MAX_N_MAX
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan
 from dflash_gguf.sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
-from dflash_gguf.tune import MTP_MAX_N_MAX, inspect_drafter
+from dflash_gguf.tune import inspect_drafter
 from dflash_gguf.verify import verify_files
 
 ARCH = "gemma4-assistant"

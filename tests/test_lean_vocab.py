@@ -18,10 +18,10 @@ import pytest
 from gguf import GGUFValueType
 
 from dflash_gguf import jsonfile
-from dflash_gguf.dflash_format import vocab_sha256
 from dflash_gguf.errors import UnreadableJson
 from dflash_gguf.ggufio import GGUFPlan, StringArray, read_gguf
 from dflash_gguf.ggufio.layout import pack_value
+from dflash_gguf.vocab_hash import vocab_sha256
 
 # Strings that exercise JSON escapes, non-BMP characters, brackets and commas inside strings, and spaces.
 AWKWARD = ["a", "b c", '"', "\\", "\\\"", "],[", "[\"x\", \"y\"]", "\u0120the", "\U0001F680", "é", "\t\n", "\u2581",

@@ -272,7 +272,8 @@ def test_a_qat_mtp_assistant_is_refused_on_the_original_target(tmp_path: Path, t
 
 def test_tune_names_the_lineage_mismatch_behind_a_collapse() -> None:
     """tune's verdict on a collapsed drafter quotes what the files' names show (item 4 of lineage both ways)."""
-    from dflash_gguf.tune.report import Configuration, Drafter, Measurement, Sample, ServerInfo, TuneReport
+    from dflash_gguf.drafters import Drafter
+    from dflash_gguf.tune.report import Configuration, Measurement, Sample, ServerInfo, TuneReport
     from dflash_gguf.tune.workload import Workload
 
     d = Drafter(Path("gemma4-tiny-it-DFlash-BF16.gguf"), "dflash", "draft-dflash", 16, "BF16")

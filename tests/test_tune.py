@@ -18,12 +18,12 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, run_cli, run_tune
 
+from dflash_gguf.drafters import Drafter
 from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, TuneError
 from dflash_gguf.tune import DEFAULT_N_MAX, coarse_n_max, refine_n_max
 from dflash_gguf.tune.report import (
     COLLAPSE_ACCEPTANCE,
     Configuration,
-    Drafter,
     Measurement,
     Sample,
     ServerInfo,

@@ -23,6 +23,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli, run_tune
 
+from dflash_gguf.drafters import Drafter
 from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, TuneError
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.manifest import Manifest, read_manifest
@@ -39,7 +40,6 @@ from dflash_gguf.tune import (
 )
 from dflash_gguf.tune.report import (
     Configuration,
-    Drafter,
     Measurement,
     Sample,
     ServerInfo,

@@ -24,12 +24,12 @@ from typing import Any
 
 from gguf import GGUFValueType, TokenType
 
-from ..dflash_format import vocab_sha256
 from ..errors import NotCoveredError, TokenizerError
 from ..ggufio import GGUFPlan, StringArray
 from ..ggufio.writer import KeyValue
 from ..hf_configs import parse_tokenizer_json
 from ..jsonfile import read_json
+from ..vocab_hash import vocab_sha256
 from .configs import TargetConfig
 from .pre_tokenizers import PRE_TOKENIZERS
 from .special_vocab import read_special_tokens, source_files

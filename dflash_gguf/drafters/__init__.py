@@ -1,141 +1,65 @@
-"""Drafter families: one module per family, each a pure interpreter of a drafter's ``config.json``.
+"""Drafter families and the registry that finds them: one package per family, one record per package.
 
-A raw config goes in; a typed, frozen spec (what the converter writes) and findings (id, status, severity,
-message, fix, and the error class the converter raises) come out. The converter raises on an error finding,
-precheck and the pipeline report the same findings under the same ids, and nothing else reads a drafter
-config, so the commands cannot disagree about a drafter.
-
-A new family is one module here with ``ARCHITECTURES`` (the config's ``architectures[0]`` values),
-``interpret(raw, path) -> Interpretation`` and ``pair_findings(spec, target) -> tuple[Finding, ...]``, plus its
-name in ``_FAMILY_MODULES``.
+Each family package (``dflash``, ``dspark``, ``gemma4_assistant``, ``eagle3``) holds its config rules, its
+converter, the checks verify runs on its files, and a ``FAMILY`` record (``family.DrafterFamily``) with its serving
+facts. Everything else asks this registry: by config class (``interpret``), by GGUF header (``family_of_gguf``), by
+sidecar kind (``family_of_kind``). A new family is a package with those parts; the registry finds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import importlib
+import pkgutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ..errors import ConfigError, DflashGgufError, NotCoveredError, UnsupportedModelError
+from ..errors import NotCoveredError, UnsupportedModelError
+from ..ggufio.reader import GGUFMeta
 from ..hf_configs import read_config
-from ..registry import by_architecture
 from ..target_archs import by_hf, drafter_vocab_archs
-
-Status = Literal["pass", "fail", "skip"]
-Severity = Literal["error", "warning", "info"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One rule's verdict on a drafter (or on a drafter with its target), under a check id verify also uses.
-
-    ``error`` is what the converter raises when an error finding fails; ``note`` findings are recorded in the
-    converted GGUF (``dflash_gguf.notes``) and printed by ``dflash-convert``.
-    """
-
-    id: str
-    status: Status
-    severity: Severity
-    message: str
-    fix: str = ""
-    error: type[DflashGgufError] | None = None
-    note: bool = False
-
-    @property
-    def blocking(self) -> bool:
-        return self.status == "fail" and self.severity == "error"
-
-    def exception(self) -> DflashGgufError:
-        return (self.error or ConfigError)(f"{self.message} {self.fix}".strip())
-
-
-def passed(id: str, message: str, severity: Severity = "error") -> Finding:
-    """A rule that held (``severity``: what a failure of it would have been)."""
-    return Finding(id, "pass", severity, message)
-
-
-def failed(id: str, message: str, fix: str, error: type[DflashGgufError], severity: Severity = "error") -> Finding:
-    return Finding(id, "fail", severity, message, fix, error)
-
-
-def noted(id: str, message: str, severity: Severity = "info") -> Finding:
-    """A note the converter records (and, as a warning, precheck shows as one)."""
-    return Finding(id, "fail" if severity == "warning" else "pass", severity, message, note=True)
-
-
-@dataclass(frozen=True)
-class Interpretation:
-    """A drafter config as one family reads it: the spec (None when an error finding blocks it) and findings."""
-
-    family: str | None
-    spec: Any
-    findings: tuple[Finding, ...] = field(default=())
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.blocking]
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return tuple(f.message for f in self.findings if f.note)
-
-    def require(self) -> Any:
-        """The spec, or the first error finding raised as its exception."""
-        if self.errors:
-            raise self.errors[0].exception()
-        return self.spec
-
-
-@dataclass(frozen=True)
-class TargetFacts:
-    """What drafter rules need to know of the target, from its config.json (``text_config`` merged in)."""
-
-    arch: str | None
-    hidden_size: int | None
-    n_layers: int | None
-    vocab_size: int | None
-    path: Path | None = None
-    # attention geometry (Gemma-4: sliding layers' head_dim / num_key_value_heads, full layers' global_*), for
-    # drafters that attend over the target's own KV cache
-    head_dim: int | None = None
-    kv_heads: int | None = None
-    global_head_dim: int | None = None
-    global_kv_heads: int | None = None
-    layer_types: tuple[str, ...] | None = None
-
-    @classmethod
-    def from_config(cls, raw: dict[str, Any], path: Path | None = None) -> TargetFacts:
-        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
-        merged = {**raw, **text}
-        archs = text.get("architectures") or raw.get("architectures") or [None]
-        types = merged.get("layer_types")
-        return cls(archs[0] if isinstance(archs[0], str) else None, _int(merged.get("hidden_size")),
-                   _int(merged.get("num_hidden_layers")), _int(merged.get("vocab_size")), path,
-                   _int(merged.get("head_dim")), _int(merged.get("num_key_value_heads")),
-                   _int(merged.get("global_head_dim")), _int(merged.get("num_global_key_value_heads")),
-                   tuple(str(t) for t in types) if isinstance(types, list) else None)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
+from .family import Drafter, DrafterFamily
+from .findings import Finding, Interpretation, TargetFacts, failed, first_error, noted, passed
 
 # Drafter kinds b11434 reads that no family here converts yet (named in the refusal).
 KNOWN_UNSUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = ()
-# Family modules of this package; each declares the ARCHITECTURES it reads.
-_FAMILY_MODULES: tuple[str, ...] = ("dflash", "dspark", "gemma4_assistant", "eagle3")
+# Every subpackage is a family. A family with a marker tensor is asked before one without on the same GGUF
+# architecture (a DSpark file is a dflash file with a Markov head).
+_PACKAGES = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg)
+FAMILIES: tuple[DrafterFamily, ...] = tuple(sorted(
+    (importlib.import_module(f"{__name__}.{name}").FAMILY for name in _PACKAGES),
+    key=lambda family: (family.marker_tensor is None, family.name)))
+_BY_CONFIG_ARCH = {arch: family for family in FAMILIES for arch in family.config_architectures}
+_BY_NAME = {family.name: family for family in FAMILIES}
+SUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = tuple(_BY_CONFIG_ARCH)
+DRAFTER_GGUF_ARCHS: tuple[str, ...] = tuple(dict.fromkeys(family.gguf_arch for family in FAMILIES))
+SIDECAR_PREFIXES: tuple[str, ...] = tuple(dict.fromkeys(family.sidecar_prefix for family in FAMILIES))
 
 
-FAMILIES = by_architecture(__name__, _FAMILY_MODULES)  # architectures[0] -> family module
-SUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = tuple(FAMILIES)
+def family_named(name: str) -> DrafterFamily:
+    """The family of an ``Interpretation.family`` name."""
+    return _BY_NAME[name]
+
+
+def family_of_config(arch: str | None) -> DrafterFamily | None:
+    """The family that reads configs of this ``architectures[0]``."""
+    return _BY_CONFIG_ARCH.get(arch) if isinstance(arch, str) else None
+
+
+def family_of_gguf(meta: GGUFMeta) -> DrafterFamily | None:
+    """The family whose file this GGUF header is (its architecture, and a marker tensor where two share one)."""
+    return next((family for family in FAMILIES if family.matches(meta)), None)
+
+
+def family_of_kind(kind: str) -> DrafterFamily | None:
+    """The family of a sidecar kind (``dflash``, ``dspark``, ``mtp``, ``eagle3``; pair.json's ``kind``)."""
+    return next((family for family in FAMILIES if family.sidecar_kind == kind), None)
 
 
 def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     """The drafter config ``raw`` (read from ``path``) as its family reads it."""
     archs = raw.get("architectures") or []
     arch = archs[0] if archs else None
-    family = FAMILIES.get(arch) if isinstance(arch, str) else None
+    family = family_of_config(arch)
     if family is None:
         extra = (" llama.cpp b11434 reads that checkpoint kind too, but this version of dflash-gguf does not "
                  "convert it yet; use llama.cpp's convert_hf_to_gguf.py." if arch in KNOWN_UNSUPPORTED_DRAFTER_ARCHS
@@ -161,10 +85,7 @@ def pair_findings(interpretation: Interpretation, target: TargetFacts) -> tuple[
     """The family's rules for this drafter with this target (empty when the drafter itself is refused)."""
     if interpretation.spec is None or interpretation.family is None:
         return ()
-    return FAMILIES_BY_NAME[interpretation.family].pair_findings(interpretation.spec, target)
-
-
-FAMILIES_BY_NAME = {mod.FAMILY: mod for mod in FAMILIES.values()}
+    return family_named(interpretation.family).pair_findings(interpretation.spec, target)
 
 
 def target_findings(target: TargetFacts) -> tuple[Finding, ...]:
@@ -198,12 +119,7 @@ def target_findings(target: TargetFacts) -> tuple[Finding, ...]:
     return tuple(out)
 
 
-def first_error(findings: Iterable[Finding]) -> None:
-    """Raise the first blocking finding as its exception (the converter's way of reading findings)."""
-    for f in findings:
-        if f.blocking:
-            raise f.exception()
-
-
-__all__ = ["FAMILIES", "SUPPORTED_DRAFTER_ARCHS", "Finding", "Interpretation", "TargetFacts", "first_error",
-           "interpret", "interpret_folder", "pair_findings", "read_config", "target_findings"]
+__all__ = ["FAMILIES", "SUPPORTED_DRAFTER_ARCHS", "Drafter", "DrafterFamily", "Finding", "Interpretation",
+           "TargetFacts", "failed", "family_named", "family_of_config", "family_of_gguf", "family_of_kind",
+           "first_error", "interpret", "interpret_folder", "noted", "pair_findings", "passed", "read_config",
+           "target_findings"]

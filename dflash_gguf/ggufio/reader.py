@@ -282,3 +282,22 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
             except (NotImplementedError, ValueError, TypeError) as e:
                 raise InputError(f"{meta.path}: cannot dequantize {name!r} of type {qtype.name} ({e}).") from e
     return out
+
+
+def int_key(meta: GGUFMeta, key: str) -> int | None:
+    """An integer key only if stored with an integer type (a wrong type is for the caller's checks to report)."""
+    kv = meta.kv.get(key)
+    if kv is None or kv.vtype not in (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64,
+                                      GGUFValueType.INT64, GGUFValueType.UINT16, GGUFValueType.UINT8):
+        return None
+    return int(kv.value)
+
+
+def read_i64(meta: GGUFMeta, name: str) -> np.ndarray | None:
+    """An I64 tensor's values (None when the file is cut short)."""
+    t = meta.tensors[name]
+    n = int(np.prod(t.ne))
+    with open(meta.path, "rb") as f:
+        f.seek(meta.data_offset + t.offset)
+        raw = f.read(8 * n)
+    return np.frombuffer(raw, dtype="<i8") if len(raw) == 8 * n else None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
+from ..drafters.dflash.rules import SPEC_TYPE as DFLASH_SPEC_TYPE
 from ..errors import InputError
 from ..jsonfile import load_json
 from ..relpath import name_problem
@@ -135,14 +136,14 @@ class ServeRecord:
     models_dir: str | None = None
     models_preset: str | None = None
     hub: str | None = None
-    method: str = "draft-dflash"  # what drafts: tune's method name ("target alone", "ngram-mod", ...)
+    method: str = DFLASH_SPEC_TYPE  # what drafts: tune's method name ("target alone", "ngram-mod", ...)
     uses_drafter: bool = True  # False: the drafter file is not part of what is served
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServeRecord:
         return cls(tuple(d.get("command") or ()), str(d.get("shell", "")), d.get("n_max"), bool(d.get("measured")),
                    str(d.get("note", "")), d.get("models_dir"), d.get("models_preset"), d.get("hub"),
-                   str(d.get("method") or ("draft-dflash" if d.get("uses_drafter", True) else "target alone")),
+                   str(d.get("method") or (DFLASH_SPEC_TYPE if d.get("uses_drafter", True) else "target alone")),
                    bool(d.get("uses_drafter", True)))
 
 

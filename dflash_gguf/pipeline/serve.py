@@ -17,16 +17,18 @@ from typing import Any
 
 from .. import folder_lock
 from ..atomic import atomic_output
+from ..drafters import family_of_gguf, family_of_kind
+from ..ggufio.reader import read_gguf
 from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
-from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter, required_p_min
+from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter
 from .manifest import Manifest, read_manifest
 from .naming import DRAFTERS_DIR
 
 
 def _served_configuration(drafter: Drafter, report: TuneReport | None) -> tuple[Configuration, Configuration, str]:
     """(what to serve, the drafter's own best configuration, why), from the measurement or the untuned default."""
-    default = Configuration(drafter, min(DEFAULT_N_MAX, drafter.max_n_max), required_p_min(drafter))
+    default = Configuration(drafter, min(DEFAULT_N_MAX, drafter.max_n_max), drafter.required_p_min)
     if report is None or report.best is None:
         return default, default, (f"not measured on this machine: n-max {default.n_max}, the small draft length "
                                   f"users' measurements favour over the block's maximum of {drafter.max_n_max}; "
@@ -58,10 +60,11 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) ->
     # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
     # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark).
     hub = ["llama-server", "-hf", "USER/REPO", *_without_files(served.server_args())]
-    spec_type = info.spec_type or "draft-dflash"
-    if served.drafter is not None and spec_type == "draft-eagle3":  # common/preset.cpp attaches no eagle3- sidecar
-        note += ("; the --models-dir router does not attach an eagle3- drafter in llama.cpp b11434: serve the pair "
-                 "with the command above, or from a Hub repo with -hf and --spec-type draft-eagle3")
+    family = family_of_gguf(read_gguf(drafter))
+    if served.drafter is not None and family is not None and not family.models_dir_attaches:
+        note += (f"; the --models-dir router does not attach {family.title} ({family.sidecar_prefix} file) in "
+                 "llama.cpp b11434: serve the pair with the command above, or from a Hub repo with -hf and "
+                 f"--spec-type {family.spec_type}")
     return {"command": cmd, "shell": shlex.join(cmd), "method": served.method, "n_max": served.n_max or own.n_max,
             "p_min": served.p_min if served.n_max is not None else own.p_min,
             "spec_type": ",".join(served.spec_types) or None, "measured": report is not None and report.best
@@ -165,6 +168,12 @@ def measured_winner(report: TuneReport) -> Path | None:
     return best.config.drafter.path if best is not None and best.config.drafter is not None else None
 
 
+def _attached(kind: str) -> bool:
+    """Whether llama-server --models-dir attaches a sidecar of this kind (pair.json's ``kind``) to the target."""
+    family = family_of_kind(kind)
+    return family is None or family.models_dir_attaches
+
+
 def serve_drafter(manifest: Manifest, target: Path, chosen: Path | None, report: TuneReport | None) -> None:
     """A run of several drafters: ``chosen`` (one of ``drafters/``) linked beside the target, or none when the
     target alone is to be served, then the serve plan recorded. llama.cpp's folder layout holds one target and one
@@ -174,9 +183,9 @@ def serve_drafter(manifest: Manifest, target: Path, chosen: Path | None, report:
     for stale in sidecars_beside(target):
         if stale.name in by_name:  # the link an earlier choice made
             stale.unlink()
-    # an eagle3- file beside the target would be listed as a second model, not attached (common/preset.cpp knows
-    # only the mtp-, dspark- and dflash- prefixes): it is served from drafters/ by the command
-    if chosen is not None and by_name[chosen.name].get("kind") != "eagle3":
+    # a file the router does not attach (an eagle3- head: common/preset.cpp knows only the mtp-, dspark- and dflash-
+    # prefixes) would be listed beside the target as a second model: it is served from drafters/ by the command
+    if chosen is not None and _attached(str(by_name[chosen.name].get("kind"))):
         rec = {k: v for k, v in by_name[chosen.name].items() if k not in ("kind", "source", "verify")}
         served = outdir / chosen.name
         _link(outdir / rec["file"], served)

@@ -15,6 +15,8 @@ from pathlib import Path
 from .. import drafters, hub
 from .. import provenance as prov
 from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, family_for, plan_tensors, working_ahead
+from ..drafters.dflash.rules import MASK_EMBEDDING
+from ..drafters.gemma4_assistant.rules import ARCHITECTURES as ASSISTANT_ARCHITECTURES
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
 from ..jsonfile import read_json
@@ -85,13 +87,12 @@ def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: b
 def matching_assistant_hint(drafter: Source, target: Source, report: Report) -> str:
     """For a Gemma-4 MTP assistant refused for lineage (a QAT one on the original target, or the reverse): the
     assistant Google publishes for this target, when the Hub has it; else nothing."""
-    from ..drafters.gemma4_assistant import ARCHITECTURES
     from ..verify.lineage import assistant_repo_for
 
     if target.repo is None or not any(r.id.startswith("lineage.") for r in report.errors):
         return ""
     config = drafters.read_config(drafter.path / "config.json", "Drafter config")
-    if not set(config.get("architectures") or ()) & set(ARCHITECTURES):
+    if not set(config.get("architectures") or ()) & set(ASSISTANT_ARCHITECTURES):
         return ""
     wanted = assistant_repo_for(target.repo)
     if drafter.repo is not None and wanted.lower() == drafter.repo.lower():
@@ -294,7 +295,7 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
 def drafter_reads_target_weights(drafter: Source) -> bool:
     """A drafter shipping ``mask_embedding.pt`` takes the target's token embeddings and output head into its GGUF
     (b11434 DFlashModel.generate_extra_tensors), so its conversion needs the target's weights."""
-    return (drafter.path / hub.MASK_EMBEDDING).is_file()
+    return (drafter.path / MASK_EMBEDDING).is_file()
 
 
 def check_drafter(drafter: Source, target: Source) -> None:

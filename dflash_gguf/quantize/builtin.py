@@ -31,7 +31,6 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
 from .. import __version__
 from ..atomic import atomic_output, check_free_space
-from ..dflash_format import PROVENANCE_PREFIX
 from ..errors import InputError, QuantizeError
 from ..ggufio import GGUFPlan, Written, layout
 from ..ggufio.filecopy import copy_range
@@ -39,6 +38,7 @@ from ..ggufio.hashing import FollowingHasher
 from ..ggufio.layout import ALIGNMENT, pad, row_bytes
 from ..ggufio.readahead import ByteRange, DropBehind
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
+from ..provenance import PROVENANCE_PREFIX
 from . import ahead, kernels
 from .rules import (
     FTYPES,

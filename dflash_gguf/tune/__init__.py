@@ -19,12 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..dflash_format import ARCH as DFLASH_ARCH
-from ..dflash_format import DEFAULT_BLOCK_SIZE, DSPARK_MARKER, Keys
-from ..drafters.eagle3 import GGUF_ARCH as EAGLE3_ARCH
-from ..drafters.eagle3 import SPEC_TYPE as EAGLE3_SPEC_TYPE
-from ..drafters.gemma4_assistant import GGUF_ARCH as ASSISTANT_ARCH
-from ..drafters.gemma4_assistant import SPEC_TYPE as ASSISTANT_SPEC_TYPE
+from gguf import Keys as GgufKeys
+
+from ..drafters import DRAFTER_GGUF_ARCHS, Drafter, family_of_gguf
 from ..errors import TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
@@ -32,7 +29,6 @@ from .report import (
     NGRAM_FLAGS,
     OWN_MTP_METHOD,
     Configuration,
-    Drafter,
     Measurement,
     Sample,
     ServerInfo,
@@ -51,11 +47,6 @@ log = logging.getLogger(__name__)
 DEFAULT_N_MAX = 4
 COARSE_N_MAX = (1, 3, 7, 15)  # powers of two minus one: each step doubles the drafted block
 P_MIN_SWEEP = (0.5, 0.75)  # llama.cpp's default is 0.0 (common.h); one report recovered acceptance at 0.75
-# Drafter architectures and the --spec-type that serves them (common/arg.cpp names); llama-server infers the
-# same from the metadata when -md is given alone (common_speculative_types_from_gguf).
-SPEC_TYPES = {DFLASH_ARCH: "draft-dflash", ASSISTANT_ARCH: ASSISTANT_SPEC_TYPE, EAGLE3_ARCH: EAGLE3_SPEC_TYPE}
-# A DSpark drafter is a dflash file with a Markov head (markov_w1.weight): llama-server serves it as draft-dspark.
-DSPARK_SPEC_TYPE = "draft-dspark"
 # Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and
 # log verbosity 4, at which llama.cpp logs every buffer it allocates (the device memory of an offloaded run, which
 # the host's RSS misses) and its system_info line; a few lines per request, nothing per token.
@@ -112,59 +103,6 @@ class TuneOptions:
     serve_changed_output: bool = False  # let a configuration whose greedy text differs win
 
 
-@dataclass(frozen=True)
-class DSparkDrafter(Drafter):
-    """A DSpark drafter: its n-max limit and the p-min its confidence head (or lack of one) needs."""
-
-    sample_from_anchor: bool = True
-    has_confidence_head: bool = True
-
-    @property
-    def max_n_max(self) -> int:
-        """common/speculative.cpp: draft-dspark drafts a full block when it samples from the anchor."""
-        block = self.block_size or DEFAULT_BLOCK_SIZE
-        return max(1, block if self.sample_from_anchor else block - 1)
-
-
-# The longest draft the tuner tries for an MTP head. A Gemma-4 assistant has no block: draft-mtp runs it once per
-# drafted token (is_mem_shared: no clamp to its layer count), each step feeding on its own predicted hidden state,
-# so acceptance falls off with every step while each drafted token still costs a verification row; past 7 (the
-# coarse grid's third step) the expected accepted length hardly grows.
-MTP_MAX_N_MAX = 7
-
-
-@dataclass(frozen=True)
-class MtpDrafter(Drafter):
-    """An MTP head (Gemma-4 assistant): no block size, n-max bounded by ``MTP_MAX_N_MAX``."""
-
-    @property
-    def max_n_max(self) -> int:
-        return MTP_MAX_N_MAX
-
-
-# The longest draft the tuner tries for an EAGLE-3 head. It has no block either: draft-eagle3 runs its one decoder
-# layer once per drafted token on its own pre-norm hidden state (llama.cpp never clamps --spec-draft-n-max for it,
-# and it is never inferred: --spec-type draft-eagle3 must be given). Acceptance falls with every step, and EAGLE-3
-# heads are trained with about 7 unrolled steps (SpecForge's ttt_length 7), so longer drafts mostly cost
-# verification rows; 8 leaves one step past training for the sweep to find the knee.
-EAGLE3_MAX_N_MAX = 8
-
-
-@dataclass(frozen=True)
-class Eagle3Drafter(Drafter):
-    """An EAGLE-3 head: no block size, n-max bounded by ``EAGLE3_MAX_N_MAX``."""
-
-    @property
-    def max_n_max(self) -> int:
-        return EAGLE3_MAX_N_MAX
-
-
-def required_p_min(d: Drafter) -> float | None:
-    """The --spec-draft-p-min a drafter must be served with: 0 for a DSpark drafter without a confidence head
-    (llama-server stops with 'DSpark draft has no confidence head' at any other value), else None (free)."""
-    return 0.0 if isinstance(d, DSparkDrafter) and not d.has_confidence_head else None
-
-
 def inspect_drafter(path: Path) -> Drafter:
     """The drafter's architecture, block size and tensor type, from its header.
 
@@ -173,22 +111,12 @@ def inspect_drafter(path: Path) -> Drafter:
         InputError: the file cannot be read as GGUF.
     """
     meta = read_gguf(Path(path))
-    arch = meta.arch or "?"
-    if arch not in SPEC_TYPES:
-        raise TuneError(f"{path} has general.architecture {arch!r}, which is not a drafter tune can serve "
-                        f"({', '.join(SPEC_TYPES)}). Pass the target GGUF first, then its drafter GGUFs.")
-    block = meta.get(Keys.BLOCK_SIZE)
-    fields = (Path(path).absolute(), arch, SPEC_TYPES[arch], int(block) if isinstance(block, int) else None,
-              file_type_name(meta.get(Keys.FILE_TYPE)))
-    if SPEC_TYPES[arch] == "draft-mtp":
-        return MtpDrafter(*fields)
-    if SPEC_TYPES[arch] == "draft-eagle3":
-        return Eagle3Drafter(*fields)
-    if DSPARK_MARKER in meta.tensors:
-        return DSparkDrafter(fields[0], arch, DSPARK_SPEC_TYPE, *fields[3:],
-                             sample_from_anchor=meta.get(Keys.SAMPLE_FROM_ANCHOR, True) is not False,
-                             has_confidence_head=meta.get(Keys.HAS_CONFIDENCE_HEAD, True) is not False)
-    return Drafter(*fields)
+    family = family_of_gguf(meta)
+    if family is None:
+        raise TuneError(f"{path} has general.architecture {meta.arch or '?'!r}, which is not a drafter tune can "
+                        f"serve ({', '.join(DRAFTER_GGUF_ARCHS)}). Pass the target GGUF first, then its "
+                        "drafter GGUFs.")
+    return family.served_as(Path(path).absolute(), meta, file_type_name(meta.get(GgufKeys.General.FILE_TYPE)))
 
 
 def file_type_name(ftype: object) -> str:
@@ -210,7 +138,7 @@ def check_target(path: Path) -> TargetInfo:
     """
     meta = read_gguf(Path(path))
     arch = meta.arch or "?"
-    if arch in SPEC_TYPES:
+    if arch in DRAFTER_GGUF_ARCHS:
         raise TuneError(f"{path} is a {arch} drafter, not a target. Pass the target GGUF first, then its drafters "
                         "(or the pair.json / output folder dflash-convert wrote).")
     declared = meta.get(f"{arch}.nextn_predict_layers")
@@ -231,7 +159,7 @@ def _method_plan(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOpti
         if METHOD_OWN_MTP in opts.methods and target.has_own_mtp else []
     ngrams = [Configuration(ngram=name) for name in NGRAM_FLAGS if name in opts.methods]
     files = [_Sweep(d.path.name, lambda n, p, d=d: Configuration(d, n, p), values(d.max_n_max), d.max_n_max,
-                    required_p_min(d)) for d in drafters] if METHOD_DRAFTERS in opts.methods else []
+                    d.required_p_min) for d in drafters] if METHOD_DRAFTERS in opts.methods else []
     return own, ngrams, files
 
 
@@ -622,6 +550,6 @@ class _Sweep:
             _run_one(t, self.make(best, p), budget)
 
 
-__all__ = ["DEFAULT_N_MAX", "METHODS", "OWN_MTP_METHOD", "Configuration", "DSparkDrafter", "Drafter", "Measurement",
+__all__ = ["DEFAULT_N_MAX", "METHODS", "OWN_MTP_METHOD", "Configuration", "Drafter", "Measurement",
            "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_target", "coarse_n_max",
-           "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "required_p_min", "tune"]
+           "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "tune"]

@@ -14,7 +14,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Literal
 
-from ..dflash_format import DEFAULT_BLOCK_SIZE
+from ..drafters import Drafter
+from ..drafters.gemma4_assistant.rules import SPEC_TYPE as MTP_SPEC_TYPE
 from .workload import Workload
 
 # Acceptance below this, over enough drafts, is a collapse: the field report's QAT target drafted 7844 tokens
@@ -25,26 +26,10 @@ MIN_DRAFTS_TO_JUDGE = 32
 Status = Literal["ok", "crashed", "timeout", "refused", "skipped"]
 
 
-@dataclass(frozen=True)
-class Drafter:
-    """A drafter GGUF as the tuner serves it: the spec type its metadata implies and its block size."""
-
-    path: Path
-    arch: str
-    spec_type: str | None  # --spec-type value, or None to let llama-server infer it
-    block_size: int | None
-    type_name: str  # the file's tensor type, e.g. Q8_0
-
-    @property
-    def max_n_max(self) -> int:
-        """llama.cpp clamps --spec-draft-n-max to block_size - 1 for block drafters."""
-        return max(1, (self.block_size or DEFAULT_BLOCK_SIZE) - 1)
-
-
 # The target's own multi-token-prediction head: llama-server b11434 builds a second context of type
 # LLAMA_CONTEXT_TYPE_MTP over the target's weights when --spec-type draft-mtp is given without -md
 # (common_speculative_init_result), and loads the nextn tensors only then (mparams.load_mtp).
-OWN_MTP_SPEC_TYPE = "draft-mtp"
+OWN_MTP_SPEC_TYPE = MTP_SPEC_TYPE  # the spec type that runs an MTP head, an assistant's or the target's own
 OWN_MTP_METHOD = "draft-mtp (target's own head)"
 # Model-free n-gram drafting (common/speculative.cpp). ngram-mod is served with --spec-default's settings
 # (common/arg.cpp: n_match 24, n_min 48, n_max 64); ngram-simple with its own defaults.

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..drafters.gemma4_assistant import GGUF_ARCH as ASSISTANT_ARCH
-from ..ggufio.reader import read_gguf
+from .. import drafters
+from ..drafters.dflash import FAMILY as DFLASH
+from ..drafters.dflash.gguf_format import is_drafter_like
+from ..ggufio.reader import GGUFMeta, read_gguf
 from ..provenance import TARGET_FILE, key
 from ..sidecar import is_sidecar, sidecars_beside, target_beside
-from .assistant_checks import check_assistant_format, check_assistant_pair
-from .eagle3_checks import ARCH as EAGLE3_ARCH
-from .eagle3_checks import check_format as check_eagle3_format
-from .eagle3_checks import check_pair as check_eagle3_pair
-from .format_checks import check_format, is_drafter_like
-from .pair_checks import check_lineage, check_pair, check_target_alone
+from .pair_checks import check_lineage, check_target_alone
 from .precheck import precheck
 from .report import CheckResult, Report
 
@@ -35,13 +32,12 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         VerifyError: an input cannot be read (exit 2).
     """
     d = read_gguf(Path(drafter))
-    head = d.arch in (ASSISTANT_ARCH, EAGLE3_ARCH)  # drafters with their own format and pair checks
+    family = _family(d)
     found = None
-    if target is None and not is_drafter_like(d) and not head and \
-            (sidecars := sidecars_beside(Path(drafter))):
+    if target is None and family is None and (sidecars := sidecars_beside(Path(drafter))):
         # a target given alone, with llama.cpp's sidecar beside it: judge the pair llama-server would serve
         drafter, target, d = sidecars[0], Path(drafter), read_gguf(sidecars[0])
-        found = f"drafter {sidecars[0].name} found beside the target (llama.cpp's sidecar name)"
+        family, found = _family(d), f"drafter {sidecars[0].name} found beside the target (llama.cpp's sidecar name)"
     if target is None:
         name = d.get(TARGET_FILE_KEY)
         beside = Path(drafter).parent / name if isinstance(name, str) and name else None
@@ -50,7 +46,7 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
             found = f"target {beside.name} found beside the sidecar (the folder's one target)" if beside else None
         target = beside if beside is not None and beside.is_file() else None
     t = read_gguf(Path(target)) if target is not None else None
-    if t is None and not is_drafter_like(d) and not head:
+    if t is None and family is None:
         # one file that is not a drafter: judge it as a target (arch, QAT/derived names)
         report = Report(inputs={"drafter": "", "target": str(drafter)})
         report.extend(check_target_alone(d, allow_derived_target))
@@ -58,35 +54,17 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
     report = Report(inputs={"drafter": str(drafter), "target": str(target) if target else ""})
     if found:
         report.info("pair.found", found)
-    if d.arch == ASSISTANT_ARCH:  # a Gemma-4 MTP assistant: its own format and pair checks
-        report.extend(check_assistant_format(d))
-        if t is not None and not report.errors:
-            report.extend(check_assistant_pair(d, t))
-        elif t is None:
-            report.skip("pair.target", "no target GGUF given: pair checks (vocabulary, hidden size, KV geometry) "
-                        "not run", "error")
-        report.extend(check_lineage(d, t, allow_derived_target))
-        return report
-    if d.arch == EAGLE3_ARCH:  # an EAGLE-3 head: its own format and pair checks
-        report.extend(check_eagle3_format(d))
-        if t is not None:
-            report.extend(check_eagle3_pair(d, t))
-        else:
-            report.skip("pair.target", "no target GGUF given: pair checks (vocabulary, target hidden size, taps, d2t) "
-                        "not run", "error")
-        report.extend(check_lineage(d, t, allow_derived_target))
-        return report
-    fmt = check_format(d)
-    report.extend(fmt)
-    arch = fmt.result("format.arch")
-    if arch is not None and arch.status == "pass":
-        if t is not None:
-            report.extend(check_pair(d, t))
-        else:
-            report.skip("pair.target", "no target GGUF given: pair checks (hidden size, taps, vocabulary, mask id, "
-                        "embedding scale) not run", "error")
+    report.extend((family or DFLASH).checks().check_drafter(d, t))
+    arch = report.result("format.arch")
+    if arch is None or arch.status == "pass":
         report.extend(check_lineage(d, t, allow_derived_target))
     return report
+
+
+def _family(d: GGUFMeta) -> drafters.DrafterFamily | None:
+    """The drafter family of a header; a file that only looks like a DFlash drafter (a fork's layout, an older
+    converter's, no architecture) is judged by the DFlash checks, which say what is wrong with it."""
+    return drafters.family_of_gguf(d) or (DFLASH if is_drafter_like(d) else None)
 
 
 __all__ = ["CheckResult", "Report", "precheck", "read_gguf", "verify_files"]

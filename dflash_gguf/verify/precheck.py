@@ -52,16 +52,8 @@ def precheck(
             r.info(finding.id, "llama.cpp's own converter (--llama-cpp) converts the drafter: " + finding.message)
         else:
             r.add(finding)
-    if reading.spec is not None and reading.family == "eagle3":  # drafts token by token, like an MTP head
-        r.info("pair.block_size", "no block: an EAGLE-3 head drafts one token per step (served with --spec-type "
-               "draft-eagle3, which llama-server never infers); 'dflash-gguf tune' measures the fastest "
-               "--spec-draft-n-max")
-    elif reading.spec is not None and reading.spec.block_size is None:  # an MTP head (Gemma-4 assistant): no block
-        r.info("pair.block_size", "no block: an MTP head drafts one token per step (served with --spec-type "
-               "draft-mtp); 'dflash-gguf tune' measures the fastest --spec-draft-n-max")
-    elif reading.spec is not None:
-        r.info("pair.block_size", f"block_size {reading.spec.block_size}: --spec-draft-n-max can go up to "
-               f"{reading.spec.n_max_limit}; 'dflash-gguf tune' measures the fastest")
+    if reading.spec is not None and reading.family is not None:
+        r.info("pair.block_size", drafters.family_named(reading.family).draft_length_note(reading.spec))
 
     drafter_ident = identity_from_card(drafter_repo, drafter_card)
     intended, source = intended_from_identity(drafter_ident) or (None, "")

@@ -14,12 +14,11 @@ from gguf import GGMLQuantizationType
 from gguf import GGUFValueType as VT
 from gguf import Keys as GKeys
 
-from ..dflash_format import VOCAB_HASH_KEYS
-from ..drafters.eagle3 import _OUTPUT_TAP_ARCHS, GGUF_ARCH, N_TAPS, SPEC_TYPE
-from ..ggufio.layout import type_name
-from ..ggufio.reader import GGUFMeta
-from .format_checks import read_i64
-from .report import Report
+from ...ggufio.layout import type_name
+from ...ggufio.reader import GGUFMeta, read_i64
+from ...verify.report import Report
+from ...vocab_hash import VOCAB_HASH_KEYS
+from .rules import _OUTPUT_TAP_ARCHS, GGUF_ARCH, N_TAPS, SPEC_TYPE
 
 ARCH = GGUF_ARCH
 RECONVERT = "Reconvert the EAGLE-3 head from its Hugging Face checkpoint with dflash-convert --target TARGET."
@@ -53,6 +52,17 @@ def eagle3_taps(meta: GGUFMeta) -> list[int] | None:
     if kv is None or kv.vtype != VT.ARRAY or kv.subtype not in (VT.INT32, VT.UINT32, VT.INT64, VT.UINT64):
         return None
     return [int(x) for x in kv.value]
+
+
+def check_drafter(d: GGUFMeta, t: GGUFMeta | None) -> Report:
+    """format.* of the head, then pair.* with the target when one is given."""
+    r = check_format(d)
+    if t is not None:
+        r.extend(check_pair(d, t))
+    else:
+        r.skip("pair.target", "no target GGUF given: pair checks (vocabulary, target hidden size, taps, d2t) not run",
+               "error")
+    return r
 
 
 def check_format(d: GGUFMeta) -> Report:

@@ -1,5 +1,5 @@
 """The DFlash contract, in one place: architecture, keys and tensor names that PyPI gguf 0.19.0 lacks,
-the tensor set and shapes, the tap rule, and the vocabulary hash. Converter, verify and precheck share it.
+the tensor set and shapes, and the tap rule. Its converter, checks and config rules share it.
 
 Sources (paths inside the b11434 sdist's ``llama.cpp/``): keys in ``gguf-py/gguf/constants.py``
 (class ``Keys``) and ``src/llama-arch.cpp``; tensor names in ``gguf-py/gguf/constants.py``
@@ -8,13 +8,11 @@ Sources (paths inside the b11434 sdist's ``llama.cpp/``): keys in ``gguf-py/gguf
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from .tensor_names import DECODER_BLOCK, QK_NORM, block_map
+from ...ggufio.reader import GGUFMeta
+from ...tensor_names import DECODER_BLOCK, QK_NORM, block_map
 
 ARCH = "dflash"  # src/llama-arch.cpp: { LLM_ARCH_DFLASH, "dflash" }
 
@@ -74,10 +72,6 @@ class Keys:
 
 
 
-# Prefix of this project's own provenance keys; llama.cpp ignores unknown keys and
-# llama-quantize copies them (llama_model_quantize_impl copies every KV).
-PROVENANCE_PREFIX = "dflash_gguf."
-
 # HF tensor name (z-lab files carry no "model." prefix) -> GGUF name; "{i}" is the block id.
 # b11434 gguf-py/gguf/tensor_mapping.py, MODEL_ARCH.DFLASH entries.
 TENSOR_MAP: dict[str, str] = {
@@ -101,8 +95,9 @@ DFLASH2_TENSOR_MAP: dict[str, str] = {
 
 # DSpark's heads (b11434 tensor_mapping.py: markov_head.markov_w1/markov_w2, confidence_head.proj). ``d2t`` is
 # written apart (I64, absolute target ids) and ``t2d`` is dropped (DSparkModel.filter_tensors / prepare_tensors).
+DSPARK_MARKER = "markov_w1.weight"  # common_speculative_types_from_gguf: this tensor means draft-dspark
 DSPARK_TENSOR_MAP: dict[str, str] = {
-    "markov_head.markov_w1.weight": "markov_w1.weight",
+    "markov_head.markov_w1.weight": DSPARK_MARKER,
     "markov_head.markov_w2.weight": "markov_w2.weight",
     "confidence_head.proj.weight": "conf_proj.weight",
     "confidence_head.proj.bias": "conf_proj.bias",
@@ -116,9 +111,8 @@ GEMMA4_DSPARK_TENSOR_MAP: dict[str, str] = {
     "layers.{i}.layer_scalar": "blk.{i}.layer_output_scale.weight",
 }
 GEMMA4_DSPARK_RENAMES = {"confidence_proj.": "confidence_head.proj."}  # prefix -> prefix, before mapping
-DSPARK_REQUIRED = ("markov_w1.weight", "markov_w2.weight")
+DSPARK_REQUIRED = (DSPARK_MARKER, "markov_w2.weight")
 DSPARK_OPTIONAL = ("markov_w2.scale", "conf_proj.weight", "conf_proj.bias", "d2t")
-DSPARK_MARKER = "markov_w1.weight"  # common_speculative_types_from_gguf: this tensor means draft-dspark
 
 # Tensors b11434 maps but its DFlash loader (src/models/dflash.cpp) would reject or misuse.
 EMBEDDING_TENSORS = {"embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight"}
@@ -176,7 +170,7 @@ def expected_shapes(*, hidden: int | None, heads: int | None, kv_heads: int | No
                     "selector_successor.weight": (rank, v), "selector_hidden.weight": (h, rank)})
     if dspark is not None:  # load_arch_tensors, "DSpark = DFlash + a semi-autoregressive Markov head"
         r, v, vd = dspark.markov_rank, dspark.n_vocab, dspark.n_vocab_draft
-        out.update({"markov_w1.weight": (r, v), "markov_w2.weight": (r, vd), "markov_w2.scale": (1,),
+        out.update({DSPARK_MARKER: (r, v), "markov_w2.weight": (r, vd), "markov_w2.scale": (1,),
                     "conf_proj.weight": (h + r if h and r else None, 1), "conf_proj.bias": (1,), "d2t": (vd,),
                     "output.weight": (h, vd)})
     return out
@@ -189,6 +183,11 @@ def shape_key(name: str) -> str:
 
 # The tap rule. An HF drafter's target_layer_ids are hidden-state indices; llama.cpp b11434 taps the *input*
 # of layer id + 1 (dflash.target_layers stores id + 1), so on an N-layer target ids lie in 0..N-2.
+def is_drafter_like(meta: GGUFMeta) -> bool:
+    """A DFlash drafter of any layout (mainline, fork, pre-merge), or a file with no architecture at all."""
+    return meta.arch in (None, ARCH, "dflash-draft") or any(k.startswith(("dflash.", "dflash-draft.")) for k in meta.kv)
+
+
 def gguf_taps(hf_ids: Iterable[int]) -> list[int]:
     """HF ``target_layer_ids`` -> ``dflash.target_layers`` (convert_hf_to_gguf DFlashModel: id + 1)."""
     return [int(i) + 1 for i in hf_ids]
@@ -202,31 +201,3 @@ def hf_taps_outside(hf_ids: Sequence[int], n_target_layers: int) -> list[int]:
 def gguf_taps_outside(gguf_ids: Sequence[int], n_target_layers: int) -> list[int]:
     """The GGUF taps an ``n_target_layers`` target cannot feed (valid: 1..n-1)."""
     return [i for i in gguf_ids if not 1 <= i <= n_target_layers - 1]
-
-
-VOCAB_HASH_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")  # gguf Keys.Tokenizer
-
-
-def vocab_sha256(get: Callable[[str], Any]) -> str:
-    """Our vocabulary hash (recorded in ``target.vocab_sha256``): the token list, token types and merges as
-    JSON, read through ``get`` (``GGUFPlan.get`` while writing, ``GGUFMeta.get`` while verifying)."""
-    h = hashlib.sha256()
-    for key in VOCAB_HASH_KEYS:
-        for piece in _json_pieces(get(key)):
-            h.update(piece.encode())
-    return h.hexdigest()
-
-
-def _json_pieces(value: Any, run: int = 1 << 16) -> Iterator[str]:
-    """``json.dumps(value, ensure_ascii=False)`` in pieces: 515k merges never become one 100 MB string."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
-        yield json.dumps(value, ensure_ascii=False)
-        return
-    yield "["
-    for start in range(0, len(value), run):
-        if start:
-            yield ", "
-        yield json.dumps(value[start:start + run], ensure_ascii=False)[1:-1]
-    yield "]"

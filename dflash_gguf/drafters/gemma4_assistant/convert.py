@@ -24,15 +24,15 @@ from gguf import Keys, LlamaFileType
 
 from ... import drafters
 from ... import provenance as prov
-from ...drafters import TargetFacts
-from ...drafters import gemma4_assistant as rules
+from ...convert.result import ConvertResult, finish, target_record
+from ...convert.targets import build_plan, family_for
+from ...convert.targets.gemma4 import TENSOR_MAP, Gemma4Family
 from ...errors import UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...hf_configs import read_config
-from ..result import ConvertResult, finish, target_record
-from .gemma4 import TENSOR_MAP, Gemma4Family
+from ..findings import Interpretation, TargetFacts
+from . import rules
 
-ARCHITECTURES = rules.ARCHITECTURES
 ASSISTANT_TENSORS = {"pre_projection": "nextn.pre_projection", "post_projection": "nextn.post_projection"}
 
 
@@ -75,13 +75,10 @@ class Gemma4AssistantFamily(Gemma4Family):
         plan.add_uint32(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS), self.block_count)
 
 
-FAMILY = Gemma4AssistantFamily
 
-
-def convert_assistant(drafter_dir: Path, target_dir: Path, outfile: Path, outtype: str = "auto", *,
-                      tokenizer_dir: Path | None = None, provenance: dict[str, str] | None = None,
-                      quant: str | None = None, dry_run: bool = False,
-                      on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+def convert(reading: Interpretation, drafter_dir: Path, target_dir: Path, outfile: Path, outtype: str = "auto", *,
+            tokenizer_dir: Path | None = None, provenance: dict[str, str] | None = None, quant: str | None = None,
+            dry_run: bool = False, on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
     """Convert a Gemma-4 assistant into the GGUF b11434's ``convert_hf_to_gguf.py ASSISTANT`` writes.
 
     ``target_dir`` (its tokenizer read from ``tokenizer_dir`` when given) is checked against the assistant by
@@ -91,11 +88,8 @@ def convert_assistant(drafter_dir: Path, target_dir: Path, outfile: Path, outtyp
         ConfigError, UnsupportedModelError, IncompatiblePairError, TensorError, TokenizerError, InputError,
         OutputError: each one paragraph naming the file, the field and the fix; nothing is written.
     """
-    from . import build_plan, family_for
-
     start = time.perf_counter()
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
-    reading = drafters.interpret_folder(drafter_dir)
     spec: rules.AssistantSpec = reading.require()
     target_path = target_dir / "config.json"
     facts = TargetFacts.from_config(read_config(target_path, "Target config"), target_path)

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, IncompatiblePairError, NotCoveredError, UnsupportedModelError
-from ..hf_configs import qwen3_hparams
-from . import Finding, Interpretation, TargetFacts, failed, passed
-from . import dflash as _dflash
+from ...errors import ConfigError, IncompatiblePairError, NotCoveredError, UnsupportedModelError
+from ...hf_configs import qwen3_hparams
+from ..dflash import rules as _dflash
+from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
-FAMILY = "dspark"
+NAME = "dspark"
+SPEC_TYPE = "draft-dspark"  # inferred from the Markov head's tensor (common_speculative_types_from_gguf)
 QWEN_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel", "LingDSparkModel")
 GEMMA4_ARCH = "Gemma4DSparkModel"
 DEEPSEEK_V4_ARCH = "DeepseekV4DSparkModel"
@@ -81,7 +82,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     findings: list[Finding] = []
 
     def refuse(id: str, message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
-        return Interpretation(FAMILY, None, (*findings, failed(id, message, fix, error)))
+        return Interpretation(NAME, None, (*findings, failed(id, message, fix, error)))
 
     if arch == DEEPSEEK_V4_ARCH:
         return refuse(
@@ -157,7 +158,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     vocab_text = f"reduced draft vocabulary {draft_vocab}" if params.reduced_vocab else "full vocabulary"
     findings.append(passed("format.dspark", f"DSpark ({arch}): vanilla Markov head, {vocab_text}, "
                            f"sample_from_anchor {str(sample_from_anchor).lower()}"))
-    return _dflash.interpret_backbone(merged, path, hp=hp, family=FAMILY, findings=findings, dspark=params)
+    return _dflash.interpret_backbone(merged, path, hp=hp, family=NAME, findings=findings, dspark=params)
 
 
 def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
@@ -205,13 +206,13 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
     ]
     for broken, b11434_error, what in rules:
         if broken:
-            return Interpretation(FAMILY, None, (failed(
+            return Interpretation(NAME, None, (failed(
                 "format.dspark", f"{path}: {what}; llama.cpp b11434's converter (Gemma4DSparkModel) stops with "
                 f"\"{b11434_error}\".", "This drafter cannot be served by llama.cpp b11434.",
                 UnsupportedModelError),))
 
     def refuse(message: str) -> Interpretation:
-        return Interpretation(FAMILY, None, (failed("format.dspark", f"{path}: {message}", PUBLISHED, ConfigError),))
+        return Interpretation(NAME, None, (failed("format.dspark", f"{path}: {message}", PUBLISHED, ConfigError),))
 
     geometry = {k: hp.get(k) for k in ("global_head_dim", "num_global_key_value_heads", "hidden_size")}
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in geometry.values()):
@@ -241,7 +242,7 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
     findings = [passed("format.dspark", f"DSpark ({GEMMA4_ARCH}): Gemma-4 backbone, global attention "
                        f"{gemma.head_count_kv} KV head(s) of {head_dim}, vanilla Markov head, full vocabulary, "
                        f"sample_from_anchor {str(sample_from_anchor).lower()}")]
-    return _dflash.interpret_backbone(backbone, path, hp=rope_view, family=FAMILY, findings=findings, dspark=params,
+    return _dflash.interpret_backbone(backbone, path, hp=rope_view, family=NAME, findings=findings, dspark=params,
                                       writes_activation=True)
 
 

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..dflash_format import DEFAULT_BLOCK_SIZE, hf_taps_outside
-from ..errors import ConfigError, IncompatiblePairError, UnsupportedModelError
-from ..hf_configs import qwen3_hparams
-from . import Finding, Interpretation, TargetFacts, failed, noted, passed
+from ...errors import ConfigError, IncompatiblePairError, UnsupportedModelError
+from ...hf_configs import qwen3_hparams
+from ..findings import Finding, Interpretation, TargetFacts, failed, noted, passed
+from .gguf_format import ARCH, DEFAULT_BLOCK_SIZE, hf_taps_outside
 
-FAMILY = "dflash"
+if TYPE_CHECKING:
+    from ..dspark.rules import DSparkParams
+
+NAME = ARCH  # the family is named after its architecture
+SPEC_TYPE = "draft-dflash"  # inferred from a dflash file without a Markov head (common_speculative_types_from_gguf)
+# The draft's own vector for the mask row of the target's embeddings, shipped by drafters trained on a target whose
+# mask embedding is untrained (a pickle: read by a restricted unpickler only).
+MASK_EMBEDDING = "mask_embedding.pt"
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")  # b11434 DFlashModel converts both
 # DFlash2's dflash_config keys, all written as u32 when conv_kernel_size is present (DFlashModel.set_gguf_parameters)
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -51,7 +58,7 @@ class DFlashSpec:
     swa_pattern: tuple[bool, ...] | None
     causal: bool | None
     dflash2: DFlash2Params | None = None  # the conv/selector parameters of a DFlash2 drafter
-    dspark: Any = None  # a DSpark drafter's Markov-head parameters (drafters.dspark.DSparkParams)
+    dspark: DSparkParams | None = None  # a DSpark drafter's Markov-head parameters
 
     @property
     def n_layer(self) -> int:
@@ -74,15 +81,15 @@ class DFlashSpec:
 def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     """Every DFlash config rule; the spec is None when an error finding blocks conversion."""
     if raw.get("model_type", "qwen3") != "qwen3":
-        return Interpretation(FAMILY, None, (failed(
+        return Interpretation(NAME, None, (failed(
             "format.arch", f"{path}: model_type is {raw.get('model_type')!r}; every published DFlash drafter "
             "declares 'qwen3' and llama.cpp b11434 reads it as a Qwen3 config.",
             "Use the config.json published with the checkpoint.", UnsupportedModelError),))
     return interpret_backbone(raw, path)
 
 
-def interpret_backbone(raw: dict[str, Any], path: Path, *, hp: dict[str, Any] | None = None, family: str = FAMILY,
-                       findings: list[Finding] | None = None, dspark: Any = None,
+def interpret_backbone(raw: dict[str, Any], path: Path, *, hp: dict[str, Any] | None = None, family: str = NAME,
+                       findings: list[Finding] | None = None, dspark: DSparkParams | None = None,
                        writes_activation: bool = False) -> Interpretation:
     """The rules of b11434's DFlashModel on ``raw`` (``hp``: its transformers-normalised view, by default the
     Qwen3Config one); DSpark, whose b11434 class derives from DFlashModel, passes its own normalisation.

@@ -26,26 +26,26 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
 
-from .. import drafters
-from .. import provenance as prov
-from ..drafters import Interpretation
-from ..drafters.eagle3 import GGUF_ARCH, Eagle3Spec, target_taps
-from ..errors import NotCoveredError, TensorError, UnsupportedModelError
-from ..ggufio import GGUFPlan, TensorOut
-from ..ggufio.layout import GGML_QUANT_VERSION
-from ..hf_configs import parse_tokenizer_json
-from ..jsonfile import read_json
-from ..tensor_names import DECODER_BLOCK
-from .configs import read_target_config
-from .general import add_general
-from .outtype import OUTTYPES, resolve_outtype, tensor_type
-from .result import ConvertResult, drafter_card_record, finish, target_record
-from .safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
-from .targets.base import TensorSpec
-from .targets.llama import llama3_rope_factors, rope_row_order
-from .targets.writers import spec_writer
-from .textmodel import add_textmodel_keys, rope_parameters
-from .vocab import VocabInfo, add_bpe_vocab, add_sentencepiece_vocab
+from ... import drafters
+from ... import provenance as prov
+from ...convert.configs import read_target_config
+from ...convert.general import add_general
+from ...convert.outtype import OUTTYPES, resolve_outtype, tensor_type
+from ...convert.result import ConvertResult, drafter_card_record, finish, target_record
+from ...convert.safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
+from ...convert.targets.base import TensorSpec
+from ...convert.targets.llama import llama3_rope_factors, rope_row_order
+from ...convert.targets.writers import spec_writer
+from ...convert.textmodel import add_textmodel_keys, rope_parameters
+from ...convert.vocab import VocabInfo, add_bpe_vocab, add_sentencepiece_vocab
+from ...errors import NotCoveredError, TensorError, UnsupportedModelError
+from ...ggufio import GGUFPlan, TensorOut
+from ...ggufio.layout import GGML_QUANT_VERSION
+from ...hf_configs import parse_tokenizer_json
+from ...jsonfile import read_json
+from ...tensor_names import DECODER_BLOCK
+from ..findings import Interpretation
+from .rules import GGUF_ARCH, Eagle3Spec, target_taps
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def _rope_freqs(spec: Eagle3Spec) -> TensorOut | None:
     return TensorOut("rope_freqs.weight", (len(factors),), GGMLQuantizationType.F32, lambda out: out.write(data))
 
 
-def convert_eagle3(
+def convert(
     reading: Interpretation,
     drafter_dir: Path,
     target_dir: Path,
@@ -307,4 +307,4 @@ def convert_eagle3(
                   on_progress=on_progress)
 
 
-__all__ = ["ARCH", "TENSOR_MAP", "add_llama_vocab", "convert_eagle3"]
+__all__ = ["ARCH", "TENSOR_MAP", "add_llama_vocab", "convert"]

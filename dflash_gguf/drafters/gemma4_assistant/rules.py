@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, IncompatiblePairError, TokenizerError, UnsupportedModelError
-from ..jsonfile import load_json
-from . import Finding, Interpretation, TargetFacts, failed, passed
+from ...errors import ConfigError, IncompatiblePairError, TokenizerError, UnsupportedModelError
+from ...jsonfile import load_json
+from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
-FAMILY = "gemma4_assistant"
+NAME = "gemma4_assistant"
 ARCHITECTURES = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 GGUF_ARCH = "gemma4-assistant"
 SPEC_TYPE = "draft-mtp"
@@ -73,7 +73,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     hp = {**raw, **text}
 
     def refuse(message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
-        return Interpretation(FAMILY, None, (failed("format.assistant", f"{path}: {message}", fix, error),))
+        return Interpretation(NAME, None, (failed("format.assistant", f"{path}: {message}", fix, error),))
 
     backbone = hp.get("backbone_hidden_size")
     if not _pos_int(backbone):
@@ -113,7 +113,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
                          int(head_full), kv if _pos_int(kv) else None, kv_full if _pos_int(kv_full) else None,
                          vocab if _pos_int(vocab) else None)
     n_swa = types.count("sliding_attention")
-    return Interpretation(FAMILY, spec, (
+    return Interpretation(NAME, spec, (
         passed("format.arch", f"{arch}: a Gemma-4 MTP assistant (llama.cpp {GGUF_ARCH}, served with --spec-type "
                f"{SPEC_TYPE})"),
         passed("format.assistant", f"{n_layer} layers ({n_swa} sliding, {n_layer - n_swa} full), hidden {hidden}, "

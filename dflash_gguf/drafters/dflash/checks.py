@@ -1,19 +1,31 @@
-"""Checks of one drafter GGUF against what llama.cpp b11434's DFlash loader requires.
+"""verify's checks of a dflash GGUF (DFlash, DFlash2 and DSpark files): the format b11434's loader requires
+(``src/models/dflash.cpp``, ``src/llama-model.cpp``), and the pair with a target GGUF.
 
-Sources: format reference sections 2-4 and 7 (``src/models/dflash.cpp``, ``src/llama-model.cpp``).
+Why each pair check: llama-server b11434 compares none of this before serving; mismatches end as aborts (hidden
+size, taps, vocabulary, mask id) or as silent acceptance loss (embedding scale, M-RoPE).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import GGUFValueType as VT
 from gguf import Keys as GKeys
 
-from ..dflash_format import (
+from ... import provenance as prov
+from ...ggufio.layout import type_name
+from ...ggufio.reader import GGUFMeta, int_key, read_i64
+from ...verify.lineage import PICK
+from ...verify.pair_checks import check_target_arch
+from ...verify.report import Report
+from ...vocab_hash import VOCAB_HASH_KEYS
+from ..dspark import FAMILY as DSPARK
+from . import FAMILY as DFLASH
+from .gguf_format import (
     ARCH,
     BLOCK_TENSORS,
-    DEFAULT_BLOCK_SIZE,
     DFLASH2_TENSOR_MAP,
     DSPARK_MARKER,
     DSPARK_OPTIONAL,
@@ -24,12 +36,11 @@ from ..dflash_format import (
     DSparkShape,
     Keys,
     expected_shapes,
+    gguf_taps_outside,
     shape_key,
 )
-from ..ggufio.layout import type_name
-from ..ggufio.reader import GGUFMeta
-from .report import Report
 
+SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "eot_token_id")
 RECONVERT = "Reconvert the drafter from its Hugging Face checkpoint with dflash-convert (llama.cpp b11434 layout)."
 # DFlash2's keys (src/models/dflash.cpp reads them when the file has selector_hidden.weight)
 DFLASH2_KEYS = (Keys.CONV_KERNEL_SIZE, Keys.CONV_GROUP_SIZE, Keys.SELECTOR_RANK, Keys.SELECTOR_TOP_K)
@@ -65,14 +76,6 @@ OPTIONAL_KEYS: dict[str, tuple[tuple[int, int | None], ...]] = {
 }
 
 
-def u32(meta: GGUFMeta, key: str) -> int | None:
-    """An integer key only if stored with a usable integer type (wrong types are reported elsewhere)."""
-    kv = meta.kv.get(key)
-    if kv is None or kv.vtype not in (VT.UINT32, VT.INT32, VT.UINT64, VT.INT64, VT.UINT16, VT.UINT8):
-        return None
-    return int(kv.value)
-
-
 def taps(meta: GGUFMeta) -> list[int] | None:
     kv = meta.kv.get(Keys.TARGET_LAYERS)
     if kv is None or kv.vtype != VT.ARRAY or kv.subtype not in (VT.INT32, VT.UINT32, VT.INT64, VT.UINT64):
@@ -80,9 +83,18 @@ def taps(meta: GGUFMeta) -> list[int] | None:
     return [int(x) for x in kv.value]
 
 
-def is_drafter_like(meta: GGUFMeta) -> bool:
-    """A DFlash drafter of any layout (mainline, fork, pre-merge), or a file with no architecture at all."""
-    return meta.arch in (None, ARCH, "dflash-draft") or any(k.startswith(("dflash.", "dflash-draft.")) for k in meta.kv)
+def check_drafter(d: GGUFMeta, t: GGUFMeta | None) -> Report:
+    """format.* of the file, then pair.* with the target when the file is a mainline drafter and a target is given."""
+    r = check_format(d)
+    arch = r.result("format.arch")
+    if arch is None or arch.status != "pass":
+        return r
+    if t is not None:
+        r.extend(check_pair(d, t))
+    else:
+        r.skip("pair.target", "no target GGUF given: pair checks (hidden size, taps, vocabulary, mask id, embedding "
+               "scale) not run", "error")
+    return r
 
 
 def check_format(d: GGUFMeta) -> Report:
@@ -132,8 +144,8 @@ def check_format(d: GGUFMeta) -> Report:
                "aborts on the first draft ('get_sub_batch: failed to add embedding').",
                "Reconvert with a drafter config that has dflash_config.mask_token_id.")
 
-    n_layer = u32(d, Keys.BLOCK_COUNT)
-    window = u32(d, Keys.SLIDING_WINDOW) or 0
+    n_layer = int_key(d, Keys.BLOCK_COUNT)
+    window = int_key(d, Keys.SLIDING_WINDOW) or 0
     pattern = d.get(Keys.SLIDING_WINDOW_PATTERN)
     if window > 0 and pattern is None:
         r.fail("format.sliding_window", "error", f"sliding_window {window} without sliding_window_pattern: b11434 "
@@ -147,24 +159,15 @@ def check_format(d: GGUFMeta) -> Report:
     if DFLASH2_MARKER in d.tensors:
         _check_dflash2(d, r)
     if DSPARK_MARKER in d.tensors:
-        _check_dspark(d, r)
+        _check_dspark_format(d, r)
     _check_tensors(d, r, n_layer)
     return r
 
 
-def dspark_serving(d: GGUFMeta) -> tuple[int, bool]:
-    """(largest --spec-draft-n-max draft-dspark keeps, whether the file has a confidence head) of a DSpark file.
-
-    common/speculative.cpp: n-max is clamped to block_size with ``dflash.sample_from_anchor`` (default true) and
-    to block_size - 1 without; a missing ``dflash.has_confidence_head`` counts as true there."""
-    block = u32(d, Keys.BLOCK_SIZE) or DEFAULT_BLOCK_SIZE
-    anchor = d.get(Keys.SAMPLE_FROM_ANCHOR, True) is not False
-    return max(1, block if anchor else block - 1), d.get(Keys.HAS_CONFIDENCE_HEAD, True) is not False
-
-
-def _check_dspark(d: GGUFMeta, r: Report) -> None:
+def _check_dspark_format(d: GGUFMeta, r: Report) -> None:
     """format.dspark: the heads and keys draft-dspark reads, and how the file must be served."""
-    limit, has_conf = dspark_serving(d)
+    served = DSPARK.served_as(d.path, d, "")
+    limit, has_conf = served.max_n_max, not served.required_p_min == 0.0
     conf_tensor = "conf_proj.weight" in d.tensors
     problems = []
     if has_conf and not conf_tensor:
@@ -195,19 +198,10 @@ def _check_dspark(d: GGUFMeta, r: Report) -> None:
          f"{'yes' if has_conf else 'no'}; serve with {flags}")
 
 
-def read_i64(d: GGUFMeta, name: str) -> np.ndarray | None:
-    t = d.tensors[name]
-    n = int(np.prod(t.ne))
-    with open(d.path, "rb") as f:
-        f.seek(d.data_offset + t.offset)
-        raw = f.read(8 * n)
-    return np.frombuffer(raw, dtype="<i8") if len(raw) == 8 * n else None
-
-
 def _check_dflash2(d: GGUFMeta, r: Report) -> None:
     """format.dflash2: the conv/selector keys the loader needs once the file has a candidate selector."""
-    values = {k: u32(d, k) for k in (*DFLASH2_KEYS, Keys.BLOCK_SIZE)}
-    h = u32(d, Keys.EMBEDDING_LENGTH) or 0
+    values = {k: int_key(d, k) for k in (*DFLASH2_KEYS, Keys.BLOCK_SIZE)}
+    h = int_key(d, Keys.EMBEDDING_LENGTH) or 0
     group, top_k = values[Keys.CONV_GROUP_SIZE] or 0, values[Keys.SELECTOR_TOP_K] or 0
     if any(v is None or v <= 0 for v in values.values()):
         bad = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in values.items())
@@ -229,7 +223,7 @@ def _check_dflash2(d: GGUFMeta, r: Report) -> None:
 def _dflash2_shape(d: GGUFMeta) -> DFlash2Shape | None:
     if DFLASH2_MARKER not in d.tensors:
         return None
-    kernel, group, rank = (u32(d, k) for k in DFLASH2_KEYS[:3])
+    kernel, group, rank = (int_key(d, k) for k in DFLASH2_KEYS[:3])
     if not (kernel and group and rank):
         return None  # format.dflash2 reports it
     tokens = d.get("tokenizer.ggml.tokens")
@@ -292,11 +286,11 @@ def _check_tensors(d: GGUFMeta, r: Report, n_layer: int | None) -> None:
 
 
 def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
-    h = u32(d, Keys.EMBEDDING_LENGTH)
-    nh = u32(d, Keys.HEAD_COUNT)
-    nkv = u32(d, Keys.HEAD_COUNT_KV) or nh
-    hd = u32(d, Keys.KEY_LENGTH) or (h // nh if h and nh else None)
-    ff = u32(d, Keys.FEED_FORWARD_LENGTH)
+    h = int_key(d, Keys.EMBEDDING_LENGTH)
+    nh = int_key(d, Keys.HEAD_COUNT)
+    nkv = int_key(d, Keys.HEAD_COUNT_KV) or nh
+    hd = int_key(d, Keys.KEY_LENGTH) or (h // nh if h and nh else None)
+    ff = int_key(d, Keys.FEED_FORWARD_LENGTH)
     k = len(taps(d) or [])
     per_name = expected_shapes(hidden=h, heads=nh, kv_heads=nkv, head_dim=hd, ffn=ff, n_taps=k,
                                dflash2=_dflash2_shape(d), dspark=_dspark_shape(d))
@@ -322,3 +316,155 @@ def _check_shapes(d: GGUFMeta, r: Report, n_layer: int) -> None:
 def _dims4(ne: tuple[int | None, ...]) -> tuple[int | None, ...]:
     """``ne`` padded to ggml's four dimensions with 1 (GGUF stores only the first ``ggml_n_dims``)."""
     return (*ne, *(1,) * (4 - len(ne)))
+
+
+def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
+    """Structural agreement of drafter ``d`` with target ``t``."""
+    r = Report()
+    tarch = t.arch or "?"
+    check_target_arch(r, tarch)
+
+    h_d, h_t = int_key(d, Keys.EMBEDDING_LENGTH), int_key(t, Keys.of(tarch, Keys.EMBEDDING_LENGTH))
+    n_t = int_key(t, Keys.of(tarch, Keys.BLOCK_COUNT))
+    if h_d is None or h_t is None:
+        r.skip("pair.hidden_size", "hidden size missing on one side", "error")
+    elif h_d != h_t:
+        r.fail("pair.hidden_size", "error", f"drafter hidden size {h_d} != target embedding_length {h_t}: "
+               "llama-server aborts with 'GGML_ASSERT(ggml_can_repeat(b, a))'.", PICK)
+    else:
+        r.ok("pair.hidden_size", f"hidden size {h_d} on both sides")
+
+    tp = taps(d)
+    if not tp or n_t is None:
+        r.skip("pair.taps", "taps or target block_count missing", "error")
+    else:
+        bad = gguf_taps_outside(tp, n_t)
+        if bad:
+            r.fail("pair.taps", "error", f"drafter taps {tp} (GGUF, HF id + 1) include {bad}, outside 1..{n_t - 1} "
+                   f"for a {n_t}-layer target: llama-server aborts ('lid <= n_layer' or 'layer input tensor is "
+                   "null').", PICK + " The drafter was trained for a deeper target.")
+        else:
+            r.ok("pair.taps", f"taps {tp} name layer inputs of the {n_t}-layer target")
+
+    fc = d.tensors.get("fc.weight")
+    if fc is None or not tp or h_t is None:
+        r.skip("pair.fc_width", "fc.weight, taps or target hidden size missing", "error")
+    elif fc.ne[0] != len(tp) * h_t:
+        r.fail("pair.fc_width", "error", f"fc.weight width {fc.ne[0]} != taps x target hidden = {len(tp)} x {h_t}.",
+               PICK)
+    else:
+        r.ok("pair.fc_width", f"fc width {fc.ne[0]} = {len(tp)} taps x {h_t}")
+
+    _check_vocab(d, t, r)
+    if DSPARK_MARKER in d.tensors:
+        _check_dspark_pair(d, t, r)
+    _check_mrope(d, t, r, tarch)
+    _check_scale_and_block(d, r, tarch, h_t)
+    return r
+
+
+def _check_mrope(d: GGUFMeta, t: GGUFMeta, r: Report, tarch: str) -> None:
+    """pair.mrope: a drafter of an M-RoPE target needs rope sections, or llama.cpp ropes it with plain positions.
+
+    b11434's converter writes ``[n_rot/2, 0, 0, 0]`` for such targets (DFlashModel._target_uses_mrope), and the
+    loader then picks M-RoPE for the draft (llama_model_rope_type); drafter GGUFs made before that fix (late
+    August 2026) lack the key and draft against image positions they cannot follow."""
+    sections = t.get(Keys.of(tarch, Keys.ROPE_DIMENSION_SECTIONS))
+    if sections is None or not any(int(x) for x in sections):
+        r.ok("pair.mrope", "the target uses no M-RoPE")
+        return
+    own = d.get(Keys.ROPE_DIMENSION_SECTIONS)
+    if own is None or not any(int(x) for x in own):
+        r.fail("pair.mrope", "warning", f"the target uses M-RoPE ({tarch}.rope.dimension_sections "
+               f"{[int(x) for x in sections]}) but the drafter has no dflash.rope.dimension_sections: a drafter GGUF "
+               "from a converter before late August 2026. llama.cpp then ropes the draft with plain positions, so "
+               "prompts with images are drafted against the wrong positions and almost never accepted.",
+               "Reconvert the drafter with dflash-convert (or llama.cpp b11434's converter), which writes the "
+               "degenerate sections [n_rot/2, 0, 0, 0].")
+    else:
+        r.ok("pair.mrope", f"M-RoPE target; the drafter ropes on the temporal sections {[int(x) for x in own]}")
+
+
+def _check_dspark_pair(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
+    """pair.dspark_vocab: the Markov head reads a row per target token id, and d2t names target ids."""
+    n_t = len(t.get(GKeys.Tokenizer.LIST) or [])
+    rows = d.tensors[DSPARK_MARKER].ne[-1]
+    problems = []
+    if n_t and rows != n_t:
+        problems.append(f"{DSPARK_MARKER} has {rows} vocabulary rows but the target has {n_t} tokens (the Markov "
+                        "head embeds the previous target token: an id past its rows reads out of bounds)")
+    d2t = d.tensors.get("d2t")
+    if d2t is not None and n_t and (ids := read_i64(d, "d2t")) is not None and ((ids < 0) | (ids >= n_t)).any():
+        problems.append(f"d2t maps draft rows to ids outside the target's {n_t}-token vocabulary")
+    if problems:
+        r.fail("pair.dspark_vocab", "error", "; ".join(problems) + ".", PICK)
+    else:
+        r.ok("pair.dspark_vocab", f"Markov head over the target's {n_t}-token vocabulary"
+             + (f", d2t ids within it ({d2t.ne[0]} draft rows)" if d2t is not None else ""))
+
+
+def _first_diff(a: list, b: list) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"first difference at id {i}: {x!r} vs {y!r}"
+    return f"lengths {len(a)} vs {len(b)}"
+
+
+def _check_vocab(d: GGUFMeta, t: GGUFMeta, r: Report) -> None:
+    diffs = []
+    for key in (GKeys.Tokenizer.MODEL, GKeys.Tokenizer.PRE):
+        if d.get(key) != t.get(key):
+            diffs.append(f"{key} {d.get(key)!r} vs {t.get(key)!r}")
+    for key in VOCAB_HASH_KEYS:
+        a, b = d.get(key), t.get(key)
+        a = a.tolist() if hasattr(a, "tolist") else a
+        b = b.tolist() if hasattr(b, "tolist") else b
+        if a != b:
+            diffs.append(f"{key} differs ({_first_diff(a or [], b or [])})")
+    if diffs:
+        r.fail("pair.vocab", "error", "drafter and target vocabularies differ: " + "; ".join(diffs) + ". "
+               "draft-dflash never compares them: expect 'GGML_ASSERT(i01 >= 0 && i01 < ne01)' or nonsense drafts.",
+               "Reconvert the drafter with --target pointing at this target's folder (its tokenizer is embedded).")
+    else:
+        n = len(t.get(GKeys.Tokenizer.LIST) or [])
+        r.ok("pair.vocab", f"identical vocabulary ({n} tokens, types, merges)")
+    special = []
+    for key in (*(f"tokenizer.ggml.{s}" for s in SPECIAL_KEYS), "tokenizer.ggml.add_bos_token"):
+        if d.get(key) != t.get(key):
+            special.append(f"{key.removeprefix('tokenizer.ggml.')} {d.get(key)!r} vs {t.get(key)!r}")
+    if special:
+        r.fail("pair.special_tokens", "error", "special tokens differ (drafter vs target): " + "; ".join(special) + ".",
+               "Reconvert the drafter against this target's tokenizer files.")
+    else:
+        r.ok("pair.special_tokens", "bos/eos/pad/unk ids and add_bos agree")
+    mask = int_key(d, Keys.MASK_TOKEN_ID)
+    tokens = t.get(GKeys.Tokenizer.LIST) or []
+    if mask is None:
+        r.skip("pair.mask_token", "drafter has no mask token id (see format.mask_token)", "error")
+    elif not 0 <= mask < len(tokens):
+        r.fail("pair.mask_token", "error", f"mask token id {mask} is outside the target's {len(tokens)}-token "
+               "vocabulary: llama-server aborts on the first draft.", PICK)
+    else:
+        r.ok("pair.mask_token", f"mask token id {mask} ({tokens[mask]!r}) is in the target vocabulary")
+
+
+def _check_scale_and_block(d: GGUFMeta, r: Report, tarch: str, h_t: int | None) -> None:
+    gemma = tarch.startswith("gemma") or str(d.get(prov.key(prov.TARGET_ARCH), "")).lower().startswith("gemma")
+    scale = d.get(Keys.EMBEDDING_SCALE)
+    if gemma and not isinstance(scale, float):
+        r.fail("pair.embedding_scale", "error", "the target is a Gemma but the drafter has no dflash.embedding_scale "
+               "(a file from before the Gemma embedding scale): drafts see unscaled embeddings and are rarely "
+               "accepted.", "Reconvert the drafter with dflash-convert (it writes sqrt(hidden size)).")
+    elif gemma and h_t and not math.isclose(float(scale), math.sqrt(h_t), rel_tol=1e-3):
+        r.fail("pair.embedding_scale", "warning", f"dflash.embedding_scale {scale:g} is not sqrt({h_t}) = "
+               f"{math.sqrt(h_t):g}.", "Check dflash_config.input_embedding_scale of the drafter checkpoint.")
+    else:
+        r.ok("pair.embedding_scale", f"embedding scale {scale:g}" if isinstance(scale, float)
+             else "no embedding scale (not a Gemma target)")
+    src = "" if int_key(d, Keys.BLOCK_SIZE) else " (key absent: llama.cpp default)"
+    served = (DSPARK if DSPARK.matches(d) else DFLASH).served_as(d.path, d, "")
+    size, limit, spec = served.block_size, served.max_n_max, served.spec_type
+    extra = "" if served.required_p_min is None else f" --spec-draft-p-min {served.required_p_min:g}"
+    r.info("pair.block_size", f"block_size {size}{src}: --spec-draft-n-max can go up to {limit} (llama.cpp's "
+           "default is 3); the fastest value depends on the machine: 'dflash-gguf tune' measures it",
+           f"llama-server -m TARGET.gguf -md DRAFTER.gguf --spec-type {spec} --spec-draft-n-max N{extra}")

@@ -14,10 +14,9 @@ from typing import Any
 
 from gguf import GGUFValueType as VT
 
-from ..drafters.gemma4_assistant import GGUF_ARCH, SPEC_TYPE
-from ..ggufio.reader import GGUFMeta
-from .format_checks import u32
-from .report import Report
+from ...ggufio.reader import GGUFMeta, int_key
+from ...verify.report import Report
+from .rules import GGUF_ARCH, SPEC_TYPE
 
 RECONVERT = "Reconvert the assistant with dflash-convert --drafter ASSISTANT --target TARGET."
 PICK = "Pick the assistant published for this target (google/gemma-4-<size>-it-assistant for google/gemma-4-<size>-it)."
@@ -49,7 +48,7 @@ def per_layer(meta: GGUFMeta, arch: str, name: str, n_layer: int) -> list[int] |
     if kv.vtype == VT.ARRAY:
         values = [int(v) for v in _plain(kv.value)]
         return values if len(values) == n_layer else None
-    value = u32(meta, _key(arch, name))
+    value = int_key(meta, _key(arch, name))
     return None if value is None else [value] * n_layer
 
 
@@ -63,15 +62,15 @@ def swa_pattern(meta: GGUFMeta, arch: str) -> list[bool] | None:
 def expected_tensors(d: GGUFMeta) -> dict[str, tuple[int, ...]] | None:
     """GGUF name -> ne of every tensor b11434's assistant loader creates (None when the keys are unusable)."""
     a = GGUF_ARCH
-    n_layer, h, bb = u32(d, _key(a, "block_count")), u32(d, _key(a, "embedding_length")), \
-        u32(d, _key(a, "embedding_length_out"))
+    n_layer, h, bb = int_key(d, _key(a, "block_count")), int_key(d, _key(a, "embedding_length")), \
+        int_key(d, _key(a, "embedding_length_out"))
     pattern = swa_pattern(d, a)
     vocab = len(d.get("tokenizer.ggml.tokens") or [])
     if n_layer is None or h is None or bb is None or pattern is None or len(pattern) != n_layer:
         return None
     nh = per_layer(d, a, "attention.head_count", n_layer)
     ff = per_layer(d, a, "feed_forward_length", n_layer)
-    hd_full, hd_swa = u32(d, _key(a, "attention.key_length")), u32(d, _key(a, "attention.key_length_swa"))
+    hd_full, hd_swa = int_key(d, _key(a, "attention.key_length")), int_key(d, _key(a, "attention.key_length_swa"))
     if nh is None or ff is None or hd_full is None or hd_swa is None:
         return None
     out: dict[str, tuple[int, ...]] = {"token_embd.weight": (h, vocab), "output_norm.weight": (h,),
@@ -89,11 +88,22 @@ def expected_tensors(d: GGUFMeta) -> dict[str, tuple[int, ...]] | None:
     return out
 
 
+def check_drafter(d: GGUFMeta, t: GGUFMeta | None) -> Report:
+    """format.* of the assistant, then pair.* with the target when one is given and the file itself passed."""
+    r = check_assistant_format(d)
+    if t is not None and not r.errors:
+        r.extend(check_assistant_pair(d, t))
+    elif t is None:
+        r.skip("pair.target", "no target GGUF given: pair checks (vocabulary, hidden size, KV geometry) not run",
+               "error")
+    return r
+
+
 def check_assistant_format(d: GGUFMeta) -> Report:
     """format.*: keys, the layer mix, tensors and shapes from the file alone, and the spec type to serve with."""
     r, a = Report(), GGUF_ARCH
     r.ok("format.arch", f"architecture '{a}' (a Gemma-4 MTP assistant; llama.cpp b11434 tested)")
-    missing = [k for k in REQUIRED_U32 if k != "feed_forward_length" and u32(d, _key(a, k)) is None]
+    missing = [k for k in REQUIRED_U32 if k != "feed_forward_length" and int_key(d, _key(a, k)) is None]
     if _key(a, "feed_forward_length") not in d.kv:
         missing.append("feed_forward_length")
     if swa_pattern(d, a) is None:
@@ -103,8 +113,8 @@ def check_assistant_format(d: GGUFMeta) -> Report:
                "llama.cpp b11434's loader stops with 'key not found'.", RECONVERT)
         return r
     r.ok("format.keys", "every key the b11434 assistant loader reads is present")
-    n_layer, h = u32(d, _key(a, "block_count")), u32(d, _key(a, "embedding_length"))
-    bb, nextn = u32(d, _key(a, "embedding_length_out")), u32(d, _key(a, "nextn_predict_layers"))
+    n_layer, h = int_key(d, _key(a, "block_count")), int_key(d, _key(a, "embedding_length"))
+    bb, nextn = int_key(d, _key(a, "embedding_length_out")), int_key(d, _key(a, "nextn_predict_layers"))
     pattern = swa_pattern(d, a) or []
     problems = []
     if len(pattern) != n_layer:
@@ -119,7 +129,7 @@ def check_assistant_format(d: GGUFMeta) -> Report:
         problems.append("embedding_length_out equals embedding_length: the loader throws \"Gemma 4 assistant "
                         "requires embedding_length_out to carry the target hidden size\"")
     for full, swa in (("key_length", "value_length"), ("key_length_swa", "value_length_swa")):
-        if u32(d, _key(a, f"attention.{full}")) != u32(d, _key(a, f"attention.{swa}")):
+        if int_key(d, _key(a, f"attention.{full}")) != int_key(d, _key(a, f"attention.{swa}")):
             problems.append(f"attention.{full} differs from attention.{swa}: the loader requires K and V head "
                             "sizes to be equal")
     if problems:
@@ -175,14 +185,14 @@ def check_assistant_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
                PICK)
     else:
         r.ok("pair.special_tokens", "bos/eos/pad/unk ids and add_bos agree")
-    bb, h_t = u32(d, _key(a, "embedding_length_out")), u32(t, _key(ta, "embedding_length"))
+    bb, h_t = int_key(d, _key(a, "embedding_length_out")), int_key(t, _key(ta, "embedding_length"))
     if bb != h_t:
         r.fail("pair.assistant_backbone", "error", f"embedding_length_out {bb} is not the target's embedding_length "
                f"{h_t}: llama.cpp b11434 aborts with ggml_can_mul_mat on nextn.pre_projection (and draft-mtp asserts "
                "the widths match).", PICK)
     else:
         r.ok("pair.assistant_backbone", f"embedding_length_out {bb} = the target's hidden size")
-    n_t = u32(t, _key(ta, "block_count")) or 0
+    n_t = int_key(t, _key(ta, "block_count")) or 0
     t_pattern = swa_pattern(t, ta)
     if t_pattern is None or n_t < 2 or len(t_pattern) != n_t or not (t_pattern[-2] and not t_pattern[-1]):
         r.fail("pair.assistant_target_layers", "error", f"{t.path.name}: the target's last two layers are not a "
@@ -192,7 +202,7 @@ def check_assistant_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
          "cache the assistant reads")
     head = []
     for name in ("key_length", "key_length_swa"):
-        ours, theirs = u32(d, _key(a, f"attention.{name}")), u32(t, _key(ta, f"attention.{name}"))
+        ours, theirs = int_key(d, _key(a, f"attention.{name}")), int_key(t, _key(ta, f"attention.{name}"))
         if ours != theirs:
             head.append(f"attention.{name} {ours} vs {theirs}")
     if head:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, IncompatiblePairError, UnsupportedModelError
-from ..target_archs import by_hf
-from . import Finding, Interpretation, TargetFacts, failed, passed
+from ...errors import ConfigError, IncompatiblePairError, UnsupportedModelError
+from ...target_archs import by_hf
+from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
-FAMILY = "eagle3"
 GGUF_ARCH = "eagle3"  # general.architecture of its GGUF (llm_arch_from_string "eagle3")
+NAME = GGUF_ARCH  # the family is named after it
 # The EAGLE-3 class names b11434 registers on LlamaModel (SpecForge, vLLM/AngelSlim, speculators).
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
 SPEC_TYPE = "draft-eagle3"  # never inferred from the file (common_speculative_types_from_gguf knows only dflash)
@@ -105,7 +105,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     hp = hparams(raw)
 
     def refuse(id: str, message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
-        return Interpretation(FAMILY, None, (failed(id, f"{path}: {message}", fix, error),))
+        return Interpretation(NAME, None, (failed(id, f"{path}: {message}", fix, error),))
 
     n_layer = hp.get("num_hidden_layers")
     if "draft_vocab_size" not in hp or n_layer != 1:
@@ -168,7 +168,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
                                       f"norm_before_fc {str(spec.norm_before_fc).lower()}, norm_before_residual "
                                       f"{str(spec.norm_before_residual).lower()}; served with --spec-type "
                                       f"{SPEC_TYPE}")]
-    return Interpretation(FAMILY, spec, tuple(findings))
+    return Interpretation(NAME, spec, tuple(findings))
 
 
 def target_taps(spec: Eagle3Spec, n_layers: int) -> tuple[int, ...]:
