@@ -50,12 +50,14 @@ reference: venv
 
 test: venv reference
 	$(PY) -m ruff check dflash_gguf tests scripts
+	$(PY) -m mypy
 	$(PYTEST) --durations=40 tests
 
 # The inner loop: every test that needs no llama.cpp reference, with the reference hidden (an empty cache folder),
 # so what needs it skips; not for CI, which runs everything (make test).
 test-fast: venv
 	$(PY) -m ruff check dflash_gguf tests scripts
+	$(PY) -m mypy
 	ref=$$(mktemp -d) && trap 'rm -rf "$$ref"' EXIT && \
 	    CI= DFLASH_GGUF_CACHE="$$ref" $(PYTEST) -m "not $(REFERENCE_MARK)" tests
 
@@ -69,6 +71,7 @@ bench-full: venv reference
 
 lint: venv
 	$(PY) -m ruff check dflash_gguf tests scripts
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(OUT) $(VENV)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import ConfigError, TokenizerError
 from .jsonfile import read_json
@@ -56,8 +56,14 @@ SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_k
 EPSILON_FIELDS = ("rms_norm_eps", "norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def section(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """A nested config object (``text_config``, ``dflash_config``...), or an empty one when absent or not an object."""
+    value = raw.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def check_hyperparameters(data: dict[str, Any], path: Path, what: str) -> None:

@@ -399,7 +399,7 @@ def _folder_choice(folder: Path, patterns: tuple[str, ...]) -> list[RepoFile]:
 def _quiet_class() -> type:
     from huggingface_hub.utils import tqdm as hf_tqdm
 
-    class Quiet(hf_tqdm):  # type: ignore[misc, valid-type]
+    class Quiet(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)

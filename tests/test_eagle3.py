@@ -208,8 +208,8 @@ def test_verify_tune_and_serve_read_an_eagle3_file(llama3: Path, target_gguf: Pa
     info = inspect_drafter(drafter)
     assert isinstance(info, Eagle3Drafter) and info.spec_type == "draft-eagle3" and info.max_n_max == EAGLE3_MAX_N_MAX
     plan = serve_plan(target_gguf, drafter)
-    assert plan["command"][plan["command"].index("--spec-type") + 1] == "draft-eagle3"
-    assert "--spec-type draft-eagle3" in plan["hub"] and "--models-dir router" in plan["note"]
+    assert plan.command[plan.command.index("--spec-type") + 1] == "draft-eagle3"
+    assert "--spec-type draft-eagle3" in plan.hub and "--models-dir router" in plan.note
     assert drafter_kind(read_gguf(drafter)) == "eagle3"
     assert sidecar_name("llama-tiny", "bf16", "eagle3") == "eagle3-llama-tiny-BF16.gguf"
 

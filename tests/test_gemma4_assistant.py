@@ -216,7 +216,7 @@ def test_verify_sidecar_and_serve_plan(gemma4: Path, target_gguf: Path, tmp_path
     info = inspect_drafter(drafter)
     assert info.spec_type == "draft-mtp" and info.max_n_max == MTP_MAX_N_MAX
     plan = serve_plan(target_gguf, drafter)
-    assert plan["command"][plan["command"].index("--spec-type") + 1] == "draft-mtp"
+    assert plan.command[plan.command.index("--spec-type") + 1] == "draft-mtp"
 
 
 def test_verify_catches_a_mismatched_pair_from_the_files(gemma4: Path, target_gguf: Path, tmp_path: Path) -> None:

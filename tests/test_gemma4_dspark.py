@@ -189,8 +189,8 @@ def test_verify_and_serve_plan(gemma4: Path, target_gguf: Path, tmp_path: Path) 
     message = checks["format.dspark"]["message"]
     assert "draft-dspark" in message and "--spec-draft-p-min 0" in message and f"N <= {DSPARK_BLOCK_SIZE}" in message
     plan = serve_plan(target_gguf, drafter)
-    assert plan["command"][plan["command"].index("--spec-type") + 1] == "draft-dspark"
-    assert plan["command"][-2:] == ["--spec-draft-p-min", "0"]
+    assert plan.command[plan.command.index("--spec-type") + 1] == "draft-dspark"
+    assert plan.command[-2:] == ("--spec-draft-p-min", "0")
 
 
 @pytest.mark.reference

@@ -135,7 +135,7 @@ def test_the_pipeline_never_deletes_a_file_outside_its_folder(demo_pair: Path, t
     victim = tmp_path / "victim.gguf"
     shutil.copy(folder / "gemma-4-tiny-it-Q4_0.gguf", victim)
     doc = json.loads((folder / "pair.json").read_text())
-    doc["outputs"]["old"] = {**doc["outputs"]["target"], "file": "../victim.gguf"}  # size and sha256 match
+    doc["outputs"]["target"]["file"] = "../victim.gguf"  # size and sha256 match: an earlier output to remove
     (folder / "pair.json").write_text(json.dumps(doc))
     target = mf.make_gemma4_target(tmp_path / "targets")
     drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")

@@ -21,7 +21,7 @@ def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -
     from ..quantize.types import quant_type
 
     try:
-        return quant_type(value, f"--{param.name.replace('_', '-')}").key  # type: ignore[union-attr]
+        return quant_type(value, f"--{param.name.replace('_', '-')}").key
     except QuantizeError as e:
         raise click.BadParameter(str(e)) from None
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
@@ -180,8 +180,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               output_tensor_type: str | None) -> None:
     import shlex
 
-    from ..pipeline import MANIFEST_NAME, PipelineOptions, run_pipeline
-    from ..pipeline.manifest import PairRecord
+    from ..pipeline import PipelineOptions, run_pipeline
     from ..quantize import Overrides
     from ..tune import TuneOptions
     from .tune import parse_methods
@@ -209,7 +208,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     if json_:
         echo_json(result.to_dict())
         click.get_current_context().exit(result.exit_code)
-    doc = result.manifest
+    doc = result.document
     src = doc["sources"]
     for side, pad in (("drafter", ""), ("target", " ")):
         s = src[side]
@@ -232,14 +231,15 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
             click.echo(f"disk: {_mb(need)} needed on {fs}, {_mb(plan.free[fs])} free")
         click.echo("dry run: nothing downloaded or written.")
         return
-    record = PairRecord.from_data(result.outdir / MANIFEST_NAME, doc)  # as written, not read back
+    record = result.pair
+    assert record is not None
     for side, out in (("target", record.target), ("drafter", record.drafter)):
         click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
     if len(record.drafters) > 1:
-        for d in doc["outputs"]["drafters"]:
-            verdict = "can be served" if d["verify"]["servable"] else \
-                f"refused by verify ({d['verify']['errors']} errors)"
-            click.echo(f"  drafter {d['kind']}: {record.folder / d['file']} from {d['source']}: {verdict}")
+        for made in record.drafters:
+            verdict = "can be served" if made.verdict is None or made.verdict.servable else \
+                f"refused by verify ({made.verdict.errors} errors)"
+            click.echo(f"  drafter {made.kind}: {record.folder / made.file} from {made.source}: {verdict}")
     report = result.report
     assert report is not None
     if report.errors or report.warnings:

@@ -34,14 +34,14 @@ _SAMPLING: tuple[tuple[tuple[str, ...], str, GGUFValueType], ...] = (
 )
 
 
-def sampling_defaults(model_dir: Path) -> dict[str, tuple[GGUFValueType, object]]:
+def sampling_defaults(model_dir: Path) -> dict[str, tuple[GGUFValueType, int | float | str]]:
     """``general.sampling.*`` key -> (type, value) from ``model_dir/generation_config.json`` (none if unreadable)."""
     path = Path(model_dir) / "generation_config.json"
     try:
         gen = read_json(path) if path.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         gen = {}  # b11434 ignores an unreadable generation_config.json too
-    out: dict[str, tuple[GGUFValueType, object]] = {}
+    out: dict[str, tuple[GGUFValueType, int | float | str]] = {}
     for fields, key, vtype in _SAMPLING:
         value = next((gen[f] for f in fields if f in gen), None)
         if value is not None:

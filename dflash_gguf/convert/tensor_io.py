@@ -75,7 +75,7 @@ def byte_source(src: TensorRef, qtype: GGMLQuantizationType) -> tuple[Path, int]
     return (src.path, src.offset) if _NATIVE.get(src.dtype) == qtype else None
 
 
-def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[BinaryIO], None]:
+def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[BinaryIO], object]:
     """A callback writing ``src`` as ``qtype`` into an unbuffered output file."""
     if _NATIVE.get(src.dtype) == qtype:
         return lambda out: _copy_range(src, out)
@@ -102,7 +102,7 @@ def _rows(src: TensorRef, start: int, stop: int) -> TensorRef:
 
 
 def patched_writer(src: TensorRef, qtype: GGMLQuantizationType, row: int,
-                   row_raw: bytes) -> Callable[[BinaryIO], None]:
+                   row_raw: bytes) -> Callable[[BinaryIO], object]:
     """A callback writing ``src`` as ``qtype`` with row ``row`` replaced by ``row_raw`` (in ``src``'s dtype):
     the rows before and after are streamed as :func:`tensor_writer` streams them."""
     before, after = _rows(src, 0, row), _rows(src, row + 1, src.shape[0])

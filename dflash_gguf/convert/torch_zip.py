@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError
 
 # torch storage class -> (numpy dtype of its raw elements, the tensor's dtype name)
-_STORAGES = {
+_STORAGES: dict[str, tuple[np.dtype, str]] = {
     "FloatStorage": (np.dtype("<f4"), "F32"),
     "HalfStorage": (np.dtype("<f2"), "F16"),
     "BFloat16Storage": (np.dtype("<u2"), "BF16"),  # raw bits: numpy has no bfloat16

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError, DflashGgufError
+from ..hf_configs import section
 
 Status = Literal["pass", "fail", "skip"]
 Severity = Literal["error", "warning", "info"]
@@ -97,7 +98,7 @@ class TargetFacts:
 
     @classmethod
     def from_config(cls, raw: dict[str, Any], path: Path | None = None) -> TargetFacts:
-        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+        text = section(raw, "text_config")
         merged = {**raw, **text}
         archs = text.get("architectures") or raw.get("architectures") or [None]
         types = merged.get("layer_types")

@@ -37,7 +37,7 @@ SCALARS: dict[int, tuple[str, int, str]] = {
     VT.FLOAT64: ("<d", 8, "<f8"),
     VT.BOOL: ("<?", 1, "<u1"),
 }
-_SHORT_NAMES = {VT.UINT8: "u8", VT.INT8: "i8", VT.UINT16: "u16", VT.INT16: "i16", VT.UINT32: "u32",
+_SHORT_NAMES: dict[int, str] = {VT.UINT8: "u8", VT.INT8: "i8", VT.UINT16: "u16", VT.INT16: "i16", VT.UINT32: "u32",
                 VT.INT32: "i32", VT.FLOAT32: "f32", VT.BOOL: "bool", VT.STRING: "str", VT.UINT64: "u64",
                 VT.INT64: "i64", VT.FLOAT64: "f64"}
 
@@ -199,7 +199,7 @@ def tensor_nbytes(ne: Sequence[int], qtype: int) -> int:
     return n_rows * row_bytes(qt, ne[0])
 
 
-def float_to_f32(raw: bytes | bytearray | memoryview, qtype: GGMLQuantizationType) -> np.ndarray:
+def float_to_f32(raw: bytes | bytearray | memoryview | np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     """F32, F16 or BF16 little-endian bytes as float32, widened exactly (as ggml's to_float does)."""
     if qtype == GGMLQuantizationType.F32:
         return np.frombuffer(raw, dtype="<f4")

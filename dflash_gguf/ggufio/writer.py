@@ -50,7 +50,7 @@ class TensorOut:
     name: str
     ne: tuple[int, ...]
     qtype: GGMLQuantizationType
-    write: Callable[[BinaryIO], None]
+    write: Callable[[BinaryIO], object]
     source: tuple[Path, int] | None = None
 
     @property

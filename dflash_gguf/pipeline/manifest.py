@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +39,216 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_record(path: Path, sha256: str | None = None, name: str | None = None) -> dict[str, Any]:
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file a stage wrote: its name relative to pair.json, size and sha256."""
+
+    file: str
+    size: int | None = None
+    sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FileRecord:
+        """Raises KeyError/TypeError when ``d`` names no file."""
+        if not isinstance(d.get("file"), str):
+            raise TypeError("no file name")
+        return cls(d["file"], _opt_int(d.get("size")), _opt_str(d.get("sha256")))
+
+
+def file_record(path: Path, sha256: str | None = None, name: str | None = None) -> FileRecord:
     """Name (relative to the manifest: ``name``, else the file's own), size and sha256 of an output; ``sha256``
     when the writer hashed it while writing (the built-in converter and quantizer do), else the file is read."""
-    return {"file": name or path.name, "size": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
+    return FileRecord(name or path.name, path.stat().st_size, sha256 or sha256_file(path))
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What a stage ran with (its ``key``) and wrote; a re-run with the same key and unchanged files skips it."""
+
+    key: dict[str, Any]
+    outputs: tuple[FileRecord, ...]
+    quantizer: str | None = None  # a quantize stage's quantizer and its version
+    quantizer_version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_none({"key": self.key, "outputs": [o.to_json() for o in self.outputs],
+                           "quantizer": self.quantizer, "quantizer_version": self.quantizer_version})
+
+    @classmethod
+    def from_json(cls, d: Any) -> StageRecord | None:
+        """None for a record this version cannot read (the stage then runs again)."""
+        try:
+            return cls(dict(d["key"]), tuple(FileRecord.from_json(o) for o in d.get("outputs", [])),
+                       _opt_str(d.get("quantizer")), _opt_str(d.get("quantizer_version")))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+@dataclass(frozen=True)
+class Made:
+    """How an output was made: its type and the tool (and, when kept, the intermediate it was quantized from)."""
+
+    type: str
+    made_by: str
+    intermediate: FileRecord | None = None
+
+
+@dataclass(frozen=True)
+class DrafterVerdict:
+    """verify's verdict on one drafter of a run of several, with the target."""
+
+    servable: bool
+    errors: int
+    warnings: int
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """One GGUF the run made, as pair.json records it (a drafter of several also with its kind, source, verdict)."""
+
+    file: str
+    size: int | None = None
+    sha256: str | None = None
+    type: str | None = None
+    made_by: str | None = None
+    intermediate: FileRecord | None = None
+    links_to: str | None = None  # a link: what it links to
+    kind: str | None = None  # a drafter's sidecar kind (dflash, dspark, mtp, eagle3)
+    source: str | None = None  # a drafter's source (repo@commit or folder)
+    verdict: DrafterVerdict | None = None
+
+    @classmethod
+    def of(cls, rec: FileRecord, made: Made | None = None, **extra: Any) -> OutputRecord:
+        return cls(rec.file, rec.size, rec.sha256, made.type if made else None, made.made_by if made else None,
+                   made.intermediate if made else None, **extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_none({"file": self.file, "size": self.size, "sha256": self.sha256, "type": self.type,
+                           "made_by": self.made_by, "links_to": self.links_to,
+                           "intermediate": self.intermediate.to_json() if self.intermediate else None,
+                           "kind": self.kind, "source": self.source,
+                           "verify": asdict(self.verdict) if self.verdict else None})
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> OutputRecord:
+        """Raises KeyError/TypeError when ``d`` names no file."""
+        verdict = d.get("verify")
+        return cls(FileRecord.from_json(d).file, _opt_int(d.get("size")), _opt_str(d.get("sha256")),
+                   _opt_str(d.get("type")), _opt_str(d.get("made_by")),
+                   FileRecord.from_json(d["intermediate"]) if isinstance(d.get("intermediate"), dict) else None,
+                   _opt_str(d.get("links_to")), _opt_str(d.get("kind")), _opt_str(d.get("source")),
+                   DrafterVerdict(bool(verdict.get("servable")), int(verdict.get("errors", 0)),
+                                  int(verdict.get("warnings", 0))) if isinstance(verdict, dict) else None)
+
+    def served(self) -> OutputRecord:
+        """The record of the drafter served, without what only a run of several records of each."""
+        return replace(self, kind=None, source=None, verdict=None)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The outputs of a finished run: the target, the drafter served, and every drafter of a run of several."""
+
+    target: OutputRecord
+    drafter: OutputRecord
+    several: tuple[OutputRecord, ...] | None = None  # None: a run of one drafter
+
+    @property
+    def drafters(self) -> tuple[OutputRecord, ...]:
+        return self.several if self.several is not None else (self.drafter,)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target": self.target.to_json(), "drafter": self.drafter.to_json()}
+        if self.several is not None:
+            out["drafters"] = [d.to_json() for d in self.several]
+        return out
+
+    @classmethod
+    def from_json(cls, d: Any) -> Outputs:
+        """Raises KeyError/TypeError when ``d`` does not name a target and a drafter file."""
+        several = d.get("drafters")
+        return cls(OutputRecord.from_json(d["target"]), OutputRecord.from_json(d["drafter"]),
+                   tuple(OutputRecord.from_json(x) for x in several) if isinstance(several, list) else None)
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """How to serve the pair: the command for the method measured fastest (or the untuned default), the
+    ``models.ini`` options, the ``--models-dir`` and ``-hf`` forms, and why (pair.json's ``serve``)."""
+
+    command: tuple[str, ...]
+    shell: str
+    method: str = DFLASH_SPEC_TYPE  # what drafts: tune's method name ("target alone", "ngram-mod", ...)
+    n_max: int | None = None
+    p_min: float | None = None
+    spec_type: str | None = None
+    measured: bool = False
+    uses_drafter: bool = True  # False: the drafter file is not part of what is served
+    note: str = ""
+    with_drafter: str | None = None  # the drafter's own best command, when another method is served
+    preset: dict[str, str] = field(default_factory=dict)  # models.ini keys
+    models_dir: str | None = None
+    models_preset: str | None = None
+    model: str | None = None  # the model name --models-dir serves the folder as
+    hub: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": list(self.command), "shell": self.shell, "method": self.method, "n_max": self.n_max,
+                "p_min": self.p_min, "spec_type": self.spec_type, "measured": self.measured,
+                "uses_drafter": self.uses_drafter, "note": self.note, "with_drafter": self.with_drafter,
+                "preset": dict(self.preset), "models_dir": self.models_dir, "models_preset": self.models_preset,
+                "model": self.model, "hub": self.hub}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ServePlan:
+        """Any version's ``serve`` (files from before the measured serve plan lack the later keys)."""
+        uses = bool(d.get("uses_drafter", True))
+        p_min = d.get("p_min")
+        preset = d.get("preset")
+        return cls(tuple(str(a) for a in d.get("command") or ()), str(d.get("shell", "")),
+                   str(d.get("method") or (DFLASH_SPEC_TYPE if uses else "target alone")), _opt_int(d.get("n_max")),
+                   float(p_min) if isinstance(p_min, int | float) and not isinstance(p_min, bool) else None,
+                   _opt_str(d.get("spec_type")), bool(d.get("measured")), uses, str(d.get("note", "")),
+                   _opt_str(d.get("with_drafter")),
+                   {str(k): str(v) for k, v in preset.items()} if isinstance(preset, dict) else {},
+                   _opt_str(d.get("models_dir")), _opt_str(d.get("models_preset")), _opt_str(d.get("model")),
+                   _opt_str(d.get("hub")))
 
 
 class Manifest:
-    """The manifest of one output folder: a JSON document plus the stage records that make resume work."""
+    """The manifest of one output folder: typed outputs, serve plan and stage records (what resume reads), and
+    the run's other sections (sources, options, precheck, tokenizer, tools, verify, tuning) as written."""
 
     def __init__(self, outdir: Path, data: dict[str, Any] | None = None) -> None:
         self.outdir = Path(outdir)
-        self.data: dict[str, Any] = data or {"format": FORMAT, "status": "in-progress", "stages": {}}
+        data = dict(data or {"format": FORMAT, "status": "in-progress"})
+        stages = data.pop("stages", None)
+        outputs = data.pop("outputs", None)
+        serve = data.pop("serve", None)
+        self.data: dict[str, Any] = data
+        self.stages: dict[str, StageRecord] = {
+            name: rec for name, raw in (stages.items() if isinstance(stages, dict) else ())
+            if (rec := StageRecord.from_json(raw)) is not None}
+        try:
+            self.outputs: Outputs | None = Outputs.from_json(outputs) if isinstance(outputs, dict) else None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            self.outputs = None  # an unfinished or unreadable record: the run makes them again
+        self.serve: ServePlan | None = ServePlan.from_json(serve) if isinstance(serve, dict) else None
 
     @property
     def path(self) -> Path:
@@ -74,90 +272,76 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             log.warning("%s is not a %s manifest; starting over", path, FORMAT)
             return cls(outdir)
-        data.setdefault("stages", {})
         return cls(outdir, data)
 
+    def to_json(self) -> dict[str, Any]:
+        """The document pair.json holds, the parts a reader wants first."""
+        typed = {"outputs": self.outputs.to_json() if self.outputs else None,
+                 "serve": self.serve.to_json() if self.serve else None,
+                 "stages": {name: rec.to_json() for name, rec in self.stages.items()}}
+        doc = self.data | {k: v for k, v in typed.items() if v is not None}
+        return {k: doc[k] for k in _ORDER if k in doc} | doc
+
     def save(self) -> None:
-        """Write pair.json atomically, the parts a reader wants first."""
-        data = {k: self.data[k] for k in _ORDER if k in self.data} | self.data
+        """Write pair.json atomically."""
         with atomic_output(self.path) as tmp:
-            tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
 
     def reusable(self, stage: str, key: dict[str, Any], outputs: list[Path]) -> bool:
         """True when ``stage`` ran with this ``key`` and each of ``outputs`` is still the file it wrote."""
-        rec = self.data["stages"].get(stage)
-        if not rec or rec.get("key") != json.loads(json.dumps(key, default=str)):
+        rec = self.stages.get(stage)
+        if rec is None or rec.key != json.loads(json.dumps(key, default=str)):
             return False
-        files = {f["file"]: f for f in rec.get("outputs", [])}
+        files = {f.file: f for f in rec.outputs}
         for out in outputs:
             want = files.get(self.name_of(out))
-            if want is None or not out.is_file() or out.stat().st_size != want["size"]:
+            if want is None or not out.is_file() or out.stat().st_size != want.size:
                 return False
-            if sha256_file(out) != want["sha256"]:
+            if sha256_file(out) != want.sha256:
                 log.info("%s changed since it was written; %s runs again", out, stage)
                 return False
         log.info("%s: up to date, skipped", stage)
         return True
 
     def record(self, stage: str, key: dict[str, Any], outputs: list[Path], *,
-               hashes: dict[Path, str | None] | None = None, **extra: Any) -> list[dict[str, Any]]:
+               hashes: dict[Path, str | None] | None = None, quantizer: str | None = None,
+               quantizer_version: str | None = None) -> StageRecord:
         """Note that ``stage`` made ``outputs`` from ``key``, and save the manifest. ``hashes``: the sha256 of
         outputs whose writer hashed them while writing; the others are read to hash them."""
-        files = [file_record(p, (hashes or {}).get(p), self.name_of(p)) for p in outputs]
-        self.data["stages"][stage] = {"key": json.loads(json.dumps(key, default=str)), "outputs": files, **extra}
+        files = tuple(file_record(p, (hashes or {}).get(p), self.name_of(p)) for p in outputs)
+        rec = StageRecord(json.loads(json.dumps(key, default=str)), files, quantizer, quantizer_version)
+        self.stages[stage] = rec
         self.save()
-        return files
+        return rec
 
-
-@dataclass(frozen=True)
-class OutputRecord:
-    """One GGUF the run made, as pair.json records it."""
-
-    file: str
-    size: int | None = None
-    sha256: str | None = None
-    type: str | None = None
-    made_by: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> OutputRecord:
-        return cls(str(d["file"]), d.get("size"), d.get("sha256"), d.get("type"), d.get("made_by"))
-
-
-@dataclass(frozen=True)
-class ServeRecord:
-    """How to serve the pair (absent in pair.json files from before the measured serve plan)."""
-
-    command: tuple[str, ...]
-    shell: str
-    n_max: int | None = None
-    measured: bool = False
-    note: str = ""
-    models_dir: str | None = None
-    models_preset: str | None = None
-    hub: str | None = None
-    method: str = DFLASH_SPEC_TYPE  # what drafts: tune's method name ("target alone", "ngram-mod", ...)
-    uses_drafter: bool = True  # False: the drafter file is not part of what is served
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ServeRecord:
-        return cls(tuple(d.get("command") or ()), str(d.get("shell", "")), d.get("n_max"), bool(d.get("measured")),
-                   str(d.get("note", "")), d.get("models_dir"), d.get("models_preset"), d.get("hub"),
-                   str(d.get("method") or (DFLASH_SPEC_TYPE if d.get("uses_drafter", True) else "target alone")),
-                   bool(d.get("uses_drafter", True)))
+    def record_of(self) -> PairRecord:
+        """The typed view of this manifest as it stands (its run finished: outputs recorded)."""
+        return _pair_record(self.path, self.to_json())
 
 
 @dataclass(frozen=True)
 class PairRecord:
-    """What a reader of pair.json needs, typed: the two outputs, how the target was made, how to serve them."""
+    """What a reader of pair.json needs, typed: the outputs, how the target was made, how to serve them."""
 
     path: Path
     status: str
-    target: OutputRecord
-    drafter: OutputRecord  # the one served (for a run of several: linked beside the target)
+    outputs: Outputs
     target_method: str | None = None
-    serve: ServeRecord | None = None
-    drafters: tuple[OutputRecord, ...] = ()  # every drafter the run made (just ``drafter`` for one)
+    serve: ServePlan | None = None
+
+    @property
+    def target(self) -> OutputRecord:
+        return self.outputs.target
+
+    @property
+    def drafter(self) -> OutputRecord:
+        """The drafter served (for a run of several: linked beside the target)."""
+        return self.outputs.drafter
+
+    @property
+    def drafters(self) -> tuple[OutputRecord, ...]:
+        """Every drafter the run made (just ``drafter`` for one)."""
+        return self.outputs.drafters
 
     @property
     def folder(self) -> Path:
@@ -200,26 +384,21 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(outputs, dict):
         raise InputError(f"{path} is not a pair manifest written by dflash-convert (format {FORMAT}). Pass the "
                          "two GGUF files instead.")
-    several = outputs.get("drafters")
     try:
-        sides = {side: OutputRecord.from_dict(outputs[side]) for side in ("target", "drafter")}
-        drafters = tuple(OutputRecord.from_dict(d) for d in several) if isinstance(several, list) else \
-            (sides["drafter"],)
-    except (KeyError, TypeError):
+        typed = Outputs.from_json(outputs)
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise InputError(f"{path}: its 'outputs' do not name a target and a drafter file (the run did not finish). "
                          "Re-run dflash-convert with the same options to complete it.") from None
-    serve = data.get("serve")
-    named = [(f"outputs.{side}.file", rec) for side, rec in sides.items()]
-    if isinstance(several, list):
-        named += [(f"outputs.drafters[{i}].file", rec) for i, rec in enumerate(drafters)]
+    named = [("outputs.target.file", typed.target), ("outputs.drafter.file", typed.drafter)]
+    named += [(f"outputs.drafters[{i}].file", rec) for i, rec in enumerate(typed.several or ())]
     for field_name, rec in named:
         if (problem := name_problem(rec.file)) is not None:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
                              "(or drafters/ inside it); re-run dflash-convert to write a new pair.json rather than "
                              "editing it.")
-    return PairRecord(Path(path), str(data.get("status", "")), sides["target"], sides["drafter"],
-                      (data.get("options") or {}).get("target_method"),
-                      ServeRecord.from_dict(serve) if isinstance(serve, dict) else None, drafters)
+    serve = data.get("serve")
+    return PairRecord(Path(path), str(data.get("status", "")), typed, (data.get("options") or {}).get("target_method"),
+                      ServePlan.from_json(serve) if isinstance(serve, dict) else None)
 
 
 def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:

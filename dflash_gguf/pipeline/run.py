@@ -29,7 +29,17 @@ from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
 from ..verify import Report, read_gguf
 from . import stages
-from .manifest import Manifest, file_record, sha256_file
+from .manifest import (
+    DrafterVerdict,
+    FileRecord,
+    Made,
+    Manifest,
+    OutputRecord,
+    Outputs,
+    PairRecord,
+    file_record,
+    sha256_file,
+)
 from .naming import DRAFTERS_DIR, checkpoint_type, gguf_name, model_name
 from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
@@ -76,10 +86,12 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class PipelineResult:
-    """The manifest as written (or, for a dry run, the plan), and the final verify report."""
+    """A run's pair.json, typed (``pair``) and as the JSON document it is (``document``; for a dry run, the header
+    the run would start from), the plan of a dry run, and the final verify report."""
 
     outdir: Path
-    manifest: dict[str, Any]
+    document: dict[str, Any]
+    pair: PairRecord | None = None  # None for a dry run
     plan: Plan | None = None
     report: Report | None = None
     dry_run: bool = False
@@ -98,8 +110,8 @@ class PipelineResult:
 
     def to_dict(self) -> dict[str, Any]:
         if self.dry_run:
-            return {"dry_run": True, **self.manifest, "plan": self.plan.to_dict() if self.plan else None}
-        return {"dry_run": False, "manifest": str(self.outdir / "pair.json"), **self.manifest}
+            return {"dry_run": True, **self.document, "plan": self.plan.to_dict() if self.plan else None}
+        return {"dry_run": False, "manifest": str(self.outdir / "pair.json"), **self.document}
 
 
 def _draw(tuning: TuneReport, outdir: Path) -> tuple[Path | None, str | None]:
@@ -151,8 +163,8 @@ def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> dict[s
     out = {"dflash_gguf": __version__, "gguf": version("gguf"), "huggingface_hub": version("huggingface_hub"),
            "llama_cpp_build": LLAMA_CPP_BUILD, "python": sys.version.split()[0],
            "quantizer": stages.quantizer_choice(opts.quant, opts.quantizer)}
-    if method.kind == "llama-cpp":
-        out["llama_cpp_converter"] = method.detail
+    if isinstance(method, stages.LlamaCppConverter):
+        out["llama_cpp_converter"] = method.version
     return out
 
 
@@ -216,7 +228,7 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
              outdir: Path, drafter_by_llama_cpp: bool = False) -> Plan:
     """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
     name_t = model_name(target.repo, target.path)
-    target_patterns = TOKENIZER_PATTERNS + (() if method.kind == "gguf" else WEIGHT_PATTERNS)
+    target_patterns = TOKENIZER_PATTERNS + (() if isinstance(method, stages.ExistingGguf) else WEIGHT_PATTERNS)
     downloads: list[Download] = []
     weights: dict[str, int] = {}
     sides_in = [("target", target, target_patterns)] + [(f"drafter{i}", d, DRAFTER_PATTERNS)
@@ -227,14 +239,15 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         if src.repo is not None:
             downloads += [Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
     link = None
-    if method.kind == "gguf":
-        local = Path(method.detail).expanduser()
-        link = local.name if local.is_file() else method.detail.rsplit("/", 1)[-1]
+    if isinstance(method, stages.ExistingGguf):
+        local = Path(method.spec).expanduser()
+        link = local.name if local.is_file() else method.spec.rsplit("/", 1)[-1]
         if not local.is_file():
-            downloads.append(Download(method.detail, method.detail.partition(":")[2], None, 0))
+            downloads.append(Download(method.spec, method.spec.partition(":")[2], None, 0))
     src_t = _config_type(target.path / "config.json")
     sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
-                       opts.quant, method.kind == "builtin" and _one_pass(opts, opts.quant, target=True), link)]
+                       opts.quant, isinstance(method, stages.BuiltinConverter)
+                       and _one_pass(opts, opts.quant, target=True), link)]
     for i, drafter in enumerate(drafters):
         src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
         sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, opts.draft_quant,
@@ -269,7 +282,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
     plan = plan_run(opts, drafters, target, method, outdir, drafter_by_llama_cpp)
-    header = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
+    header: dict[str, Any] = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
               "options": {"quant": opts.quant, "draft_quant": opts.draft_quant, "target_method": method.kind,
                           "drafter_method": "llama-cpp" if drafter_by_llama_cpp else "builtin",
                           "target_gguf": opts.target_gguf,
@@ -282,13 +295,13 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         header["prechecks"] = [p.to_dict() for p in prechecks]
     if opts.dry_run:
         plan.require_space()
-        return PipelineResult(outdir, header, plan, None, True)
+        return PipelineResult(outdir, header, None, plan, None, True)
     plan.require_space()
     gguf_path = None
-    if method.kind == "gguf":  # judged before any weight is fetched or anything is written
-        gguf_path = stages.obtain_target_gguf(method.detail)
+    if isinstance(method, stages.ExistingGguf):  # judged before any weight is fetched or anything is written
+        gguf_path = stages.obtain_target_gguf(method.spec)
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
-        header["sources"]["target_gguf"] = {"spec": method.detail, "path": str(gguf_path.resolve())}
+        header["sources"]["target_gguf"] = {"spec": method.spec, "path": str(gguf_path.resolve())}
     try:
         with folder_lock.writing(outdir, f"dflash-convert --outdir {outdir}"):
             return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
@@ -314,8 +327,9 @@ class _Run:
         m.data["status"] = "in-progress"
         if len(drafters) == 1:  # a drafter an earlier tune set aside goes back where its stage record has it
             unpark_single_drafter(m)
-        earlier = dict(m.data.get("outputs") or {})
-        for done in ("outputs", "serve", "verify", "tuning"):  # until this run vouches for them again
+        earlier = m.outputs
+        m.outputs, m.serve = None, None  # until this run vouches for them again
+        for done in ("verify", "tuning"):
             m.data.pop(done, None)
         m.save()
         opts = self.opts
@@ -327,7 +341,7 @@ class _Run:
         reads_target = any(stages.drafter_reads_target_weights(d) for d in drafters)  # the check needs the weights
         target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
         with contextlib.ExitStack() as reading:  # the target's first tensors made while the CPU does the work before
-            read_ahead = gguf_path is None and self.method.kind == "builtin"
+            read_ahead = gguf_path is None and isinstance(self.method, stages.BuiltinConverter)
             if read_ahead and (target.repo is None or reads_target):  # the weights are here already
                 reading.enter_context(self.working_ahead(target))
             if m.data["options"]["drafter_method"] == "builtin":
@@ -352,7 +366,7 @@ class _Run:
 
             final_t, made_t = self.target(target, tok, gguf_path)
             jsonfile.forget()
-        made: list[tuple[Path, dict[str, Any], Report]] = []
+        made: list[tuple[Path, Made, Report]] = []
         for i, d in enumerate(drafters):
             with stages.reading_ahead(d.path):  # while its vocabulary is built
                 final_d, made_d = self.drafter(d, target, tok, final_t.name,
@@ -363,13 +377,10 @@ class _Run:
         # served untuned: the first drafter verify takes (the user's order)
         served = next((i for i, (_, _, r) in enumerate(made) if not r.errors), 0)
         final_d, made_d, report = made[served]
-        m.data["outputs"] = {"target": {**self._record_of(final_t), **made_t},
-                             "drafter": {**self._record_of(final_d), **made_d}}
-        if several:
-            m.data["outputs"]["drafters"] = [
-                {**self._record_of(f), **info, "kind": drafter_kind(read_gguf(f)), "source": d.label,
-                 "verify": {"servable": not r.errors, "errors": len(r.errors), "warnings": len(r.warnings)}}
-                for d, (f, info, r) in zip(drafters, made, strict=True)]
+        m.outputs = Outputs(self._output(final_t, made_t), self._output(final_d, made_d), tuple(
+            replace(self._output(f, info), kind=drafter_kind(read_gguf(f)), source=d.label,
+                    verdict=DrafterVerdict(not r.errors, len(r.errors), len(r.warnings)))
+            for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None)
         m.data["tools"] = _tool_versions(self.method, self.opts)
         m.data["verify"] = report.to_dict()
         m.data["status"] = "verify-failed" if report.errors else "complete"
@@ -396,10 +407,11 @@ class _Run:
                 picture, why_not = _draw(tuning, self.outdir)
                 m.data["tuning"]["plot"] = picture.name if picture else None
                 m.save()
-                return PipelineResult(self.outdir, m.data, None, report, False, tuning, None, picture, why_not)
+                return PipelineResult(self.outdir, m.to_json(), m.record_of(), None, report, False, tuning, None,
+                                      picture, why_not)
         elif opts.tune:
             skipped = "verify refused the pair; nothing was measured"
-        return PipelineResult(self.outdir, m.data, None, report, False, tuning, skipped)
+        return PipelineResult(self.outdir, m.to_json(), m.record_of(), None, report, False, tuning, skipped)
 
     def tune_progress(self, done: int, total: int, label: str) -> None:
         if self._tune_bar is None:
@@ -430,14 +442,14 @@ class _Run:
         return tok
 
     def target(self, target: Source, tok: stages.TokenizerStage,
-               gguf_path: Path | None) -> tuple[Path, dict[str, Any]]:
+               gguf_path: Path | None) -> tuple[Path, Made]:
         name = model_name(target.repo, target.path)
         quant = self.opts.quant
         if gguf_path is not None:
             kind = stages.gguf_type(gguf_path)
             if kind in ("quantized", quant):
                 link = stages.link_into(self.outdir, gguf_path)
-                return link, {"type": kind, "made_by": f"--target-gguf {self.method.detail}"}
+                return link, Made(kind, f"--target-gguf {stages.method_detail(self.method)}")
             key = {"method": "gguf", "source": str(gguf_path.resolve()), "size": gguf_path.stat().st_size,
                    "mtime_ns": gguf_path.stat().st_mtime_ns}
             final = self.outdir / gguf_name(name, quant)
@@ -445,7 +457,7 @@ class _Run:
                                                keep_input=True)
 
         src = checkpoint_type(target.path)
-        key = {"method": self.method.kind, "detail": self.method.detail, "source": target.identity(),
+        key = {"method": self.method.kind, "detail": stages.method_detail(self.method), "source": target.identity(),
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
         if self.opts.drop_mtp:  # only when set: outputs made before the option existed stay reusable
             key["drop_mtp"] = True
@@ -462,7 +474,7 @@ class _Run:
                                             self.opts.drop_mtp)
             return None  # an external tool's output: hashed by reading it
 
-        builtin = self.method.kind == "builtin"
+        builtin = isinstance(self.method, stages.BuiltinConverter)
         convert = convert_builtin if builtin else convert_with_llama_cpp
         one_pass = convert_builtin if builtin and _one_pass(self.opts, quant, target=True) else None
         final = self.outdir / gguf_name(name, quant)
@@ -470,7 +482,7 @@ class _Run:
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
 
     def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage, target_file: str,
-                side: str = "drafter", several: bool = False) -> tuple[Path, dict[str, Any]]:
+                side: str = "drafter", several: bool = False) -> tuple[Path, Made]:
         name = model_name(drafter.repo, drafter.path)
         src = checkpoint_type(drafter.path)
         key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
@@ -497,22 +509,22 @@ class _Run:
 
     # ------------------------------------------------------------------------------------- bookkeeping
 
-    def _remove_superseded(self, earlier: dict[str, Any], current: set[str]) -> None:
+    def _remove_superseded(self, earlier: Outputs | None, current: set[str]) -> None:
         """Delete an earlier run's outputs this run no longer makes (a drafter under its pre-sidecar name, another
         --quant), when they are still the files pair.json recorded: llama-server --models-dir wants exactly one
         target and one sidecar per folder."""
-        for rec in earlier.values():
-            name = rec.get("file") if isinstance(rec, dict) else None
+        for rec in (earlier.target, earlier.drafter) if earlier is not None else ():
+            name = rec.file
             path = inside(self.outdir, name)  # never a file outside the folder, whatever pair.json says
             if path is None or name in current or not path.is_file() or path.is_symlink():
                 continue
-            if path.stat().st_size == rec.get("size") and sha256_file(path) == rec.get("sha256"):
+            if path.stat().st_size == rec.size and sha256_file(path) == rec.sha256:
                 path.unlink()
                 log.info("removed %s, made by an earlier run and superseded by this one", name)
 
     def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
               final: Path, quant: str, src: str,
-              one_pass: Callable[[Path, str], str | None] | None = None) -> dict[str, Any]:
+              one_pass: Callable[[Path, str], str | None] | None = None) -> Made:
         """Convert (unless pair.json vouches for the file), then quantize; returns how the final was made.
         The converters return the sha256 they computed while writing (None for external tools), so recording
         an output does not read it again."""
@@ -524,17 +536,17 @@ class _Run:
                 self.manifest.record(f"{side}.convert", key, [final], hashes={final: sha})
             if inter.exists():
                 inter.unlink()  # left by an earlier two-step run
-            return {"type": quant, "made_by": "built-in converter and quantizer in one pass"}
+            return Made(quant, "built-in converter and quantizer in one pass")
         if src == quant:
             if not self.manifest.reusable(f"{side}.convert", key, [final]):
                 log.info("%s: converting to %s", side, final)
                 sha = convert(final)
                 self.manifest.record(f"{side}.convert", key, [final], hashes={final: sha})
-            return {"type": quant, "made_by": f"{key.get('method', 'builtin')} converter, not quantized"}
+            return Made(quant, f"{key.get('method', 'builtin')} converter, not quantized")
         return self._quantized_side(side, key, convert, inter, final, quant)
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
-                        final: Path, quant: str, *, keep_input: bool = False) -> dict[str, Any]:
+                        final: Path, quant: str, *, keep_input: bool = False) -> Made:
         imatrix = self.opts.imatrix if side == "target" else None
         overrides = self.opts.target_overrides if side == "target" else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
@@ -558,22 +570,22 @@ class _Run:
         if not keep_input and not self.opts.keep_intermediate and inter.exists():
             inter.unlink()
             log.info("%s: removed the intermediate %s", side, inter.name)
-        rec = self.manifest.data["stages"][f"{side}.quantize"]
-        made_by = f"{rec.get('quantizer')} quantizer: {rec.get('quantizer_version', '?')}"
-        made: dict[str, Any] = {"type": quant, "made_by": made_by}
-        if self.opts.keep_intermediate and not keep_input and inter.exists():
-            made["intermediate"] = self._record_of(inter, f"{side}.convert")
-        return made
+        rec = self.manifest.stages[f"{side}.quantize"]
+        made_by = f"{rec.quantizer} quantizer: {rec.quantizer_version or '?'}"
+        kept = self.opts.keep_intermediate and not keep_input and inter.exists()
+        return Made(quant, made_by, self._record_of(inter, f"{side}.convert") if kept else None)
 
-    def _record_of(self, path: Path, stage: str | None = None) -> dict[str, Any]:
+    def _record_of(self, path: Path, stage: str | None = None) -> FileRecord:
         """size + sha256 of an output, from the stage that recorded it when there is one."""
-        for name, rec in self.manifest.data["stages"].items():
+        for name, rec in self.manifest.stages.items():
             if stage is not None and name != stage:
                 continue
-            for f in rec.get("outputs", []):
-                if f["file"] == self.manifest.name_of(path) and path.is_file() and path.stat().st_size == f["size"]:
-                    return dict(f)
-        if path.is_symlink():
-            return {"file": self.manifest.name_of(path), "size": path.stat().st_size, "sha256": sha256_file(path),
-                    "links_to": str(path.resolve())}
+            for f in rec.outputs:
+                if f.file == self.manifest.name_of(path) and path.is_file() and path.stat().st_size == f.size:
+                    return f
         return file_record(path, name=self.manifest.name_of(path))
+
+    def _output(self, path: Path, made: Made) -> OutputRecord:
+        """The record of a final output: where it is, how it was made, and what it links to when it is a link."""
+        links_to = str(path.resolve()) if path.is_symlink() else None
+        return OutputRecord.of(self._record_of(path), made, links_to=links_to)

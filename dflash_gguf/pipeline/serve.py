@@ -13,7 +13,6 @@ import shlex
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from .. import folder_lock
 from ..atomic import atomic_output
@@ -22,7 +21,7 @@ from ..ggufio.reader import read_gguf
 from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
 from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter
-from .manifest import Manifest, read_manifest
+from .manifest import Manifest, Outputs, PairRecord, ServePlan, read_manifest
 from .naming import DRAFTERS_DIR
 
 
@@ -47,7 +46,7 @@ def _served_configuration(drafter: Drafter, report: TuneReport | None) -> tuple[
                          f"({report.speedup(best) or 0:.2f}x the target alone)")
 
 
-def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> dict[str, Any]:
+def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> ServePlan:
     """The ``serve`` section of pair.json: the command for the fastest method measured (the target alone, its own
     MTP head, n-gram drafting, the drafter, or n-gram drafting before it), and where it came from."""
     info = inspect_drafter(drafter)
@@ -65,12 +64,11 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) ->
         note += (f"; the --models-dir router does not attach {family.title} ({family.sidecar_prefix} file) in "
                  "llama.cpp b11434: serve the pair with the command above, or from a Hub repo with -hf and "
                  f"--spec-type {family.spec_type}")
-    return {"command": cmd, "shell": shlex.join(cmd), "method": served.method, "n_max": served.n_max or own.n_max,
-            "p_min": served.p_min if served.n_max is not None else own.p_min,
-            "spec_type": ",".join(served.spec_types) or None, "measured": report is not None and report.best
-            is not None, "uses_drafter": served.drafter is not None, "note": note, "with_drafter": shlex.join(drafted),
-            "preset": _preset_options(served), "models_dir": shlex.join(models_dir), "models_preset": PRESET_NAME,
-            "model": folder.name, "hub": " ".join(hub)}
+    return ServePlan(tuple(cmd), shlex.join(cmd), served.method, served.n_max or own.n_max,
+                     served.p_min if served.n_max is not None else own.p_min, ",".join(served.spec_types) or None,
+                     report is not None and report.best is not None, served.drafter is not None, note,
+                     shlex.join(drafted), _preset_options(served), shlex.join(models_dir), PRESET_NAME, folder.name,
+                     " ".join(hub))
 
 
 def _without_files(args: list[str]) -> list[str]:
@@ -97,15 +95,15 @@ def _preset_options(config: Configuration) -> dict[str, str]:
     return options
 
 
-def write_models_preset(outdir: Path, serve: dict[str, Any]) -> Path:
+def write_models_preset(outdir: Path, serve: ServePlan) -> Path:
     """``models.ini`` for ``llama-server --models-dir <parent> --models-preset models.ini``: this folder's
     model and the speculation measured fastest (the drafter sidecar beside the target is attached by the router
     itself; it is there only when the drafter is what is served). Atomically written."""
-    lines = [f"; written by dflash-gguf: {serve['note']}",
-             f"; serve: {serve['models_dir']}",
-             f"; uploaded to a Hub repo: {serve['hub']}",
-             f"[{serve['model']}]"]
-    lines += [f"{key} = {value}" for key, value in serve["preset"].items()]
+    lines = [f"; written by dflash-gguf: {serve.note}",
+             f"; serve: {serve.models_dir}",
+             f"; uploaded to a Hub repo: {serve.hub}",
+             f"[{serve.model}]"]
+    lines += [f"{key} = {value}" for key, value in serve.preset.items()]
     path = Path(outdir) / PRESET_NAME
     with atomic_output(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -117,13 +115,12 @@ def record_serving(manifest: Manifest, target: Path, drafter: Path, report: Tune
 
     A run of one drafter keeps it beside the target (where the --models-dir router attaches it) only while it is
     what is served; otherwise it waits in ``drafters/``, recorded in pair.json as before."""
-    if "drafters" not in manifest.data["outputs"]:
+    if _outputs(manifest).several is None:
         drafter = _place_single_drafter(manifest, target, drafter, report)
-    serve = serve_plan(target, drafter, report)
-    manifest.data["serve"] = serve
+    manifest.serve = serve_plan(target, drafter, report)
     if report is not None:
         manifest.data["tuning"] = {"status": "measured", **report.to_dict()}
-    write_models_preset(manifest.outdir, serve)
+    write_models_preset(manifest.outdir, manifest.serve)
     manifest.save()
 
 
@@ -134,7 +131,8 @@ def _move_single_drafter(manifest: Manifest, here: Path, there: Path) -> Path:
         return there if there.is_file() else here
     there.parent.mkdir(exist_ok=True)
     os.replace(here, there)
-    manifest.data["outputs"]["drafter"]["file"] = os.path.relpath(there, manifest.outdir)
+    outputs = _outputs(manifest)
+    manifest.outputs = replace(outputs, drafter=replace(outputs.drafter, file=os.path.relpath(there, manifest.outdir)))
     if here.parent.name == DRAFTERS_DIR:
         with contextlib.suppress(OSError):  # only when it is now empty
             here.parent.rmdir()
@@ -154,9 +152,9 @@ def _place_single_drafter(manifest: Manifest, target: Path, drafter: Path, repor
 def unpark_single_drafter(manifest: Manifest) -> None:
     """A run of one drafter whose earlier tune moved it into ``drafters/`` (another method won): moved back beside
     the target, where the drafter stage recorded it, so a re-run reuses it instead of converting it again."""
-    outputs = manifest.data.get("outputs") or {}
-    rec = outputs.get("drafter") if "drafters" not in outputs else None
-    parked = inside(manifest.outdir, rec.get("file")) if isinstance(rec, dict) else None
+    outputs = manifest.outputs
+    rec = outputs.drafter if outputs is not None and outputs.several is None else None
+    parked = inside(manifest.outdir, rec.file) if rec is not None else None
     if parked is not None and parked.parent.name == DRAFTERS_DIR:
         _move_single_drafter(manifest, parked, manifest.outdir / parked.name)
         manifest.save()
@@ -166,6 +164,12 @@ def measured_winner(report: TuneReport) -> Path | None:
     """The drafter of the fastest configuration tune measured; None when the target alone was fastest."""
     best = report.best
     return best.config.drafter.path if best is not None and best.config.drafter is not None else None
+
+
+def _outputs(manifest: Manifest) -> Outputs:
+    """The outputs of the run being served (recorded before anything is served)."""
+    assert manifest.outputs is not None, "serving is decided after the outputs are recorded"
+    return manifest.outputs
 
 
 def _attached(kind: str) -> bool:
@@ -179,30 +183,31 @@ def serve_drafter(manifest: Manifest, target: Path, chosen: Path | None, report:
     target alone is to be served, then the serve plan recorded. llama.cpp's folder layout holds one target and one
     sidecar (``load_from_models_dir`` attaches the first it lists), so the others stay in ``drafters/``."""
     outdir = manifest.outdir
-    by_name = {Path(r["file"]).name: r for r in manifest.data["outputs"]["drafters"]}  # a name is one kind's
+    outputs = _outputs(manifest)
+    by_name = {Path(r.file).name: r for r in outputs.drafters}  # a name is one kind's
     for stale in sidecars_beside(target):
         if stale.name in by_name:  # the link an earlier choice made
             stale.unlink()
     # a file the router does not attach (an eagle3- head: common/preset.cpp knows only the mtp-, dspark- and dflash-
     # prefixes) would be listed beside the target as a second model: it is served from drafters/ by the command
-    if chosen is not None and _attached(str(by_name[chosen.name].get("kind"))):
-        rec = {k: v for k, v in by_name[chosen.name].items() if k not in ("kind", "source", "verify")}
+    if chosen is not None and _attached(str(by_name[chosen.name].kind)):
+        rec = by_name[chosen.name].served()
         served = outdir / chosen.name
-        _link(outdir / rec["file"], served)
-        manifest.data["outputs"]["drafter"] = {**rec, "file": served.name, "links_to": rec["file"]}
+        _link(outdir / rec.file, served)
+        manifest.outputs = replace(outputs, drafter=replace(rec, file=served.name, links_to=rec.file))
         plan_for = served
     elif chosen is not None:
-        rec = {k: v for k, v in by_name[chosen.name].items() if k not in ("kind", "source", "verify")}
-        manifest.data["outputs"]["drafter"] = rec
-        plan_for = outdir / rec["file"]
+        rec = by_name[chosen.name].served()
+        manifest.outputs = replace(outputs, drafter=rec)
+        plan_for = outdir / rec.file
     else:  # pair.json's drafter: the fastest drafter measured (or the first), where it is, in drafters/
         with_files = [m for m in report.drafting if m.config.drafter is not None] if report is not None else []
         fastest = max(with_files, key=lambda m: m.gen_tps or 0.0) if with_files else None
         name = fastest.config.drafter.path.name if fastest is not None and fastest.config.drafter else \
             next(iter(by_name))
-        rec = {k: v for k, v in by_name[name].items() if k not in ("kind", "source", "verify")}
-        manifest.data["outputs"]["drafter"] = rec
-        plan_for = outdir / rec["file"]
+        rec = by_name[name].served()
+        manifest.outputs = replace(outputs, drafter=rec)
+        plan_for = outdir / rec.file
     record_serving(manifest, target, plan_for, report)
 
 
@@ -217,7 +222,7 @@ def _link(src: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
+def record_tuning(manifest_path: Path, report: TuneReport) -> PairRecord:
     """``dflash-gguf tune pair.json``: the measurement into that manifest, the serve command and preset updated.
 
     Raises:
@@ -231,4 +236,4 @@ def record_tuning(manifest_path: Path, report: TuneReport) -> dict[str, Any]:
             serve_drafter(manifest, record.file("target"), measured_winner(report), report)
         else:
             record_serving(manifest, record.file("target"), record.file("drafter"), report)
-    return manifest.data
+    return manifest.record_of()

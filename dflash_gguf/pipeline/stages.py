@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from .. import drafters, hub
 from .. import provenance as prov
@@ -105,11 +106,37 @@ def matching_assistant_hint(drafter: Source, target: Source, report: Report) -> 
 
 
 @dataclass(frozen=True)
-class TargetMethod:
-    """How the target GGUF is obtained: ``gguf`` (--target-gguf), ``llama-cpp`` (--llama-cpp) or ``builtin``."""
+class ExistingGguf:
+    """--target-gguf: a GGUF of the target that exists (a path, or REPO:FILE on the Hub)."""
 
-    kind: str
-    detail: str = ""
+    spec: str
+    kind: ClassVar[str] = "gguf"  # pair.json's options.target_method
+
+
+@dataclass(frozen=True)
+class LlamaCppConverter:
+    """--llama-cpp: llama.cpp's own convert_hf_to_gguf.py from the user's checkout."""
+
+    version: str  # the checkout's version, part of the stage key
+    kind: ClassVar[str] = "llama-cpp"
+
+
+@dataclass(frozen=True)
+class BuiltinConverter:
+    """The built-in target converter, for an architecture one of its families covers."""
+
+    family: str
+    kind: ClassVar[str] = "builtin"
+
+
+# How the target GGUF is obtained.
+TargetMethod = ExistingGguf | LlamaCppConverter | BuiltinConverter
+
+
+def method_detail(method: TargetMethod) -> str:
+    """What the target's convert-stage key records of the method (the checkout's version, the family)."""
+    return method.version if isinstance(method, LlamaCppConverter) else \
+        method.family if isinstance(method, BuiltinConverter) else method.spec
 
 
 def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Path | None) -> TargetMethod:
@@ -120,15 +147,15 @@ def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Pat
         InputError: --llama-cpp names no llama.cpp checkout.
     """
     if target_gguf:
-        return TargetMethod("gguf", target_gguf)
+        return ExistingGguf(target_gguf)
     if llama_cpp is not None:
         from .llama_cpp import converter_script, llama_cpp_version
 
         converter_script(llama_cpp)
-        return TargetMethod("llama-cpp", llama_cpp_version(llama_cpp))
+        return LlamaCppConverter(llama_cpp_version(llama_cpp))
     family = builtin_family(target.path)
     if family is not None:
-        return TargetMethod("builtin", family)
+        return BuiltinConverter(family)
     archs = read_json(target.path / "config.json").get("architectures") or ["?"]
     supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES)) or "none yet"
     raise NotCoveredError(

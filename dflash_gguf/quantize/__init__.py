@@ -148,13 +148,13 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
                               True, False, {}, (f"found via {binary.source}",))
     log.info("quantizing %s -> %s (%s) with %s", infile, outfile, type_name, binary.path)
     extra = (*overrides.args(), *(("--imatrix", str(imatrix)) if imatrix is not None else ()))
-    out = run_llama_quantize(binary, infile, outfile, qtype.name, threads=threads, allow_requantize=allow_requantize,
+    made = run_llama_quantize(binary, infile, outfile, qtype.name, threads=threads, allow_requantize=allow_requantize,
                              extra_args=extra, on_progress=on_progress)
     notes = (f"found via {binary.source}",
              "dflash_gguf.quantizer keys are not written into llama-quantize outputs; they are in this result")
-    full_version = "; ".join(v for v in (out.build, version) if v) or "unknown"
+    full_version = "; ".join(v for v in (made.build, version) if v) or "unknown"
     return QuantizeResult(outfile, type_name, "llama-quantize", full_version, str(binary.path),
-                          out.n_bytes, out.seconds, False, False, {}, notes)
+                          made.n_bytes, made.seconds, False, False, {}, notes)
 
 
 def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:

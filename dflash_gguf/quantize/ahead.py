@@ -27,7 +27,13 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-ConvertRows = Callable[[int, int, int], "bytes | np.ndarray"]  # (fd, first row, rows) -> the output bytes
+Chunk = bytes | memoryview | np.ndarray  # converted rows: bytes as read, or what a kernel returned
+ConvertRows = Callable[[int, int, int], Chunk]  # (fd, first row, rows) -> the output bytes
+
+
+def byte_view(chunk: Chunk) -> memoryview:
+    """A chunk's bytes, without a copy."""
+    return chunk.data.cast("B") if isinstance(chunk, np.ndarray) else memoryview(chunk).cast("B")
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ class HeadStart:
                     if self._stop.is_set():
                         return
                     n = min(job.rows_per_chunk, job.rows - row0)
-                    data = memoryview(job.convert(src, row0, n)).cast("B")
+                    data = byte_view(job.convert(src, row0, n))
                     if len(data) != n * job.out_row_bytes or os.write(slot.fd, data) != len(data):
                         return
                     slot.rows = row0 + n

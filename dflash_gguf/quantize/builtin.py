@@ -15,6 +15,7 @@ compiled kernels release the GIL for a whole chunk, numpy inside its array loops
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -82,7 +83,7 @@ class InputTensor:
     offset: int
     nbytes: int
     path: Path | None = None
-    spool: Callable[[BinaryIO], None] | None = None
+    spool: Callable[[BinaryIO], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> list[byte
     return layout.header_parts(kvs, infos)
 
 
-def _to_f32(raw: bytes, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
+def _to_f32(raw: bytes | memoryview, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
     """Decode rows to float32 exactly as ggml's to_float does (BF16/F16 widen exactly)."""
     if qtype in (Q.F32, Q.F16, Q.BF16):
         return layout.float_to_f32(raw, qtype).reshape(-1, n_per_row)
@@ -282,7 +283,12 @@ def _read_rows(fd: int, length: int, start: int, copy: bool) -> bytes | memoryvi
     return view[:os.preadv(fd, [view], start)]
 
 
-def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int) -> bytes | np.ndarray:
+def _convert_rows(job: TensorJob, fd: int, row0: int, n_rows: int) -> ahead.Chunk:
+    """A chunk of ``job``'s rows, converted (the work ahead's unit)."""
+    return _convert_chunk(fd, job.src.offset, job, row0, n_rows)
+
+
+def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int) -> ahead.Chunk:
     n = job.src.ne[0]
     src_row = row_bytes(Q(job.src.qtype), n)
     raw = _read_rows(fd, n_rows * src_row, offset + row0 * src_row, job.copy)
@@ -369,8 +375,7 @@ def ahead_jobs(jobs: list[TensorJob], default_path: Path) -> list[ahead.AheadJob
         out.append(ahead.AheadJob(_job_key(job), job.src.path or default_path, job.src.offset, in_row,
                                   job.src.nbytes // in_row, max(1, AHEAD_CHUNK_ELEMENTS // n),
                                   row_bytes(job.dst_type, n),
-                                  lambda fd, row0, n_rows, job=job: _convert_chunk(fd, job.src.offset, job, row0,
-                                                                                    n_rows)))
+                                  functools.partial(_convert_rows, job)))
     return out
 
 
@@ -382,7 +387,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
     done = written = 0
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
-    pending: deque[tuple[TensorJob, Future[bytes | np.ndarray] | None, bool]] = deque()
+    pending: deque[tuple[TensorJob, Future[ahead.Chunk] | None, bool]] = deque()
     sources = _Sources(gguf, Path(tmp).parent)
     try:
         ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
@@ -396,7 +401,7 @@ def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp:
                 nonlocal done, written
                 job, fut, last = pending.popleft()
                 if fut is not None:
-                    written += f.write(fut.result())
+                    written += f.write(ahead.byte_view(fut.result()))
                 if not last:
                     return
                 if written != job.dst_nbytes:

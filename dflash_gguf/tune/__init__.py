@@ -12,6 +12,7 @@ shape), never absolute speed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -124,7 +125,7 @@ def file_type_name(ftype: object) -> str:
     from gguf import LlamaFileType
 
     try:
-        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")  # type: ignore[arg-type]
+        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return "unknown"
 
@@ -147,6 +148,10 @@ def check_target(path: Path) -> TargetInfo:
     return TargetInfo(Path(path).absolute(), arch, nextn)
 
 
+def _drafter_configuration(drafter: Drafter, n_max: int | None, p_min: float | None) -> Configuration:
+    return Configuration(drafter, n_max, p_min)
+
+
 def _method_plan(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOptions
                  ) -> tuple[list[_Sweep], list[Configuration], list[_Sweep]]:
     """The methods asked for that apply, as what is measured: the sweep of the target's own head, the n-gram
@@ -158,7 +163,7 @@ def _method_plan(target: TargetInfo, drafters: Sequence[Drafter], opts: TuneOpti
                   values(OWN_MTP_MAX_N_MAX), OWN_MTP_MAX_N_MAX, None)] \
         if METHOD_OWN_MTP in opts.methods and target.has_own_mtp else []
     ngrams = [Configuration(ngram=name) for name in NGRAM_FLAGS if name in opts.methods]
-    files = [_Sweep(d.path.name, lambda n, p, d=d: Configuration(d, n, p), values(d.max_n_max), d.max_n_max,
+    files = [_Sweep(d.path.name, functools.partial(_drafter_configuration, d), values(d.max_n_max), d.max_n_max,
                     d.required_p_min) for d in drafters] if METHOD_DRAFTERS in opts.methods else []
     return own, ngrams, files
 

@@ -270,9 +270,9 @@ def judge(intended: str | None, target: ModelIdentity) -> list[LineageFinding]:
         have = {_MARKER_KIND.get(m, m) for m in (*(m for _, n in names for m in n.markers), *tag_markers)}
         lacking = sorted({_MARKER_KIND.get(m, m) for m in want.markers} - have)
         if lacking:
-            what = " and ".join(DERIVED_MARKERS[m] for m in lacking)
+            missing = " and ".join(DERIVED_MARKERS[m] for m in lacking)
             found.append(LineageFinding(
-                "underived", f"the drafter was trained for {intended!r}, which is {what}, but no name or tag of the "
+                "underived", f"the drafter was trained for {intended!r}, which is {missing}, but no name or tag of the "
                 f"target says so ({names[0][0]}): it is the model that one derives from, or another derivative"))
     if want is None:
         if not found:

@@ -254,6 +254,7 @@ class Gemma4Family(TextFamily):
         swa = self.swa_layers()
         plan.add_array(k(Keys.Attention.SLIDING_WINDOW_PATTERN), swa)
         hd_full, hd_swa = self.head_dim_full(), hp["head_dim"]
+        assert hd_full is not None, "check_config refuses a config without a full-attention head size"
         plan.add_uint32(k(Keys.Attention.KEY_LENGTH), hd_full)
         plan.add_uint32(k(Keys.Attention.VALUE_LENGTH), hd_full)
         plan.add_uint32(k(Keys.Attention.KEY_LENGTH_SWA), hd_swa)

@@ -86,8 +86,8 @@ class Qwen35Family(TextFamily):
     tensor_map = TENSOR_MAP
 
     # -- config ---------------------------------------------------------------------------------
-    @property  # type: ignore[override]
-    def gguf_arch(self) -> str:  # one module, two b11434 classes: the architecture picks the GGUF arch
+    @property
+    def gguf_arch(self) -> str:  # type: ignore[override]  # one module, two b11434 classes: the architecture picks the GGUF arch
         return "qwen35moe" if self.src.config.arch in MOE_ARCHITECTURES else "qwen35"
 
     def is_moe(self) -> bool:
@@ -223,7 +223,7 @@ class Qwen35Family(TextFamily):
             # A view with one "row" per half expert (gate, up, gate, up, ...); the streamed writer reads
             # row r at offset r * nbytes / rows, so half the bytes and every other row select one half.
             view = replace(ref, shape=(n_exp, two_ff // 2, n_embd), nbytes=half)
-            shape = (n_exp, two_ff // 2, n_embd)
+            shape: tuple[int, ...] = (n_exp, two_ff // 2, n_embd)
             stem = spec.name.removesuffix("gate_up_exps.weight")
             return [TensorSpec(stem + "gate_exps.weight", shape, ref=view, row_order=np.arange(0, 2 * n_exp, 2)),
                     TensorSpec(stem + "up_exps.weight", shape, ref=view, row_order=np.arange(1, 2 * n_exp, 2))]

@@ -31,7 +31,7 @@ def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def _streamed_writer(spec: TensorSpec, qtype: GGMLQuantizationType) -> Callable[[BinaryIO], None]:
+def _streamed_writer(spec: TensorSpec, qtype: GGMLQuantizationType) -> Callable[[BinaryIO], object]:
     ref = spec.ref
     assert ref is not None
     n_rows = spec.shape[0] if spec.shape else 1
@@ -63,7 +63,7 @@ def _streamed_writer(spec: TensorSpec, qtype: GGMLQuantizationType) -> Callable[
 
 
 def spec_writer(spec: TensorSpec, qtype: GGMLQuantizationType
-                ) -> tuple[Callable[[BinaryIO], None], tuple[Path, int] | None]:
+                ) -> tuple[Callable[[BinaryIO], object], tuple[Path, int] | None]:
     """(writer, byte source) of one planned tensor; the source is set only when its bytes are copied as-is."""
     if spec.data is not None:
         payload = encode(np.ascontiguousarray(spec.data, dtype=np.float32).reshape(-1), qtype,

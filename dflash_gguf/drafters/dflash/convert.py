@@ -168,6 +168,7 @@ def _d2t_tensor(ref: TensorRef, cfg: DFlashSpec) -> TensorOut:
     """DSparkModel.prepare_tensors: ``d2t`` offsets turned into absolute target ids (``d2t + arange``), written I64,
     after every range and uniqueness check a wrong table would fail at draft time."""
     ds = cfg.dspark
+    assert ds is not None, "a d2t table belongs to a DSpark drafter"
     src = cfg.path.parent
     if ref.dtype not in _INT_DTYPES:
         raise TensorError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; a d2t table holds integer offsets "
@@ -221,9 +222,11 @@ def _dspark_heads(cfg: DFlashSpec, mapped: list[tuple[str, TensorRef]], extra: d
             if embd is None:
                 notes.append(f"{lm_head.name} dropped as llama.cpp b11434 does for a full-vocabulary DSpark draft: "
                              "the drafter uses the target's output head")
-    if (d2t := extra.get("d2t")) is None and cfg.dspark.reduced_vocab:
-        raise TensorError(f"{src}: draft_vocab_size {cfg.dspark.draft_vocab_size} < vocab_size "
-                          f"{cfg.dspark.vocab_size} in {cfg.path.name}, but the checkpoint has no d2t table mapping "
+    ds = cfg.dspark
+    assert ds is not None, "the Markov heads belong to a DSpark drafter"
+    if (d2t := extra.get("d2t")) is None and ds.reduced_vocab:
+        raise TensorError(f"{src}: draft_vocab_size {ds.draft_vocab_size} < vocab_size "
+                          f"{ds.vocab_size} in {cfg.path.name}, but the checkpoint has no d2t table mapping "
                           "draft rows to target tokens; llama.cpp b11434's converter stops with 'no d2t table found'. "
                           "Re-download the complete checkpoint.")
     return mapped, None if d2t is None else _d2t_tensor(d2t, cfg)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, IncompatiblePairError, NotCoveredError, UnsupportedModelError
-from ...hf_configs import qwen3_hparams
+from ...hf_configs import qwen3_hparams, section
 from ..dflash import rules as _dflash
 from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
@@ -164,15 +164,15 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
 def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
     """Gemma4DSparkModel (conversion/gemma.py): its requirements (each a ValueError there), then the DFlash
     backbone rules on the config as it reads it (raw JSON: transformers 4.57.6 has no gemma4 config class)."""
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    text = section(raw, "text_config")
     hp = {**raw, **text}
-    dflash = hp.get("dflash_config") if isinstance(hp.get("dflash_config"), dict) else {}
+    dflash = section(hp, "dflash_config")
     n_layer = hp.get("num_hidden_layers")
     # Gemma4DSparkModel.__init__: Gemma4TextConfig's defaults when rope_parameters is absent
     rope_all = hp.get("rope_parameters") or {"full_attention": dict(GEMMA4_DEFAULT_ROPE)}
     rope = rope_all.get("full_attention", rope_all) if isinstance(rope_all, dict) else {}
     rope_type = rope.get("rope_type") if isinstance(rope, dict) else None
-    vocab = hp.get("vocab_size")
+    vocab: Any = hp.get("vocab_size")  # an integer once the rules below hold
     rules: list[tuple[bool, str, str]] = [
         (bool(hp.get("final_logit_softcapping")), "Gemma4 DSpark logit softcapping is not supported",
          f"final_logit_softcapping is {hp.get('final_logit_softcapping')!r}. llama.cpp b11434's DSpark graph never "
@@ -236,8 +236,8 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
                          dict(rope), rope_factors, hp.get("tie_word_embeddings") is True)
     params = DSparkParams(GEMMA4_ARCH, sample_from_anchor, int(vocab), int(vocab), gemma)
     # the rest is DFlashModel's: b11434 reads the top-level mask id and taps where dflash_config has none
-    backbone = {**hp, "dflash_config": {**{k: hp[k] for k in ("target_layer_ids", "mask_token_id") if k in hp},
-                                        **dflash}}
+    top: dict[str, Any] = {k: hp[k] for k in ("target_layer_ids", "mask_token_id") if k in hp}
+    backbone = {**hp, "dflash_config": {**top, **dflash}}
     rope_view = {**backbone, "rope_parameters": {"full_attention": dict(rope)}}
     findings = [passed("format.dspark", f"DSpark ({GEMMA4_ARCH}): Gemma-4 backbone, global attention "
                        f"{gemma.head_count_kv} KV head(s) of {head_dim}, vanilla Markov head, full vocabulary, "

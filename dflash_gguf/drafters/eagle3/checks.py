@@ -110,7 +110,7 @@ def _check_shapes(d: GGUFMeta, r: Report, nbf: bool) -> None:
     h, ff = _int(d, f"{ARCH}.embedding_length"), _int(d, f"{ARCH}.feed_forward_length")
     nh, nkv = _int(d, f"{ARCH}.attention.head_count"), _int(d, f"{ARCH}.attention.head_count_kv")
     th = _int(d, f"{ARCH}.target_hidden_size")
-    if None in (h, ff, nh, th):
+    if h is None or ff is None or nh is None or th is None:
         r.skip("format.shapes", "embedding_length, feed_forward_length, head_count or target_hidden_size missing "
                "(see format.key_types)", "error")
         return

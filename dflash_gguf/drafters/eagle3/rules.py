@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ...errors import ConfigError, IncompatiblePairError, UnsupportedModelError
+from ...hf_configs import section
 from ...target_archs import by_hf
 from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
@@ -72,7 +73,7 @@ def default_taps(n_layers: int) -> tuple[int, ...]:
     return (2, n_layers // 2, n_layers - 3)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -126,7 +127,8 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
         return refuse("format.config", f"{', '.join(bad)} must be positive integers (got "
                       f"{', '.join(repr(geometry[k]) for k in bad)}).")
     hidden, heads, kv = int(hp["hidden_size"]), int(hp["num_attention_heads"]), int(hp["num_key_value_heads"])
-    head_dim = hp.get("head_dim") if _is_int(hp.get("head_dim")) else hidden // heads
+    given = hp.get("head_dim")
+    head_dim = given if _is_int(given) else hidden // heads
     if heads % kv or head_dim % 2 or head_dim <= 0:
         return refuse("format.config", f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}, "
                       f"or head_dim {head_dim} is not a positive even number.")
@@ -151,7 +153,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
             return refuse("format.taps", f"eagle_aux_hidden_state_layer_ids {list(taps)} repeat a layer; EAGLE-3 "
                           "fuses a low, a middle and a high layer of the target (llama.cpp b11434 would feed the "
                           "same hidden state twice into fc).")
-    nested_cfg = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    nested_cfg = section(raw, "eagle_config")
     nested = _taps(nested_cfg.get("eagle_aux_hidden_state_layer_ids")) or None
     th = raw.get("target_hidden_size")
     if th is not None and not (_is_int(th) and th > 0):
@@ -198,7 +200,7 @@ def pair_findings(spec: Any, target: TargetFacts) -> tuple[Finding, ...]:
                 f"{list(taps)}, which repeat a layer (or are negative): the target is too shallow for the default "
                 "EAGLE-3 taps. The head was not trained for this target.", "Give the taps the head was trained on in "
                 "eagle_aux_hidden_state_layer_ids, or " + PICK[0].lower() + PICK[1:], IncompatiblePairError))
-        elif max(taps) == n and (by_hf(target.arch) is None or by_hf(target.arch).gguf not in _OUTPUT_TAP_ARCHS):
+        elif max(taps) == n and ((known := by_hf(target.arch)) is None or known.gguf not in _OUTPUT_TAP_ARCHS):
             out.append(failed(
                 "pair.taps", f"Drafter {s.path}: tap {n} ({how}) is the output of the {n}-layer target "
                 f"{target.path}, which llama.cpp b11434 reads from the target's next-token hidden state; the "

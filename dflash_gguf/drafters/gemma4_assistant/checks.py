@@ -132,7 +132,7 @@ def check_assistant_format(d: GGUFMeta) -> Report:
         if int_key(d, _key(a, f"attention.{full}")) != int_key(d, _key(a, f"attention.{swa}")):
             problems.append(f"attention.{full} differs from attention.{swa}: the loader requires K and V head "
                             "sizes to be equal")
-    if problems:
+    if problems or n_layer is None:
         r.fail("format.assistant", "error", f"{d.path.name}: " + "; ".join(problems) + ".", RECONVERT)
     else:
         n_swa = sum(pattern)

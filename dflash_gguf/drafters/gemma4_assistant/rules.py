@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ...errors import ConfigError, IncompatiblePairError, TokenizerError, UnsupportedModelError
+from ...hf_configs import section
 from ...jsonfile import load_json
 from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
@@ -53,7 +54,7 @@ class AssistantSpec:
         return None
 
 
-def _pos_int(value: Any) -> bool:
+def _pos_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -69,7 +70,7 @@ def _from_layer_config(hp: dict[str, Any], key: str) -> Any:
 def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     """The assistant's own rules (each a b11434 converter error, loader throw or start-up abort)."""
     arch = str((raw.get("architectures") or [None])[0])
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    text = section(raw, "text_config")
     hp = {**raw, **text}
 
     def refuse(message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
