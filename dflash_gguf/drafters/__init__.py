@@ -18,7 +18,7 @@ from ..ggufio.reader import GGUFMeta
 from ..hf_configs import read_config
 from ..target_archs import by_hf, drafter_vocab_archs
 from .family import Drafter, DrafterFamily
-from .findings import Finding, Interpretation, TargetFacts, failed, first_error, noted, passed
+from .findings import DrafterSpec, Finding, Interpretation, TargetFacts, failed, first_error, noted, passed
 
 # Drafter kinds b11434 reads that no family here converts yet (named in the refusal).
 KNOWN_UNSUPPORTED_DRAFTER_ARCHS: tuple[str, ...] = ()
@@ -55,7 +55,7 @@ def family_of_kind(kind: str) -> DrafterFamily | None:
     return next((family for family in FAMILIES if family.sidecar_kind == kind), None)
 
 
-def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
+def interpret(raw: dict[str, Any], path: Path) -> Interpretation[DrafterSpec]:
     """The drafter config ``raw`` (read from ``path``) as its family reads it."""
     archs = raw.get("architectures") or []
     arch = archs[0] if archs else None
@@ -71,7 +71,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     return family.interpret(raw, path)
 
 
-def interpret_folder(drafter: Path) -> Interpretation:
+def interpret_folder(drafter: Path) -> Interpretation[DrafterSpec]:
     """``interpret`` on a drafter folder's (or file's) config.json.
 
     Raises:

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, TypeVar
 
 from ..ggufio.reader import GGUFMeta
-from .findings import Finding, Interpretation, TargetFacts
+from .findings import DrafterSpec, Finding, Interpretation, TargetFacts
 
 
 @dataclass(frozen=True)
@@ -46,22 +46,15 @@ class Drafter:
         return None
 
 
-class DrafterSpec(Protocol):
-    """What every family's config reading (its spec) says, whatever else it holds."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def block_size(self) -> int | None: ...
-
-
 # (path, header, tensor type name) -> the file as llama-server serves it
 ServedAs = Callable[[Path, GGUFMeta, str], Drafter]
 
 
+SpecT = TypeVar("SpecT", bound=DrafterSpec)
+
+
 @dataclass(frozen=True)
-class DrafterFamily:
+class DrafterFamily(Generic[SpecT]):
     """One drafter family: how its configs and files are recognised, read, converted, checked and served."""
 
     name: str  # the family (Interpretation.family): dflash, dspark, eagle3, gemma4_assistant
@@ -75,8 +68,9 @@ class DrafterFamily:
     sidecar_kind: str  # the file-name prefix without its dash (common/preset.cpp draft_prefixes, -hf's finders)
     models_dir_attaches: bool  # llama-server --models-dir attaches its sidecar beside the target
     fetch_files: tuple[str, ...]  # files of its Hub repo beyond weights and tokenizer
-    interpret: Callable[[dict[str, Any], Path], Interpretation]
-    pair_findings: Callable[[Any, TargetFacts], tuple[Finding, ...]]
+    spec_class: type[SpecT]  # what its config rules read a config into
+    interpret: Callable[[dict[str, Any], Path], Interpretation[SpecT]]
+    pair_rules: Callable[[SpecT, TargetFacts], tuple[Finding, ...]]
     served_as: ServedAs
     checks_module: str  # check_drafter(d, t) -> Report
     converter_module: str  # convert(reading, drafter_dir, target_dir, outfile, outtype, **options) -> ConvertResult
@@ -89,13 +83,19 @@ class DrafterFamily:
         """Whether a GGUF header is this family's file (its architecture, and its marker tensor when it has one)."""
         return meta.arch == self.gguf_arch and (self.marker_tensor is None or self.marker_tensor in meta.tensors)
 
+    def pair_findings(self, spec: DrafterSpec, target: TargetFacts) -> tuple[Finding, ...]:
+        """Its rules for a spec it read, with this target."""
+        if not isinstance(spec, self.spec_class):
+            raise TypeError(f"the {self.name} family reads {self.spec_class.__name__}, not {type(spec).__name__}")
+        return self.pair_rules(spec, target)
+
     def checks(self) -> ModuleType:
         return importlib.import_module(self.checks_module)
 
     def converter(self) -> ModuleType:
         return importlib.import_module(self.converter_module)
 
-    def draft_length_note(self, spec: Any) -> str:
+    def draft_length_note(self, spec: DrafterSpec) -> str:
         """What precheck says of the draft length a config allows."""
         if self.drafts == "token":
             never = ", which llama-server never infers" if not self.spec_type_inferred else ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from ..errors import ConfigError, DflashGgufError
 from ..hf_configs import section
@@ -56,12 +56,34 @@ def noted(id: str, message: str, severity: Severity = "info") -> Finding:
     return Finding(id, "fail" if severity == "warning" else "pass", severity, message, note=True)
 
 
+class DrafterSpec(Protocol):
+    """What every family's reading of a drafter config (its spec) says, whatever else it holds."""
+
+    @property
+    def path(self) -> Path:
+        """The config.json it was read from."""
+        ...
+
+    @property
+    def block_size(self) -> int | None:
+        """The block drafted per step (None: one token per step)."""
+        ...
+
+    @property
+    def n_max_limit(self) -> int | None:
+        """The largest --spec-draft-n-max llama.cpp keeps (None: it clamps none)."""
+        ...
+
+
+SpecT = TypeVar("SpecT", bound=DrafterSpec, covariant=True)
+
+
 @dataclass(frozen=True)
-class Interpretation:
+class Interpretation(Generic[SpecT]):
     """A drafter config as one family reads it: the spec (None when an error finding blocks it) and findings."""
 
     family: str | None
-    spec: Any
+    spec: SpecT | None
     findings: tuple[Finding, ...] = field(default=())
 
     @property
@@ -72,10 +94,11 @@ class Interpretation:
     def notes(self) -> tuple[str, ...]:
         return tuple(f.message for f in self.findings if f.note)
 
-    def require(self) -> Any:
+    def require(self) -> SpecT:
         """The spec, or the first error finding raised as its exception."""
         if self.errors:
             raise self.errors[0].exception()
+        assert self.spec is not None, "a reading without a spec carries the error that blocked it"
         return self.spec
 
 

@@ -25,8 +25,21 @@ def _served(path: Path, meta: GGUFMeta, type_name: str) -> Drafter:
 
 
 FAMILY = DrafterFamily(
-    name=rules.NAME, title="a DFlash drafter", config_architectures=rules.ARCHITECTURES, gguf_arch=ARCH,
-    marker_tensor=None, spec_type=rules.SPEC_TYPE, spec_type_inferred=True, drafts="block", sidecar_kind=ARCH,
-    models_dir_attaches=True, fetch_files=(rules.MASK_EMBEDDING,), interpret=rules.interpret,
-    pair_findings=rules.pair_findings, served_as=_served, checks_module=f"{__name__}.checks",
-    converter_module=f"{__name__}.convert")
+    name=rules.NAME,
+    title="a DFlash drafter",
+    config_architectures=rules.ARCHITECTURES,
+    gguf_arch=ARCH,
+    marker_tensor=None,
+    spec_type=rules.SPEC_TYPE,
+    spec_type_inferred=True,
+    drafts="block",
+    sidecar_kind=ARCH,
+    models_dir_attaches=True,
+    fetch_files=(rules.MASK_EMBEDDING,),
+    spec_class=rules.DFlashSpec,
+    interpret=rules.interpret,
+    pair_rules=rules.pair_findings,
+    served_as=_served,
+    checks_module=f"{__name__}.checks",
+    converter_module=f"{__name__}.convert",
+)

@@ -390,7 +390,7 @@ def _add_hparams(plan: GGUFPlan, cfg: DFlashSpec, target: TargetConfig, ftype: L
 
 
 def convert(
-    reading: Interpretation,
+    reading: Interpretation[DFlashSpec],
     drafter_dir: Path,
     target_dir: Path,
     outfile: Path,

@@ -78,7 +78,7 @@ class DFlashSpec:
         return self.dspark.n_max_limit(self.block_size) if self.dspark is not None else max(1, self.block_size - 1)
 
 
-def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
+def interpret(raw: dict[str, Any], path: Path) -> Interpretation[DFlashSpec]:
     """Every DFlash config rule; the spec is None when an error finding blocks conversion."""
     if raw.get("model_type", "qwen3") != "qwen3":
         return Interpretation(NAME, None, (failed(
@@ -90,14 +90,14 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
 
 def interpret_backbone(raw: dict[str, Any], path: Path, *, hp: dict[str, Any] | None = None, family: str = NAME,
                        findings: list[Finding] | None = None, dspark: DSparkParams | None = None,
-                       writes_activation: bool = False) -> Interpretation:
+                       writes_activation: bool = False) -> Interpretation[DFlashSpec]:
     """The rules of b11434's DFlashModel on ``raw`` (``hp``: its transformers-normalised view, by default the
     Qwen3Config one); DSpark, whose b11434 class derives from DFlashModel, passes its own normalisation.
     ``writes_activation``: the family's converter writes ``dflash.hidden_act`` (Gemma-4 DSpark's GELU), so the
     SiLU rule does not apply."""
     findings = [] if findings is None else findings
 
-    def refuse(id: str, message: str, fix: str, error: type = ConfigError) -> Interpretation:
+    def refuse(id: str, message: str, fix: str, error: type = ConfigError) -> Interpretation[DFlashSpec]:
         return Interpretation(family, None, (*findings, failed(id, message, fix, error)))
 
     dflash = raw.get("dflash_config") or {}

@@ -44,8 +44,21 @@ def _served(path: Path, meta: GGUFMeta, type_name: str) -> DSparkDrafter:
 
 
 FAMILY = DrafterFamily(
-    name=rules.NAME, title="a DSpark drafter", config_architectures=rules.ARCHITECTURES, gguf_arch=ARCH,
-    marker_tensor=DSPARK_MARKER, spec_type=rules.SPEC_TYPE, spec_type_inferred=True, drafts="block",
-    sidecar_kind="dspark", models_dir_attaches=True, fetch_files=(dflash_rules.MASK_EMBEDDING,),
-    interpret=rules.interpret, pair_findings=rules.pair_findings, served_as=_served,
-    checks_module="dflash_gguf.drafters.dflash.checks", converter_module="dflash_gguf.drafters.dflash.convert")
+    name=rules.NAME,
+    title="a DSpark drafter",
+    config_architectures=rules.ARCHITECTURES,
+    gguf_arch=ARCH,
+    marker_tensor=DSPARK_MARKER,
+    spec_type=rules.SPEC_TYPE,
+    spec_type_inferred=True,
+    drafts="block",
+    sidecar_kind="dspark",
+    models_dir_attaches=True,
+    fetch_files=(dflash_rules.MASK_EMBEDDING,),
+    spec_class=dflash_rules.DFlashSpec,
+    interpret=rules.interpret,
+    pair_rules=rules.pair_findings,
+    served_as=_served,
+    checks_module="dflash_gguf.drafters.dflash.checks",  # one loader reads dflash and DSpark files
+    converter_module="dflash_gguf.drafters.dflash.convert",  # DSparkModel is a DFlashModel in b11434
+)

@@ -21,6 +21,7 @@ from typing import Any
 from ...errors import ConfigError, IncompatiblePairError, NotCoveredError, UnsupportedModelError
 from ...hf_configs import qwen3_hparams, section
 from ..dflash import rules as _dflash
+from ..dflash.rules import DFlashSpec
 from ..findings import Finding, Interpretation, TargetFacts, failed, passed
 
 NAME = "dspark"
@@ -76,12 +77,12 @@ def n_max_limit(block_size: int, sample_from_anchor: bool) -> int:
     return max(1, block_size if sample_from_anchor else block_size - 1)
 
 
-def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
+def interpret(raw: dict[str, Any], path: Path) -> Interpretation[DFlashSpec]:
     """The DSpark rules; the spec is None when an error finding blocks conversion."""
     arch = (raw.get("architectures") or [None])[0]
     findings: list[Finding] = []
 
-    def refuse(id: str, message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
+    def refuse(id: str, message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation[DFlashSpec]:
         return Interpretation(NAME, None, (*findings, failed(id, message, fix, error)))
 
     if arch == DEEPSEEK_V4_ARCH:
@@ -161,7 +162,7 @@ def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
     return _dflash.interpret_backbone(merged, path, hp=hp, family=NAME, findings=findings, dspark=params)
 
 
-def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
+def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation[DFlashSpec]:
     """Gemma4DSparkModel (conversion/gemma.py): its requirements (each a ValueError there), then the DFlash
     backbone rules on the config as it reads it (raw JSON: transformers 4.57.6 has no gemma4 config class)."""
     text = section(raw, "text_config")
@@ -211,7 +212,7 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
                 f"\"{b11434_error}\".", "This drafter cannot be served by llama.cpp b11434.",
                 UnsupportedModelError),))
 
-    def refuse(message: str) -> Interpretation:
+    def refuse(message: str) -> Interpretation[DFlashSpec]:
         return Interpretation(NAME, None, (failed("format.dspark", f"{path}: {message}", PUBLISHED, ConfigError),))
 
     geometry = {k: hp.get(k) for k in ("global_head_dim", "num_global_key_value_heads", "hidden_size")}
@@ -246,10 +247,11 @@ def _interpret_gemma4(raw: dict[str, Any], path: Path) -> Interpretation:
                                       writes_activation=True)
 
 
-def pair_findings(spec: Any, target: TargetFacts) -> tuple[Finding, ...]:
+def pair_findings(spec: DFlashSpec, target: TargetFacts) -> tuple[Finding, ...]:
     """The DFlash pair rules, plus the Markov head's vocabulary: markov_w1 has one row per target token."""
     out = list(_dflash.pair_findings(spec, target))
-    ds: DSparkParams = spec.dspark
+    ds = spec.dspark
+    assert ds is not None, "the DSpark rules read a DSpark spec"
     v_t = target.vocab_size
     if v_t is not None and ds.vocab_size != v_t:
         out.append(failed("pair.dspark_vocab", f"Drafter {spec.path} has vocab_size {ds.vocab_size} but the target "

@@ -33,9 +33,21 @@ def _served(path: Path, meta: GGUFMeta, type_name: str) -> Eagle3Drafter:
 
 
 FAMILY = DrafterFamily(
-    name=rules.NAME, title="an EAGLE-3 head", config_architectures=rules.ARCHITECTURES, gguf_arch=rules.GGUF_ARCH,
-    marker_tensor=None, spec_type=rules.SPEC_TYPE, spec_type_inferred=False, drafts="token",
+    name=rules.NAME,
+    title="an EAGLE-3 head",
+    config_architectures=rules.ARCHITECTURES,
+    gguf_arch=rules.GGUF_ARCH,
+    marker_tensor=None,
+    spec_type=rules.SPEC_TYPE,
+    spec_type_inferred=False,
+    drafts="token",
     sidecar_kind=rules.GGUF_ARCH,
-    # common/preset.cpp's draft_prefixes have no eagle3-: the --models-dir router does not attach it
-    models_dir_attaches=False, fetch_files=(), interpret=rules.interpret, pair_findings=rules.pair_findings,
-    served_as=_served, checks_module=f"{__name__}.checks", converter_module=f"{__name__}.convert")
+    models_dir_attaches=False,  # common/preset.cpp's draft_prefixes have no eagle3-
+    fetch_files=(),
+    spec_class=rules.Eagle3Spec,
+    interpret=rules.interpret,
+    pair_rules=rules.pair_findings,
+    served_as=_served,
+    checks_module=f"{__name__}.checks",
+    converter_module=f"{__name__}.convert",
+)

@@ -241,7 +241,7 @@ def _rope_freqs(spec: Eagle3Spec) -> TensorOut | None:
 
 
 def convert(
-    reading: Interpretation,
+    reading: Interpretation[Eagle3Spec],
     drafter_dir: Path,
     target_dir: Path,
     outfile: Path,

@@ -62,6 +62,7 @@ class Eagle3Spec:
     vocab_size: int
     draft_vocab_size: int
     block_size: None = None  # EAGLE-3 drafts token by token: no block
+    n_max_limit: None = None  # and llama.cpp clamps no --spec-draft-n-max for it
 
     @property
     def reduced_vocab(self) -> bool:
@@ -100,12 +101,12 @@ def hparams(raw: dict[str, Any]) -> dict[str, Any]:
     return hp
 
 
-def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
+def interpret(raw: dict[str, Any], path: Path) -> Interpretation[Eagle3Spec]:
     """The EAGLE-3 rules on the drafter's config alone; the spec is None when an error finding blocks it."""
     arch = str((raw.get("architectures") or [None])[0])
     hp = hparams(raw)
 
-    def refuse(id: str, message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
+    def refuse(id: str, message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation[Eagle3Spec]:
         return Interpretation(NAME, None, (failed(id, f"{path}: {message}", fix, error),))
 
     n_layer = hp.get("num_hidden_layers")
@@ -178,7 +179,7 @@ def target_taps(spec: Eagle3Spec, n_layers: int) -> tuple[int, ...]:
     return spec.taps if spec.taps is not None else default_taps(n_layers)
 
 
-def pair_findings(spec: Any, target: TargetFacts) -> tuple[Finding, ...]:
+def pair_findings(spec: Eagle3Spec, target: TargetFacts) -> tuple[Finding, ...]:
     """The taps against the target's layers, target_hidden_size against its hidden size, and the vocabulary."""
     s: Eagle3Spec = spec
     out: list[Finding] = []

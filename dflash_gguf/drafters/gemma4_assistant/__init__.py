@@ -34,7 +34,21 @@ def _served(path: Path, meta: GGUFMeta, type_name: str) -> MtpDrafter:
 
 
 FAMILY = DrafterFamily(
-    name=rules.NAME, title="an MTP head", config_architectures=rules.ARCHITECTURES, gguf_arch=rules.GGUF_ARCH,
-    marker_tensor=None, spec_type=rules.SPEC_TYPE, spec_type_inferred=False, drafts="token", sidecar_kind="mtp",
-    models_dir_attaches=True, fetch_files=(), interpret=rules.interpret, pair_findings=rules.pair_findings,
-    served_as=_served, checks_module=f"{__name__}.checks", converter_module=f"{__name__}.convert")
+    name=rules.NAME,
+    title="an MTP head",
+    config_architectures=rules.ARCHITECTURES,
+    gguf_arch=rules.GGUF_ARCH,
+    marker_tensor=None,
+    spec_type=rules.SPEC_TYPE,
+    spec_type_inferred=False,
+    drafts="token",
+    sidecar_kind="mtp",
+    models_dir_attaches=True,
+    fetch_files=(),
+    spec_class=rules.AssistantSpec,
+    interpret=rules.interpret,
+    pair_rules=rules.pair_findings,
+    served_as=_served,
+    checks_module=f"{__name__}.checks",
+    converter_module=f"{__name__}.convert",
+)

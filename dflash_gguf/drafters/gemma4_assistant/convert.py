@@ -76,9 +76,10 @@ class Gemma4AssistantFamily(Gemma4Family):
 
 
 
-def convert(reading: Interpretation, drafter_dir: Path, target_dir: Path, outfile: Path, outtype: str = "auto", *,
-            tokenizer_dir: Path | None = None, provenance: dict[str, str] | None = None, quant: str | None = None,
-            dry_run: bool = False, on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+def convert(reading: Interpretation[rules.AssistantSpec], drafter_dir: Path, target_dir: Path, outfile: Path,
+            outtype: str = "auto", *, tokenizer_dir: Path | None = None, provenance: dict[str, str] | None = None,
+            quant: str | None = None, dry_run: bool = False,
+            on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
     """Convert a Gemma-4 assistant into the GGUF b11434's ``convert_hf_to_gguf.py ASSISTANT`` writes.
 
     ``target_dir`` (its tokenizer read from ``tokenizer_dir`` when given) is checked against the assistant by

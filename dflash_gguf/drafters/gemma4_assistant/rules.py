@@ -53,6 +53,11 @@ class AssistantSpec:
         """No block: an MTP head drafts one token per step (``tune`` bounds n-max instead)."""
         return None
 
+    @property
+    def n_max_limit(self) -> None:
+        """draft-mtp clamps no --spec-draft-n-max for a head that shares the target's memory."""
+        return None
+
 
 def _pos_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
@@ -67,13 +72,13 @@ def _from_layer_config(hp: dict[str, Any], key: str) -> Any:
     return None
 
 
-def interpret(raw: dict[str, Any], path: Path) -> Interpretation:
+def interpret(raw: dict[str, Any], path: Path) -> Interpretation[AssistantSpec]:
     """The assistant's own rules (each a b11434 converter error, loader throw or start-up abort)."""
     arch = str((raw.get("architectures") or [None])[0])
     text = section(raw, "text_config")
     hp = {**raw, **text}
 
-    def refuse(message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation:
+    def refuse(message: str, fix: str = PUBLISHED, error: type = ConfigError) -> Interpretation[AssistantSpec]:
         return Interpretation(NAME, None, (failed("format.assistant", f"{path}: {message}", fix, error),))
 
     backbone = hp.get("backbone_hidden_size")
