@@ -45,7 +45,8 @@ from .rules import (
     FTYPES,
     OVERRIDE_TYPES,
     SUPPORTED_TYPES,
-    choose_type,
+    Mixture,
+    ModelFacts,
     ggml_n_dims,
     is_quantized,
     layer_sort_key,
@@ -194,15 +195,14 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
     if type_name not in FTYPES:
         raise QuantizeError(f"Unknown quantization type {type_name!r}. The built-in quantizer supports: "
                             f"{', '.join(SUPPORTED_TYPES)}; other types need --quantizer llama-quantize.")
-    default = FTYPES[type_name][1]
     output_type, token_embd_type = overrides.parsed()
-    names = {t.name for t in gguf.tensors}
-    has_output = "output.weight" in names
+    facts = ModelFacts.of(gguf.values, [t.name for t in gguf.tensors])
+    mixture = Mixture(facts, type_name, output_type=output_type, token_embd_type=token_embd_type,
+                      pure=overrides.pure)
     jobs = []
     for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name)):
         stored = Q(t.qtype)
-        choice = choose_type(t.name, t.ne, stored, default, has_output, output_type=output_type,
-                             token_embd_type=token_embd_type, pure=overrides.pure)
+        choice = mixture.choose(t.name, t.ne, stored)
         block = GGML_QUANT_SIZES[choice.qtype][0]
         if choice.override and t.ne[0] % block:
             raise QuantizeError(f"{choice.reason} {choice.qtype.name} does not fit tensor {t.name} of {gguf.path}: "

@@ -1,30 +1,47 @@
 """llama-quantize b11434's per-tensor type rules for the types the built-in quantizer makes.
 
-Source: ``src/llama-quant.cpp`` of llama.cpp b11434 (``tensor_allows_quantization``,
-``llama_tensor_get_type``, ``llama_tensor_get_type_impl``, ``tensor_type_fallback``) and
-``weight_name_comparer`` in ``src/llama-model-loader.h`` (the output tensor order). Only the
-branches reachable for Q4_0/Q8_0/F16/BF16/F32 without an imatrix are mirrored, with the
-``--output-tensor-type`` and ``--token-embedding-type`` overrides and ``--pure``.
+Source: ``src/llama-quant.cpp`` of llama.cpp b11434 (``tensor_allows_quantization``, ``tensor_get_category``,
+``init_quantize_state_counters``, ``llama_tensor_get_type``, ``llama_tensor_get_type_impl``,
+``tensor_type_fallback``), ``weight_name_comparer`` in ``src/llama-model-loader.h`` (the tensor order the counters
+run in), and the model types the rules ask for (``LLM_TYPE_70B`` in ``src/models/*.cpp``). The branches reachable for
+the file types in ``FTYPES`` without an importance matrix are mirrored, with ``--output-tensor-type``,
+``--token-embedding-type`` and ``--pure``.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
+from ..errors import QuantizeError
+
 Q = GGMLQuantizationType
+F = LlamaFileType
 
 # TYPE argument -> (llama_ftype written to general.file_type, default tensor type); llama_ftype values
 # from include/llama.h, the default types from llama_ftype_get_default_type().
-FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
-    "q4_0": (LlamaFileType.MOSTLY_Q4_0, Q.Q4_0),
-    "q8_0": (LlamaFileType.MOSTLY_Q8_0, Q.Q8_0),
-    "f16": (LlamaFileType.MOSTLY_F16, Q.F16),
-    "bf16": (LlamaFileType.MOSTLY_BF16, Q.BF16),
-    "f32": (LlamaFileType.ALL_F32, Q.F32),
+ALL_FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
+    "q4_0": (F.MOSTLY_Q4_0, Q.Q4_0),
+    "q8_0": (F.MOSTLY_Q8_0, Q.Q8_0),
+    "q6_k": (F.MOSTLY_Q6_K, Q.Q6_K),
+    "q4_k_m": (F.MOSTLY_Q4_K_M, Q.Q4_K),
+    "q4_k_s": (F.MOSTLY_Q4_K_S, Q.Q4_K),
+    "q5_k_m": (F.MOSTLY_Q5_K_M, Q.Q5_K),
+    "q5_k_s": (F.MOSTLY_Q5_K_S, Q.Q5_K),
+    "q5_0": (F.MOSTLY_Q5_0, Q.Q5_0),
+    "q5_1": (F.MOSTLY_Q5_1, Q.Q5_1),
+    "f16": (F.MOSTLY_F16, Q.F16),
+    "bf16": (F.MOSTLY_BF16, Q.BF16),
+    "f32": (F.ALL_F32, Q.F32),
 }
+# The file types the built-in makes: those whose every tensor type (mixture and fallbacks included) has a kernel.
+FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
+    k: v for k, v in ALL_FTYPES.items() if k in ("q4_0", "q8_0", "f16", "bf16", "f32")}
 SUPPORTED_TYPES = tuple(FTYPES)
 
 # Types that are not "quantized" for ggml_is_quantized(); everything else is a block quant.
@@ -32,12 +49,26 @@ FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.F64)
 INT_TYPES = (Q.I8, Q.I16, Q.I32, Q.I64)
 
 # tensor_allows_quantization(): substrings that keep a tensor in its stored type.
-_KEEP_SUBSTRINGS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
-                    "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
-                    "indexer.q_proj.weight")
+_KEEP_SUBSTRINGS = (
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
+    *(f"time_mix_{n}.weight" for n in ("first", "w0", "w1", "w2", "v0", "v1", "v2", "a0", "a1", "a2", "g1", "g2",
+                                       "decay_w1", "decay_w2", "lerp_fused")),
+    "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd",
+    ".patch_merger", "a.rvq.codebook", "mm.a.code_embd")
+# ... and for glm5-next only
+_KEEP_GLM5_NEXT = ("hc_", "indexer.attn_q_b", "indexer.attn_k", "indexer.proj", "indexer_compressor_gate",
+                   "indexer_compressor_ape", "ssm_f_a.weight", "ssm_f_b.weight", "ssm_g_a.weight", "ssm_g_b.weight",
+                   "ssm_beta.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight")
 # LLM_TENSOR_POS_EMBD / LLM_TENSOR_TOKEN_TYPES names (BERT-style), kept as stored.
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 _LAYER_RE = re.compile(r"^blk\.(-?\d+)\.")
+_TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")  # tensor_name_match_token_embd
+# Types the built-in can make for --output-tensor-type / --token-embedding-type (llama-quantize takes any).
+OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
+# Architectures and block counts b11434 calls LLM_TYPE_70B (src/models/*.cpp load_arch_hparams); llama's only
+# when its heads do not all have their own K/V (n_head == n_head_kv is 65B there).
+_70B_LAYERS = {"llama": 80, "qwen2": 80, "olmo": 80, "deci": 80, "jais2": 68}
 
 
 def is_quantized(qtype: GGMLQuantizationType) -> bool:
@@ -53,11 +84,77 @@ def ggml_n_dims(ne: tuple[int, ...]) -> int:
     return max(1, n)
 
 
-def allows_quantization(name: str, n_dims: int) -> bool:
+def allows_quantization(name: str, n_dims: int, arch: str = "") -> bool:
     """Whether llama-quantize may change this tensor's type at all (else it is copied as stored)."""
     if n_dims < 2 or not name.endswith("weight"):
         return False
-    return not any(s in name for s in _KEEP_SUBSTRINGS) and name not in _KEEP_NAMES
+    keep = (*_KEEP_SUBSTRINGS, *_KEEP_GLM5_NEXT) if arch == "glm5-next" else _KEEP_SUBSTRINGS
+    return not any(s in name for s in keep) and name not in _KEEP_NAMES
+
+
+class Category(Enum):
+    """tensor_get_category(): the broad role the mixture rules key on."""
+
+    OUTPUT = "output"
+    TOKEN_EMBD = "token_embd"
+    ATTENTION_QKV = "attn_qkv"
+    ATTENTION_KV_B = "attn_kv_b"
+    ATTENTION_V = "attn_v"
+    ATTENTION_K = "attn_k"
+    ATTENTION_Q = "attn_q"
+    ATTENTION_OUTPUT = "attn_output"
+    FFN_UP = "ffn_up"
+    FFN_GATE = "ffn_gate"
+    FFN_DOWN = "ffn_down"
+    OTHER = "other"
+
+
+_CATEGORY_SUBSTRINGS = ((Category.ATTENTION_QKV, "attn_qkv.weight"), (Category.ATTENTION_KV_B, "attn_kv_b.weight"),
+                        (Category.ATTENTION_V, "attn_v.weight"), (Category.ATTENTION_K, "attn_k.weight"),
+                        (Category.ATTENTION_Q, "attn_q.weight"), (Category.ATTENTION_OUTPUT, "attn_output.weight"),
+                        (Category.FFN_UP, "ffn_up"), (Category.FFN_GATE, "ffn_gate"), (Category.FFN_DOWN, "ffn_down"))
+_ATTN_V_LIKE = (Category.ATTENTION_V, Category.ATTENTION_QKV, Category.ATTENTION_KV_B)  # category_is_attn_v
+
+
+def category_of(name: str) -> Category:
+    if name == "output.weight":
+        return Category.OUTPUT
+    if name in _TOKEN_EMBD:
+        return Category.TOKEN_EMBD
+    return next((cat for cat, part in _CATEGORY_SUBSTRINGS if part in name), Category.OTHER)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What llama-quantize's rules read of the model: its hyperparameters (llama_hparams) and, from the tensor
+    names, how many attention-V tensors it has and whether the token embedding doubles as the output."""
+
+    arch: str = ""
+    n_layer_all: int = 0  # {arch}.block_count, nextn layers included
+    n_expert: int = 0
+    is_70b: bool = False
+    n_attention_wv: int = 0
+    has_tied_embeddings: bool = True
+
+    @classmethod
+    def of(cls, values: Mapping[str, object], names: Sequence[str]) -> ModelFacts:
+        """From a GGUF's key values and tensor names (llama_model_loader's reading of them)."""
+        arch = str(values.get("general.architecture") or "")
+
+        def number(key: str) -> int:
+            value = values.get(f"{arch}.{key}")
+            if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+                value = value[0] if len(value) else 0  # per-layer arrays: hparams.n_head() reads layer 0
+            return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+        n_layer_all, n_expert = number("block_count"), number("expert_count")
+        n_layer = n_layer_all - number("nextn_predict_layers")
+        n_head, n_head_kv = number("attention.head_count"), number("attention.head_count_kv") or \
+            number("attention.head_count")
+        is_70b = n_expert != 8 and _70B_LAYERS.get(arch) == n_layer and (arch != "llama" or n_head != n_head_kv)
+        cats = [category_of(n) for n in names]
+        return cls(arch, n_layer_all, n_expert, is_70b, sum(c in _ATTN_V_LIKE for c in cats),
+                   Category.OUTPUT not in cats)
 
 
 @dataclass(frozen=True)
@@ -70,52 +167,129 @@ class TensorChoice:
     override: bool = False  # taken as given, with no row-length fallback
 
 
-_TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")  # tensor_name_match_token_embd
-# Types the built-in can make for --output-tensor-type / --token-embedding-type (llama-quantize takes any).
-OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
+def _use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """use_more_bits in llama_tensor_get_type_impl (C integer division and remainder)."""
+    eighth = n_layers // 8
+    return i_layer < eighth or i_layer >= 7 * n_layers // 8 or int(math.fmod(i_layer - eighth, 3)) == 2
+
+
+# tensor_type_fallback(): a 256-block type whose rows do not divide into 256 -> a 32-block one
+_FALLBACKS = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.IQ4_XS: Q.IQ4_NL}
+
+
+class Mixture:
+    """llama_tensor_get_type over one file's tensors, asked in llama-quantize's order (``layer_sort_key``): the
+    file type's mixture rules, which count attention-V and FFN tensors as they go, the overrides and the
+    row-length fallbacks."""
+
+    def __init__(self, facts: ModelFacts, type_key: str, *, output_type: GGMLQuantizationType | None = None,
+                 token_embd_type: GGMLQuantizationType | None = None, pure: bool = False) -> None:
+        self.facts, self.ftype = facts, ALL_FTYPES[type_key][0]
+        self.default = ALL_FTYPES[type_key][1]
+        self.output_type, self.token_embd_type, self.pure = output_type, token_embd_type, pure
+        self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
+
+    def choose(self, name: str, ne: tuple[int, ...], stored: GGMLQuantizationType) -> TensorChoice:
+        """The type of tensor ``name`` (its ``ne`` and the type it is stored in).
+
+        Raises:
+            QuantizeError: llama-quantize's own refusal (an expert tensor whose layer it cannot tell).
+        """
+        if not allows_quantization(name, ggml_n_dims(ne), self.facts.arch):
+            return TensorChoice(stored)
+        category = category_of(name)
+        if self.token_embd_type is not None and category is Category.TOKEN_EMBD:
+            return TensorChoice(self.token_embd_type, "--token-embedding-type", override=True)
+        if self.output_type is not None and category is Category.OUTPUT:
+            return TensorChoice(self.output_type, "--output-tensor-type", override=True)
+        if not is_quantized(self.default):  # F16/BF16/F32: no mixture rules, no fallback
+            return TensorChoice(self.default)
+        new, reason = self.default, ""
+        if not self.pure:
+            new, reason = self._mixture(name, ne, category)
+        block = GGML_QUANT_SIZES[new][0]
+        if ne[0] % block:  # tensor_type_fallback()
+            fb = _FALLBACKS.get(new, new)
+            if ne[0] % GGML_QUANT_SIZES[fb][0]:
+                fb = Q.F16
+            return TensorChoice(fb, f"row length {ne[0]} is not a multiple of {block}: falls back to {fb.name}", True)
+        return TensorChoice(new, reason)
+
+    def _layer(self, counter: int, name: str) -> tuple[int, int]:
+        """layer_info: the running count, or for a model with experts the layer in the tensor's name."""
+        n_layer = self.facts.n_layer_all
+        if max(1, self.facts.n_expert) <= 1:
+            return counter, n_layer
+        m = _LAYER_RE.match(name)
+        if m is None:
+            raise QuantizeError(f"Tensor {name}: llama-quantize b11434 cannot tell its layer ('Failed to determine "
+                                "layer for tensor') in a model with experts, and stops.")
+        i_layer = int(m.group(1))
+        if not 0 <= i_layer < n_layer:
+            raise QuantizeError(f"Tensor {name}: layer {i_layer} is outside the {n_layer} blocks the file declares; "
+                                "llama-quantize b11434 stops ('Bad layer').")
+        return i_layer, n_layer
+
+    def _mixture(self, name: str, ne: tuple[int, ...], category: Category) -> tuple[GGMLQuantizationType, str]:
+        """llama_tensor_get_type_impl for the file types of ALL_FTYPES (no importance matrix)."""
+        f, facts, new = self.ftype, self.facts, self.default
+        if category is Category.OUTPUT or (facts.has_tied_embeddings and category is Category.TOKEN_EMBD):
+            if self.output_type is not None:  # a tied embedding follows --output-tensor-type
+                return self.output_type, "--output-tensor-type (tied embedding)"
+            if facts.arch == "falcon" or ne[0] % GGML_QUANT_SIZES[new][0]:
+                return Q.Q8_0, "output rule: row not a multiple of the block"
+            if new != Q.Q8_0:
+                return Q.Q6_K, "output rule: llama-quantize keeps the output/tied embedding in Q6_K"
+            return new, ""
+        if category is Category.TOKEN_EMBD:
+            return new, ""
+        if category in _ATTN_V_LIKE:
+            i, n = self.i_attention_wv, facts.n_attention_wv
+            self.i_attention_wv += 1
+            if f in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
+                new = Q.Q6_K
+            elif f == F.MOSTLY_Q4_K_S and i < 4:
+                new = Q.Q5_K
+            if facts.is_70b and new in (Q.Q3_K, Q.Q4_K):
+                new = Q.Q5_K
+            if facts.n_expert == 8:
+                new = Q.Q8_0
+            return new, "" if new == self.default else "attention-V rule"
+        if category is Category.ATTENTION_K:
+            return (Q.Q8_0, "8-expert rule") if facts.n_expert == 8 else (new, "")
+        if category is Category.FFN_DOWN:
+            i_layer, n_layer = self._layer(self.i_ffn_down, name)
+            self.i_ffn_down += 1
+            if f == F.MOSTLY_Q4_K_M:
+                if facts.arch == "falcon":
+                    new = Q.Q6_K if i_layer < n_layer // 16 else Q.Q5_K if _use_more_bits(i_layer, n_layer) else Q.Q4_K
+                elif _use_more_bits(i_layer, n_layer):
+                    new = Q.Q6_K
+            elif f == F.MOSTLY_Q5_K_M and _use_more_bits(i_layer, n_layer):
+                new = Q.Q6_K
+            elif f == F.MOSTLY_Q4_K_S and facts.arch != "falcon" and i_layer < n_layer // 8:
+                new = Q.Q5_K
+            return new, "" if new == self.default else "ffn_down rule"
+        if category is Category.ATTENTION_OUTPUT:
+            if facts.arch != "falcon" and facts.n_expert == 8 and f in (F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M):
+                return Q.Q5_K, "8-expert rule"
+            return new, ""
+        if category is Category.FFN_GATE:
+            self._layer(self.i_ffn_gate, name)
+            self.i_ffn_gate += 1
+        elif category is Category.FFN_UP:
+            self._layer(self.i_ffn_up, name)
+            self.i_ffn_up += 1
+        return new, ""
 
 
 def choose_type(name: str, ne: tuple[int, ...], stored: GGMLQuantizationType, default: GGMLQuantizationType,
-                has_output: bool, *, output_type: GGMLQuantizationType | None = None,
-                token_embd_type: GGMLQuantizationType | None = None, pure: bool = False) -> TensorChoice:
-    """llama_tensor_get_type() for ``default`` in {Q4_0, Q8_0, F16, BF16, F32}, no imatrix.
-
-    ``has_output``: the file has ``output.weight``; without it the token embedding is tied and
-    takes the output tensor's rule (init_quantize_state_counters / has_tied_embeddings).
-    ``output_type`` / ``token_embd_type``: llama-quantize's ``--output-tensor-type`` /
-    ``--token-embedding-type``. As there, an override on its own tensor is taken as is (no row-length
-    fallback), while a tied embedding follows ``output_type`` through the mixture rules. ``pure``: llama-quantize's
-    ``--pure`` skips the mixture rules (``llama_tensor_get_type_impl``), so every quantizable tensor takes the
-    default type (the overrides still apply, and so does the row-length fallback).
-    """
-    if not allows_quantization(name, ggml_n_dims(ne)):
-        return TensorChoice(stored)
-    if token_embd_type is not None and name in _TOKEN_EMBD:
-        return TensorChoice(token_embd_type, "--token-embedding-type", override=True)
-    if output_type is not None and name == "output.weight":
-        return TensorChoice(output_type, "--output-tensor-type", override=True)
-    if not is_quantized(default):  # F16/BF16/F32: no mixture rules, no fallback
-        return TensorChoice(default)
-    new = default
-    reason = ""
-    tied_embd = not has_output and name in _TOKEN_EMBD
-    if pure:
-        pass
-    elif (name == "output.weight" or tied_embd) and output_type is not None:
-        new, reason = output_type, "--output-tensor-type (tied embedding)"
-    elif name == "output.weight" or tied_embd:
-        block = GGML_QUANT_SIZES[new][0]
-        if ne[0] % block:
-            new, reason = Q.Q8_0, "output rule: row not a multiple of the block"
-        elif new != Q.Q8_0:
-            new, reason = Q.Q6_K, "output rule: llama-quantize keeps the output/tied embedding in Q6_K"
-    block = GGML_QUANT_SIZES[new][0]
-    if ne[0] % block:  # tensor_type_fallback()
-        fb = Q.Q8_0 if new == Q.Q6_K else new
-        if ne[0] % GGML_QUANT_SIZES[fb][0]:
-            fb = Q.F16
-        return TensorChoice(fb, f"row length {ne[0]} is not a multiple of {block}: falls back to {fb.name}", True)
-    return TensorChoice(new, reason)
+                has_output: bool) -> TensorChoice:
+    """One tensor's type under a uniform file type (``default``: Q4_0, Q8_0, F16, BF16 or F32), as llama-quantize
+    picks it for a file with (``has_output``) or without an ``output.weight``; the rules that count tensors do not
+    apply to these types."""
+    key = next(k for k, (_, t) in ALL_FTYPES.items() if t == default)
+    return Mixture(ModelFacts(has_tied_embeddings=not has_output), key).choose(name, ne, stored)
 
 
 def layer_sort_key(name: str) -> tuple[int, str]:

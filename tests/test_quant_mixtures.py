@@ -1,0 +1,105 @@
+"""llama-quantize b11434's mixture rules (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1): the type the built-in's
+rules pick for every tensor is the type llama-quantize wrote, on target layouts that reach each rule.
+
+Layouts: Llama-style files with 256-wide rows (every K-quant fits) and 64-wide ones (Q4_K falls back to Q5_0, Q5_K to
+Q5_1, Q6_K to Q8_0), untied and tied; grouped-query attention; an 8-expert model (its attention-K/V and output rules,
+the layer read from the tensor name); an 80-layer GQA Llama (b11434's 70B type); and the Qwen3.5 target our
+converter writes (experts, and an MTP layer that counts in the block count).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fixtures as mf
+import numpy as np
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS
+from gguf import GGMLQuantizationType as Q
+
+from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.ggufio.reader import read_gguf
+from dflash_gguf.quantize.builtin import read_input
+from dflash_gguf.quantize.rules import Mixture, ModelFacts, layer_sort_key
+
+MIXTURES = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q5_0", "q5_1")
+
+
+def _llama(path: Path, *, n_layer: int, n_embd: int, tied: bool = True, kv_heads: int = reference.TINY_HEADS,
+           experts: int = 0) -> Path:
+    rng = np.random.default_rng(n_layer * 1000 + n_embd)
+    n_vocab = len(reference._tiny_vocab()[0])
+    tensors = {"token_embd.weight": (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16),
+               **reference._tiny_tensors(n_layer, n_embd, rng)}
+    if not tied:
+        tensors["output.weight"] = (rng.standard_normal((n_vocab, n_embd)) * 0.02).astype(np.float16)
+    hparams = reference._tiny_hparams(n_layer, n_embd)
+    hparams["attention.head_count_kv"] = ("uint32", kv_heads)
+    if experts:
+        hparams |= {"expert_count": ("uint32", experts), "expert_used_count": ("uint32", 2)}
+    return reference._write_tiny(path, "llama", hparams, tensors, drop_tensors=(), extra_tensors=(), drop_keys=())
+
+
+def _qwen35(path: Path) -> Path:
+    target = mf.make_qwen35_target(path.parent / "qwen35-src", llama_cpp_src=reference.require_llama_cpp_src(),
+                                   moe=True, mtp=True)
+    convert_target(target, path, "bf16")
+    return path
+
+
+SOURCES = {
+    "llama-256-untied-gqa": lambda p: _llama(p, n_layer=16, n_embd=256, tied=False, kv_heads=1),
+    "llama-256-tied": lambda p: _llama(p, n_layer=12, n_embd=256),
+    "llama-64-fallbacks": lambda p: _llama(p, n_layer=10, n_embd=64, tied=False),
+    "llama-8-experts": lambda p: _llama(p, n_layer=8, n_embd=256, tied=False, experts=8),
+    "qwen35-moe-mtp": _qwen35,
+}
+
+
+def _ours(src: Path, type_key: str) -> dict[str, str]:
+    gguf = read_input(src)
+    mixture = Mixture(ModelFacts.of(gguf.values, [t.name for t in gguf.tensors]), type_key)
+    return {t.name: mixture.choose(t.name, t.ne, Q(t.qtype)).qtype.name
+            for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name))}
+
+
+def _written(path: Path) -> dict[str, str]:
+    return {name: t.type_name for name, t in read_gguf(path).tensors.items()}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("mixtures")
+    return {name: make(work / f"{name}.gguf") for name, make in SOURCES.items()}
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_the_mixture_rules_pick_llama_quantizes_types(sources: dict[str, Path], tmp_path: Path, source: str) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    src = sources[source]
+    for type_key in MIXTURES:
+        ref = tmp_path / f"ref-{type_key}.gguf"
+        proc = reference.run_llama_quantize(src, ref, type_key.upper())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        written, ours = _written(ref), _ours(src, type_key)
+        differ = {n: (ours[n], written[n]) for n in written if ours.get(n) != written[n]}
+        assert not differ, (type_key, differ)
+        REFERENCE_COMPARISONS.append(f"mixture {type_key} {source}")
+
+
+@pytest.mark.reference
+def test_the_70b_rule(tmp_path: Path) -> None:
+    """An 80-layer Llama whose K/V heads are shared is b11434's LLM_TYPE_70B: Q4_K_M keeps every attention-V
+    tensor the mixture would put at Q4_K at Q5_K instead. 80 layers of 256-wide blocks: one file, one type."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    src = _llama(tmp_path / "llama-70b.gguf", n_layer=80, n_embd=256, tied=False, kv_heads=1)
+    assert ModelFacts.of(read_input(src).values, []).is_70b
+    ref = tmp_path / "ref.gguf"
+    proc = reference.run_llama_quantize(src, ref, "Q4_K_M")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written, ours = _written(ref), _ours(src, "q4_k_m")
+    assert ours == written
+    assert {written[f"blk.{i}.attn_v.weight"] for i in range(80)} == {"Q5_K", "Q6_K"}  # no Q4_K left
+    REFERENCE_COMPARISONS.append("mixture q4_k_m llama-70b")
