@@ -135,6 +135,19 @@ class DownloadError(HubError):
     exit_code = 14
 
 
+class UploadError(HubError):
+    """An upload to the Hub started but did not complete (connection cut, server error)."""
+
+    exit_code = 20
+
+
+class PublishRefused(DflashGgufError):
+    """``publish`` will not put the folder on the Hub as it is: verify refuses the pair, a file is not the one
+    pair.json records, or the card's license cannot be told."""
+
+    exit_code = 21
+
+
 class FolderBusyError(DflashGgufError):
     """Another dflash-gguf run is writing the same output folder (its pid and start time are named)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -29,6 +29,7 @@ from .errors import (
     ResolveError,
     RevisionNotFoundError,
     UnsupportedModelError,
+    UploadError,
 )
 from .jsonfile import load_json
 from .relpath import name_problem
@@ -415,6 +416,106 @@ def _download_one(repo: str, commit: str, revision: str, name: str, *, progress:
 
 
 # --- public API -----------------------------------------------------------------------------------------------
+
+# --- publishing -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file a repo holds at a revision: its size, and its content hash as the Hub reports it (the sha256 of an
+    LFS file, the git blob id of any other)."""
+
+    path: str
+    size: int
+    sha256: str | None
+    blob_id: str
+
+
+@contextmanager
+def _writing(repo: str, revision: str) -> Iterator[None]:
+    """Hub write failures as one paragraph each: no token or an invalid one, no write permission, no network."""
+    from huggingface_hub import errors as hf
+
+    try:
+        yield
+    except (ResolveError, UnsupportedModelError):
+        raise
+    except hf.HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        at = f"{repo} (revision {revision})"
+        if status == 401:
+            raise RepoAccessError(f"The Hub at {_endpoint()} refused to write to {at} (HTTP 401): "
+                                  + ("the token sent is not valid. " if _has_token() else "no token was sent. ")
+                                  + "Set HF_TOKEN to a token with write access (huggingface.co/settings/tokens) or "
+                                  "run `hf auth login`, then re-run.", repo=repo, revision=revision) from None
+        if status == 403:
+            raise RepoAccessError(f"The Hub refused to write to {at} (HTTP 403): the token's account cannot write "
+                                  "to that namespace. Use a token with write access to it (a fine-grained token must "
+                                  "list the repo), or publish under your own name.", repo=repo, revision=revision) \
+                from None
+        if isinstance(e, hf.RepositoryNotFoundError):
+            raise RepoNotFoundError(f"Repository {repo} was not found on the Hub ({_endpoint()}) and could not be "
+                                    "created. Check the repo id and that your token may create repos there.",
+                                    repo=repo, revision=revision) from None
+        raise UploadError(f"Uploading to {at} failed: {type(e).__name__}: {_one_line(e)}. Re-run the same command: "
+                          "files the Hub already holds are not sent again.", repo=repo, revision=revision) from None
+    except Exception as e:
+        import httpx2
+
+        if isinstance(e, httpx2.HTTPError | OSError):
+            raise UploadError(f"Cannot reach the Hub at {_endpoint()} to write {repo} ({type(e).__name__}: "
+                              f"{_one_line(e)}). Check your network, proxy and HF_ENDPOINT, then re-run: files "
+                              "already uploaded are not sent again.", repo=repo, revision=revision) from None
+        raise
+
+
+def remote_files(repo: str, revision: str, paths: Iterable[str]) -> dict[str, RemoteFile]:
+    """What ``repo`` holds at ``revision`` of ``paths`` (empty when the repo or the revision does not exist yet).
+
+    Raises:
+        RepoAccessError, UploadError: the Hub refused or could not be reached.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub import errors as hf
+    from huggingface_hub.hf_api import RepoFile
+
+    with _writing(repo, revision):
+        try:
+            infos = HfApi().get_paths_info(repo, list(paths), revision=revision)
+        except (hf.RepositoryNotFoundError, hf.RevisionNotFoundError):
+            return {}
+    return {i.path: RemoteFile(i.path, i.size, i.lfs.sha256 if i.lfs else None, i.blob_id)
+            for i in infos if isinstance(i, RepoFile)}
+
+
+def create_repo(repo: str, *, private: bool, revision: str) -> None:
+    """The model repo ``repo`` (and the branch ``revision``), created when missing; an existing one is kept as is.
+
+    Raises:
+        RepoAccessError, RepoNotFoundError, UploadError: as :func:`remote_files`.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    with _writing(repo, revision):
+        api.create_repo(repo, private=private, exist_ok=True)
+        if revision != "main":
+            api.create_branch(repo, branch=revision, exist_ok=True)
+
+
+def commit_files(repo: str, revision: str, files: Sequence[tuple[str, Path | bytes]], message: str) -> str:
+    """One commit adding ``files`` (path in the repo, local file or bytes); large files go up through LFS, which
+    skips content the Hub already stores. Returns the commit.
+
+    Raises:
+        RepoAccessError, RepoNotFoundError, UploadError: as :func:`remote_files`.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(src) if isinstance(src, Path) else src)
+           for name, src in files]
+    with _writing(repo, revision):
+        return HfApi().create_commit(repo, ops, commit_message=message, revision=revision).oid
+
 
 def _split(spec: str) -> tuple[str, str]:
     repo, _, revision = spec.partition("@")

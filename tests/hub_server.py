@@ -16,6 +16,13 @@ What it serves, the way huggingface.co does:
   no valid token), ``GatedRepo`` (401 without a token, 403 with one the repo did not grant),
   ``RevisionNotFound``, ``EntryNotFound``; an unknown token gets 401 "Invalid credentials".
 
+And the writes ``HfApi.create_repo``, ``create_branch``, ``get_paths_info`` and ``create_commit`` make, with a
+token (none: 401): ``POST /api/repos/create`` (409 when the repo exists), ``POST /api/models/{repo}/branch/{name}``,
+``POST /api/models/{repo}/paths-info/{rev}``, ``POST /api/validate-yaml``, ``POST .../preupload/{rev}`` (``lfs``
+for weights and GGUF files, with the remote ``oid`` of a file already there), the LFS batch API
+(``{repo}.git/info/lfs/objects/batch``: no action for content the Hub already stores), the upload ``PUT`` and its
+verify ``POST``, and ``POST .../commit/{rev}`` (NDJSON: files, LFS files, deletions) which makes a new commit.
+
 A :class:`FakeRepo` has a history: ``push`` moves a branch to a new commit, so a pinned old commit and a newer
 ``main`` are both served. :class:`FakeHub` logs every request and can cut a file's download after N bytes
 (the connection is closed mid-body), to exercise resume.
@@ -23,6 +30,7 @@ A :class:`FakeRepo` has a history: ``push`` moves a branch to a new commit, so a
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -135,6 +143,15 @@ class FakeHub:
     requests: list[Request] = field(default_factory=list)
     cuts: list[_Cut] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lfs: dict[str, bytes] = field(default_factory=dict)  # uploaded LFS content by sha256
+
+    def uploads(self) -> list[str]:
+        """sha256 of each LFS object whose bytes were uploaded (PUT), in order."""
+        return [r.path.rsplit("/", 1)[-1] for r in self.requests if r.method == "PUT" and "/lfs-upload/" in r.path]
+
+    def commits(self) -> list[Request]:
+        """The commit requests made."""
+        return [r for r in self.requests if r.method == "POST" and "/commit/" in r.path]
 
     def cut(self, path: str, after: int, times: int = 1) -> None:
         """Close the connection after ``after`` body bytes on the next ``times`` GETs of ``path`` (any repo)."""
@@ -364,8 +381,109 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True  # the client sees the body end early
 
+    # -- writes --
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _write_route(self) -> None:
+        split = urlsplit(self.path)
+        parts = [unquote(p) for p in split.path.strip("/").split("/")]
+        body = self._read_body()
+        self.hub.requests.append(Request(self.command, "/".join(["", *parts]), self.origin,
+                                         self.headers.get("Range"), self.headers.get("Authorization")))
+        if self.origin != "hub":
+            return self._error(404, None, "Not found")
+        if self.command == "PUT" and parts[:1] == ["lfs-upload"]:
+            if hashlib.sha256(body).hexdigest() != parts[1]:
+                return self._error(400, None, "sha256 mismatch")
+            self.hub.lfs[parts[1]] = body
+            return self._send(200, {})
+        if parts[:1] == ["lfs-verify"]:
+            return self._json({}) if parts[1] in self.hub.lfs else self._error(404, None, "Object not found")
+        token = self._token()
+        if token is None or (self.hub.valid_tokens is not None and token not in self.hub.valid_tokens):
+            return self._error(401, None, "Invalid credentials in Authorization header")
+        if parts == ["api", "validate-yaml"]:
+            return self._json({"errors": [], "warnings": []})
+        if parts == ["api", "repos", "create"]:
+            req = json.loads(body)
+            name = f"{req.get('organization') or 'me'}/{req['name']}"
+            if name in self.hub.repos:  # the Hub names the existing repo's url, which the client returns
+                return self._send(409, {"Content-Type": "application/json", "X-Error-Message": "exists"},
+                                  json.dumps({"error": "You already created this model repo",
+                                              "url": f"{self.hub.url}/{name}"}).encode())
+            private = req.get("visibility") == "private" or req.get("private") is True
+            self.hub.repos[name] = FakeRepo({}, private=private, tokens=[token])
+            return self._json({"url": f"{self.hub.url}/{name}", "name": name})
+        if len(parts) >= 2 and parts[1].endswith(".git") and parts[2:] == ["info", "lfs", "objects", "batch"]:
+            req = json.loads(body)
+            objects = [{"oid": o["oid"], "size": o["size"]} | ({} if o["oid"] in self.hub.lfs else {"actions": {
+                "upload": {"href": f"{self.hub.url}/lfs-upload/{o['oid']}"},
+                "verify": {"href": f"{self.hub.url}/lfs-verify/{o['oid']}"}}}) for o in req["objects"]]
+            return self._json({"transfer": "basic", "objects": objects})
+        if parts[:2] != ["api", "models"] or len(parts) < 6:
+            return self._error(404, None, "Not found")
+        found = self._repo(parts[2], parts[3])
+        if found is None:
+            return None
+        name, repo = found
+        if repo.private and token not in repo.tokens:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        action, rev = parts[4], "/".join(parts[5:])
+        if action == "branch":
+            if rev in repo.refs:
+                return self._error(409, None, "Reference already exists")
+            repo.refs[rev] = repo.sha
+            return self._json({})
+        commit = repo.at(rev)
+        if commit is None:
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        files = repo.commits[commit]
+        if action == "paths-info":
+            paths = parse_qs(body.decode()).get("paths", [])
+            return self._json([e for e in self._tree(files, "", True) if e["path"] in paths])
+        if action == "preupload":
+            req = json.loads(body)
+            out = []
+            for f in req["files"]:
+                lfs = is_lfs(f["path"]) or f["size"] >= 10 << 20
+                have = files.get(f["path"])
+                oid = None if have is None else hashlib.sha256(have).hexdigest() if lfs else git_blob_id(have)
+                out.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
+                            "oid": oid})
+            return self._json({"files": out, "commitOid": commit})
+        if action == "commit":
+            new = dict(files)
+            for line in body.splitlines():
+                item = json.loads(line)
+                value = item["value"]
+                if item["key"] == "file":
+                    new[value["path"]] = base64.b64decode(value["content"])
+                elif item["key"] == "lfsFile":
+                    if value["oid"] not in self.hub.lfs:
+                        return self._error(422, None, f"LFS object {value['oid']} was never uploaded")
+                    new[value["path"]] = self.hub.lfs[value["oid"]]
+                elif item["key"] == "deletedFile":
+                    new.pop(value["path"], None)
+            sha = repo.push(new, branch=rev if rev in repo.refs else "main")
+            return self._json({"commitUrl": f"{self.hub.url}/{name}/commit/{sha}", "commitOid": sha,
+                               "pullRequestUrl": None})
+        return self._error(404, None, "Not found")
+
     do_GET = _route
     do_HEAD = _route
+    do_POST = _write_route
+    do_PUT = _write_route
 
 
 def _start(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, threading.Thread]:

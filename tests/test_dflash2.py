@@ -204,9 +204,7 @@ def test_pipeline_makes_a_dflash2_pair_from_the_loopback_hub(qwen3: Path, tmp_pa
              "Qwen/Qwen3-tiny": files(qwen3)}
     outdir = tmp_path / "pair"
     with hub_server.serve(repos) as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-            "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
-            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "LLAMA_QUANTIZE": ""}
+        env = hub_server.client_env(hub.url, tmp_path / "hf") | {"LLAMA_QUANTIZE": ""}
         run = subprocess.run([str(BIN / "dflash-convert"), "--target", "Qwen/Qwen3-tiny", "--drafter",
                               "z-lab/Qwen3-tiny-DFlash2", "--outdir", str(outdir), "--draft-quant", "bf16"],
                              capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)

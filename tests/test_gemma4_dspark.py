@@ -6,7 +6,6 @@ with the pair, and the pipeline from the loopback Hub."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -226,9 +225,7 @@ def test_pipeline_makes_a_gemma4_dspark_pair_from_the_loopback_hub(gemma4: Path,
     repos = {"deepseek-ai/dspark_gemma4_tiny_block7": files(drafter), "google/gemma-4-tiny-it": files(gemma4)}
     outdir = tmp_path / "pair"
     with hub_server.serve(repos) as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-            "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
-            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "LLAMA_QUANTIZE": ""}
+        env = hub_server.client_env(hub.url, tmp_path / "hf") | {"LLAMA_QUANTIZE": ""}
         run = subprocess.run([str(BIN / "dflash-convert"), "--target", "google/gemma-4-tiny-it", "--drafter",
                               "deepseek-ai/dspark_gemma4_tiny_block7", "--outdir", str(outdir), "--draft-quant",
                               "bf16"], capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)

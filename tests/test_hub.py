@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from typing import Any
 
 import fixtures as mf
 import pytest
-from hub_server import FakeHub, FakeRepo, fake_hub, serve
+from hub_server import FakeHub, FakeRepo, client_env, fake_hub, serve
 
 CLI = str(Path(sys.executable).parent / "dflash-gguf")
 ORG = "acme/tiny-7B"
@@ -27,10 +26,7 @@ def _repo(folder: Path) -> FakeRepo:
 
 
 def _env(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "127.0.0.1",
-            "no_proxy": "127.0.0.1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    return env | extra
+    return client_env(endpoint, home) | {"HF_HUB_DISABLE_TELEMETRY": "1"} | extra
 
 
 def _run(args: list[str], endpoint: str, home: Path) -> subprocess.CompletedProcess[str]:

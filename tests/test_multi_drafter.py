@@ -124,9 +124,7 @@ def test_a_dflash_drafter_and_an_mtp_assistant_from_the_loopback_hub(gemma4: Pat
              "google/gemma-4-tiny-it": files(gemma4)}
     outdir = tmp_path / "pair"
     with hub_server.serve(repos) as hub:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-            "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
-            "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", "LLAMA_QUANTIZE": ""}
+        env = hub_server.client_env(hub.url, tmp_path / "hf") | {"LLAMA_QUANTIZE": ""}
         run = subprocess.run([str(BIN / "dflash-convert"), "--target", "google/gemma-4-tiny-it", "--drafter",
                               "z-lab/gemma4-tiny-it-DFlash", "--drafter", "google/gemma-4-tiny-it-assistant",
                               "--outdir", str(outdir), "--tune", "--tune-budget", "20", "--tune-flags", "-t 1",

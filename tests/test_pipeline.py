@@ -57,11 +57,9 @@ def _target_args(target_dir: Path) -> list[str]:
 
 
 def _env(endpoint: str | None, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env |= {"HF_HOME": str(home), "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-            "HF_HUB_DISABLE_TELEMETRY": "1"}
-    if endpoint:
-        env["HF_ENDPOINT"] = endpoint
+    env = hub_server.client_env(endpoint or "", home) | {"HF_HUB_DISABLE_TELEMETRY": "1"}
+    if not endpoint:
+        del env["HF_ENDPOINT"]
     if reference.reference_available() is None:
         env["LLAMA_CPP_PYTHON"] = str(reference.env.venv_python(reference.env.ref_venv_dir()))
     return env

@@ -613,11 +613,9 @@ def test_llama_cpp_sentencepiece_path_types_the_synthesized_file_as_a_gemma_one(
 
 
 def _hub_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
-    import os
+    from hub_server import client_env
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    return client_env(endpoint, tmp_path / "hf-home") | {"HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
 def test_donor_from_the_hub_through_the_real_client(fx: dict[str, Path], tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import click
 from .. import __version__
 from .convert import convert_cmd
 from .convert_target import convert_target_cmd
+from .publish import publish_cmd
 from .quantize import quantize_cmd
 from .tokenizer import fix_tokenizer_cmd
 from .tune import tune_cmd
@@ -24,7 +25,8 @@ def main() -> None:
     """dflash-gguf: DFlash drafter + target from Hugging Face to a llama.cpp GGUF pair."""
 
 
-for command in (convert_cmd, verify_cmd, precheck_cmd, quantize_cmd, fix_tokenizer_cmd, convert_target_cmd, tune_cmd):
+for command in (convert_cmd, verify_cmd, precheck_cmd, quantize_cmd, fix_tokenizer_cmd, convert_target_cmd, tune_cmd,
+                publish_cmd):
     main.add_command(command)
 
 

@@ -1,0 +1,312 @@
+"""``dflash-gguf publish``: an output folder on the Hub, laid out the way llama.cpp's ``-hf`` reads a repo, with a
+model card written from its pair.json.
+
+Why checks come first: a repo that aborts at load or drafts nothing costs every person who downloads it, so a
+pair verify refuses is not published (unless asked, and then the card says so), and every GGUF must still be the
+file pair.json recorded. Why the card is generated: the drafter repos that go wrong on the Hub are the ones whose
+card does not say the drafter is no standalone model, which target it belongs to, which llama.cpp build it
+matches, or how the speed it claims was measured.
+
+The layout is the folder's own (llama.cpp's): the target and the served sidecar at the root, where ``-hf`` finds
+them (``find_best_dflash`` and its siblings match the ``dflash-``/``dspark-``/``mtp-``/``eagle3-`` prefixes), the
+other drafters of a run of several in ``drafters/`` when asked for, ``models.ini`` and ``pair.json`` beside them.
+Nothing is named ``preset.ini`` (which would switch ``-hf`` to router mode).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__, hub
+from .drafters import family_of_gguf
+from .errors import PublishRefused
+from .ggufio.reader import read_gguf
+from .jsonfile import load_json
+from .model_card import CARD, front_matter, read_card, str_list
+from .pipeline.manifest import MANIFEST_NAME, PairRecord, read_manifest, sha256_file, verify_manifest
+from .sidecar import PRESET_NAME
+from .tune.plot import PLOT_NAME
+from .verify.report import Report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UploadFile:
+    """One file of the repo: where it comes from, its size and sha256, and what it is (for the card)."""
+
+    path_in_repo: str
+    local: Path | None  # None: generated (the card)
+    size: int
+    sha256: str
+    role: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path_in_repo, "local": str(self.local) if self.local else None, "size": self.size,
+                "sha256": self.sha256, "role": self.role}
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    """What ``publish`` would put where, and the card; nothing has touched the Hub yet."""
+
+    folder: Path
+    repo_id: str
+    revision: str
+    private: bool
+    files: tuple[UploadFile, ...]
+    card: str
+    license: str
+    report: Report
+    verified: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": str(self.folder), "repo": self.repo_id, "revision": self.revision, "private": self.private,
+                "license": self.license, "verified": self.verified, "files": [f.to_dict() for f in self.files],
+                "card": self.card}
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What went up: the files sent, the files the repo already held unchanged, and the commit made (None: none
+    was needed)."""
+
+    plan: PublishPlan
+    uploaded: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    commit: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "uploaded": list(self.uploaded), "unchanged": list(self.unchanged),
+                "commit": self.commit}
+
+
+def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private: bool = False,
+                 all_drafters: bool = False, license: str | None = None,
+                 allow_unverified: bool = False) -> PublishPlan:
+    """The files, the card and the checks of publishing ``folder`` (an output folder, or its pair.json) as
+    ``repo_id``.
+
+    Raises:
+        InputError: the folder has no readable pair.json, or a file it names is missing.
+        PublishRefused: verify refuses the pair (without ``allow_unverified``), a GGUF is not the file pair.json
+            recorded, the repo id is malformed, or the sources' licenses are absent or differ (without ``license``).
+    """
+    if not hub.is_repo_id(repo_id) or "@" in repo_id:
+        raise PublishRefused(f"{repo_id!r} is not a repo id: publish takes USER/NAME (or ORG/NAME), and the branch "
+                             "as --revision.")
+    manifest = Path(folder) / MANIFEST_NAME if Path(folder).is_dir() else Path(folder)
+    record = read_manifest(manifest)
+    report = verify_manifest(manifest)
+    changed = [r for r in report.errors if r.id.startswith("manifest.")]
+    if changed:
+        raise PublishRefused(f"{manifest}: " + " ".join(r.message for r in changed) + " Publishing would put up "
+                             "files nobody verified; re-run dflash-convert with the same options, then publish.")
+    if report.errors and not allow_unverified:
+        listed = "; ".join(f"[{r.id}] {r.message}" for r in report.errors[:3])
+        raise PublishRefused(f"verify refuses the pair in {record.folder}: {listed}. A pair that cannot be served is "
+                             "not published; fix it (the messages say how), or pass --allow-unverified to publish it "
+                             "anyway with the refusal stated on the card.")
+    doc = load_json(manifest)
+    chosen_license = license or _license_of_sources(doc)
+    files = _files(record, all_drafters)
+    card = render_card(record, doc, repo_id, chosen_license, files, report)
+    card_bytes = card.encode("utf-8")
+    files.append(UploadFile(CARD, None, len(card_bytes), hashlib.sha256(card_bytes).hexdigest(), "model card"))
+    return PublishPlan(record.folder, repo_id, revision, private, tuple(files), card, chosen_license, report,
+                       not report.errors)
+
+
+def publish(plan: PublishPlan) -> PublishResult:
+    """Create the repo when missing, then commit the files whose content the repo does not hold yet (none: no
+    commit). Large files go up through LFS, which the Hub resumes and deduplicates.
+
+    Raises:
+        RepoAccessError, RepoNotFoundError, UploadError: the Hub refused or could not be reached.
+    """
+    hub.create_repo(plan.repo_id, private=plan.private, revision=plan.revision)
+    remote = hub.remote_files(plan.repo_id, plan.revision, [f.path_in_repo for f in plan.files])
+    to_send = [f for f in plan.files if not _same(f, remote.get(f.path_in_repo), plan.card)]
+    unchanged = tuple(f.path_in_repo for f in plan.files if f not in to_send)
+    if not to_send:
+        log.info("%s already holds every file unchanged: nothing uploaded", plan.repo_id)
+        return PublishResult(plan, (), unchanged, None)
+    contents = [(f.path_in_repo, f.local if f.local is not None else plan.card.encode("utf-8")) for f in to_send]
+    commit = hub.commit_files(plan.repo_id, plan.revision, contents,
+                              f"dflash-gguf {__version__}: {len(to_send)} file(s) from {plan.folder.name}")
+    return PublishResult(plan, tuple(f.path_in_repo for f in to_send), unchanged, commit)
+
+
+def _same(f: UploadFile, there: hub.RemoteFile | None, card: str) -> bool:
+    """Whether the repo holds this content already (by sha256 for an LFS file, else by git blob id)."""
+    if there is None or there.size != f.size:
+        return False
+    if there.sha256 is not None:
+        return there.sha256 == f.sha256
+    data = f.local.read_bytes() if f.local is not None else card.encode("utf-8")
+    return there.blob_id == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _files(record: PairRecord, all_drafters: bool) -> list[UploadFile]:
+    """The folder's files in llama.cpp's layout; GGUF hashes as pair.json recorded (verify checked them)."""
+    out = [UploadFile(record.target.file, record.file("target"), record.target.size or 0, record.target.sha256 or "",
+                      "target")]
+    served = record.drafter
+    names = {record.target.file}
+    if "/" not in served.file and (record.serve is None or record.serve.uses_drafter):
+        out.append(UploadFile(served.file, record.file("drafter"), served.size or 0, served.sha256 or "",
+                              f"drafter: {_drafter_role(record.file('drafter'))}, served"))
+        names.add(served.file)
+    if all_drafters:
+        for d, path in zip(record.drafters, record.drafter_files(), strict=True):
+            if d.file not in names:
+                out.append(UploadFile(d.file, path, d.size or 0, d.sha256 or "", f"drafter: {_drafter_role(path)}"))
+                names.add(d.file)
+    for name, role in ((PRESET_NAME, "llama.cpp --models-dir preset"), (MANIFEST_NAME, "dflash-gguf pair manifest"),
+                       (PLOT_NAME, "tune's measurement, drawn")):
+        path = record.folder / name
+        if path.is_file():
+            out.append(UploadFile(name, path, path.stat().st_size, sha256_file(path), role))
+    return out
+
+
+def _drafter_role(path: Path) -> str:
+    family = family_of_gguf(read_gguf(path))
+    return f"{family.title} ({family.spec_type})" if family else "a drafter"
+
+
+def _license_of_sources(doc: dict[str, Any]) -> str:
+    """The license every source's card states; refused when one states none or they differ."""
+    found: dict[str, list[str]] = {}
+    for side, src in _sources(doc):
+        card = _source_card(src)
+        found[f"{side} {src.get('repo') or src.get('path')}"] = str_list(front_matter(card).get("license"))
+    licenses = {tuple(v) for v in found.values()}
+    if len(licenses) == 1 and (only := next(iter(licenses))) and len(only) == 1:
+        return only[0]
+    stated = "; ".join(f"{k}: {', '.join(v) or 'none stated'}" for k, v in found.items())
+    raise PublishRefused(f"The card needs one license and the sources' cards do not agree on one ({stated}). "
+                         "Read their licenses and pass the one that covers the files as --license ID (e.g. "
+                         "--license gemma, --license apache-2.0, --license other).")
+
+
+def _sources(doc: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
+    sources = doc.get("sources") or {}
+    yield "target", sources.get("target") or {}
+    for d in sources.get("drafters") or [sources.get("drafter") or {}]:
+        yield "drafter", d
+
+
+def _source_card(src: dict[str, Any]) -> str | None:
+    """A source's README.md: the local folder's, or the repo's at the recorded commit (fetched like its config)."""
+    if src.get("repo"):
+        spec = f"{src['repo']}@{src['commit']}" if src.get("commit") else str(src["repo"])
+        return read_card(hub.resolve(spec, (CARD,), progress=False).path)
+    return read_card(Path(src["path"])) if src.get("path") else None
+
+
+# ------------------------------------------------------------------------------------------------------ the card
+
+
+def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: str, files: list[UploadFile],
+                report: Report) -> str:
+    """README.md for the repo, from pair.json: what is in it, how to run it, how it was made, how it was checked,
+    and what was measured (with the hardware, flags and workload), or that nothing was."""
+    sources = list(_sources(doc))
+    bases = [s["repo"] for _, s in sources if s.get("repo")]
+    kinds = sorted({_kind_tag(f.role) for f in files if f.role.startswith("drafter")} - {""})
+    tags = ["gguf", "llama.cpp", "speculative-decoding", *kinds]
+    head: dict[str, Any] = {"license": license, "library_name": "gguf", "tags": tags}
+    if bases:
+        head |= {"base_model": bases, "base_model_relation": "quantized"}
+    model = record.target.file.removesuffix(".gguf")
+    serve = record.serve
+    lines = ["---", *_yaml(head), "---", "", f"# {model}: GGUF with its speculative-decoding drafter", ""]
+    lines += ["The target model and a drafter for it, converted for llama.cpp (b11434 or later) by "
+              f"[dflash-gguf](https://pypi.org/project/dflash-gguf/) {__version__}. The drafter is not a standalone "
+              "model: it only proposes tokens that the target checks, so it is served together with this target "
+              "and no other.", ""]
+    if not report.errors:
+        lines += [f"**Verified:** `dflash-verify pair.json` passes ({len(report.results)} checks, "
+                  f"{len(report.warnings)} warnings): file format, the pair (vocabulary, hidden size, taps), lineage.",
+                  ""]
+    else:
+        lines += ["**Not verified:** published with `--allow-unverified`; `dflash-verify pair.json` refuses the "
+                  "pair:", *(f"- `{r.id}`: {r.message}" for r in report.errors), ""]
+    lines += ["## Files", "", "| file | what | type | size | sha256 |", "|---|---|---|---|---|"]
+    types = {record.target.file: record.target.type, **{d.file: d.type for d in record.drafters},
+             record.drafter.file: record.drafter.type}
+    for f in files:
+        lines.append(f"| `{f.path_in_repo}` | {f.role} | {types.get(f.path_in_repo) or ''} | "
+                     f"{f.size / 1e6:,.1f} MB | `{f.sha256}` |")
+    lines += ["", "## Run it", ""]
+    if serve is not None:
+        hub_cmd = (serve.hub or "").replace("USER/REPO", repo_id)
+        lines += ["```", hub_cmd, "```", "", f"{serve.note}.", "",
+                  "Or download the repo into a folder `MODELS/<name>/` and serve llama.cpp's folder layout with the "
+                  "preset beside it:", "", "```",
+                  f"llama-server --models-dir MODELS --models-preset MODELS/<name>/{PRESET_NAME}", "```", ""]
+    lines += ["## How it was made", ""]
+    for side, s in sources:
+        where = f"[{s['repo']}]({'https://huggingface.co/' + s['repo']}) at commit `{s.get('commit')}`" \
+            if s.get("repo") else f"a local folder ({Path(str(s.get('path'))).name})"
+        lines.append(f"- {side}: {where}")
+    tools = doc.get("tools") or {}
+    lines += [f"- made by dflash-gguf {tools.get('dflash_gguf', __version__)} (gguf {tools.get('gguf', '?')}), "
+              f"byte for byte what llama.cpp {tools.get('llama_cpp_build', 'b11434')}'s convert_hf_to_gguf.py and "
+              f"llama-quantize write; quantizer: {tools.get('quantizer', '?')}",
+              f"- target: {record.target.type}, {record.target.made_by}",
+              f"- drafter: {record.drafter.type}, {record.drafter.made_by}", ""]
+    lines += _measured(doc.get("tuning"), serve is not None and serve.measured)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _kind_tag(role: str) -> str:
+    for tag, word in (("dspark", "DSpark"), ("eagle3", "EAGLE-3"), ("mtp", "MTP"), ("dflash", "DFlash")):
+        if word in role:
+            return tag
+    return ""
+
+
+def _yaml(data: dict[str, Any]) -> list[str]:
+    out = []
+    for key, value in data.items():
+        if isinstance(value, list):
+            out += [f"{key}:", *(f"- {json.dumps(v)}" for v in value)]
+        else:
+            out.append(f"{key}: {json.dumps(value)}")
+    return out
+
+
+def _measured(tuning: Any, measured: bool) -> list[str]:
+    """The tune table with what it was measured with, or the statement that the n-max was not measured."""
+    lines = ["## Speed", ""]
+    if not measured or not isinstance(tuning, dict) or tuning.get("status") != "measured":
+        return lines + ["Not measured: the command above uses the untuned default draft length "
+                        "(`--spec-draft-n-max`). `dflash-gguf tune` measures the fastest on your machine; speed-ups "
+                        "depend on the hardware.", ""]
+    server, workload = tuning.get("server") or {}, tuning.get("workload") or {}
+    lines += ["Measured by `dflash-gguf tune` with llama-server (greedy decoding; every configuration's text checked "
+              "against the target alone's):", "",
+              f"- llama.cpp build: {server.get('build') or '?'}; threads: {server.get('threads') or '?'}; devices: "
+              f"{', '.join(server.get('devices') or []) or 'CPU'}",
+              f"- system: {server.get('system_info') or '?'}",
+              f"- llama-server flags: `{' '.join(tuning.get('user_flags') or []) or '(defaults)'}`",
+              f"- workload: {len(workload.get('prompts') or [])} prompts ({', '.join(workload.get('prompts') or [])}), "
+              f"{workload.get('n_predict')} tokens each, {workload.get('repeats')} repeats", "",
+              "| configuration | tokens/s | speed-up | acceptance |", "|---|---|---|---|"]
+    for c in tuning.get("configurations") or []:
+        if c.get("status") != "ok":
+            continue
+        acc = f"{c['acceptance']:.1%}" if isinstance(c.get("acceptance"), float) else ""
+        lines.append(f"| {c.get('label')} | {c.get('generation_tokens_per_second')} | "
+                     f"{c.get('speedup') or ''} | {acc} |")
+    if tuning.get("plot"):
+        lines += ["", f"![tune]({PLOT_NAME})"]
+    return lines + ["", f"Verdict: {tuning.get('verdict', '')}", ""]
