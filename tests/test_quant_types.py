@@ -128,3 +128,20 @@ def test_the_qat_recipe_pure_q4_0_with_a_q8_0_token_embedding(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert diff(out / made["file"], by_hand) == []
     REFERENCE_COMPARISONS.append("pipeline --pure q4_0 --token-embedding-type q8_0 = llama-quantize")
+
+
+def test_a_qat_target_gets_ggml_orgs_recipe_named(tmp_path: Path) -> None:
+    """A QAT checkpoint (its name says so) converted with the default mixture: the run says what ggml-org does with
+    such targets and which flags do it; with those flags it says nothing."""
+    qat = mf.make_gemma4_target(tmp_path / "targets", qat=True)
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    common = ("--target", qat, "--drafter", drafter, "--allow-derived-target", "--dry-run")
+    plain = run_cli("dflash-convert", *common, "--outdir", tmp_path / "a")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "note: " in plain.stdout and "quantization-aware trained (QAT)" in plain.stdout, plain.stdout
+    assert "--quant q4_0 --pure --token-embedding-type q8_0" in plain.stdout
+    recipe = run_cli("dflash-convert", *common, "--outdir", tmp_path / "b", "--pure", "--token-embedding-type", "q8_0")
+    assert recipe.returncode == 0 and "note: " not in recipe.stdout, recipe.stdout + recipe.stderr
+    unqat = run_cli("dflash-convert", "--target", mf.make_gemma4_target(tmp_path / "plain"), "--drafter", drafter,
+                    "--dry-run", "--outdir", tmp_path / "c")
+    assert unqat.returncode == 0 and "note: " not in unqat.stdout, unqat.stdout

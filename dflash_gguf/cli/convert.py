@@ -213,6 +213,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     for side, pad in (("drafter", ""), ("target", " ")):
         s = src[side]
         click.echo(f"{side}: {pad}{s['repo'] + '@' + s['commit'] if s['repo'] else s['path']}")
+    for note in doc.get("notes") or ():
+        click.echo(f"note: {note}")
     if result.dry_run:
         assert result.plan is not None
         plan = result.plan

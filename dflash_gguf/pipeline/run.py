@@ -280,6 +280,9 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                                          drafter_by_llama_cpp=drafter_by_llama_cpp) for d in drafters]
     precheck = prechecks[0]
     method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
+    advice = stages.qat_advice(target, opts.quant, opts.target_overrides) if opts.target_gguf is None else None
+    if advice:
+        log.warning("%s", advice)
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
     plan = plan_run(opts, drafters, target, method, outdir, drafter_by_llama_cpp)
     header: dict[str, Any] = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
@@ -289,7 +292,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                           "llama_cpp": str(opts.llama_cpp) if opts.llama_cpp else None,
                           "keep_intermediate": opts.keep_intermediate,
                           "allow_derived_target": opts.allow_derived_target, "drop_mtp": opts.drop_mtp},
-              "precheck": precheck.to_dict()}
+              "precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
     if len(drafters) > 1:
         header["sources"]["drafters"] = [d.to_dict() for d in drafters]
         header["prechecks"] = [p.to_dict() for p in prechecks]

@@ -53,6 +53,25 @@ def drafter_vocab_covered(target: Source) -> bool:
     return not any(f.blocking for f in drafters.target_findings(facts) if f.id == "pair.target_vocab")
 
 
+def qat_advice(target: Source, quant: str, overrides: Overrides) -> str | None:
+    """What ggml-org does with a quantization-aware trained target, when the run does not already do it: QAT
+    checkpoints are trained for Q4_0 and published as llama-quantize ``--pure`` Q4_0 with a Q8_0 token embedding
+    (every other tensor Q4_0 too, the output included), not through the default mixture rules."""
+    from ..verify.lineage import identity_from_card
+
+    card = target.path / "README.md"
+    text = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else None
+    if "qat" not in identity_from_card(target.repo or target.path.name, text).derivations():
+        return None
+    recipe = "--quant q4_0 --pure --token-embedding-type q8_0"
+    if quant == "q4_0" and overrides.pure and overrides.token_embedding_type in ("q8_0", "Q8_0"):
+        return None
+    return (f"{target.label} is a quantization-aware trained (QAT) checkpoint, trained for Q4_0: ggml-org publishes "
+            "such targets as llama-quantize --pure Q4_0 with a Q8_0 token embedding; pass "
+            f"{recipe} to make the same file (this run: --quant {quant}"
+            f"{' --pure' if overrides.pure else ''}).")
+
+
 def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: bool = False,
                      drafter_by_llama_cpp: bool = False) -> Report:
     """The checks of ``dflash-gguf precheck`` on the configs and cards fetched so far. With

@@ -160,6 +160,10 @@ class ModelIdentity:
     def empty(self) -> bool:
         return not (self.names or self.tags or self.base_models)
 
+    def derivations(self) -> set[str]:
+        """The kinds of derivation its own names and tags mark (``qat``, ``merge``, ``abliterated``...)."""
+        return {_MARKER_KIND.get(m, m) for ev in (*self.names, *self.tags) for m in parse_name(ev.value).markers}
+
 
 def identity_from_gguf(meta: GGUFMeta) -> ModelIdentity:
     """``general.*`` naming keys as gguf-py ``Metadata.set_gguf_meta_model`` writes them, and the file name."""
