@@ -2,7 +2,7 @@
 normalised as transformers reads them.
 
 b11434 loads configs through ``transformers.AutoConfig``; we never import transformers, so the defaults and
-rewrites it applies to the families we read (Qwen3 targets, and the DFlash drafters that declare
+rewrites it applies to the families we read (Qwen3 and Qwen3-MoE targets, and the DFlash drafters that declare
 ``model_type: qwen3``) are reproduced here, in one place, for the converters and the drafter rules alike.
 """
 
@@ -21,6 +21,18 @@ QWEN3_DEFAULTS: dict[str, Any] = {
     "num_attention_heads": 32, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768,
     "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
     "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+}
+
+# transformers 4.57.6 Qwen3MoeConfig.__init__ defaults (models/qwen3_moe/configuration_qwen3_moe.py). Unlike Qwen3Config
+# it has no head_dim (the attention falls back to hidden_size // num_attention_heads, and b11434 then writes no
+# key_length) and no layer_types; num_key_value_heads defaults to 4, not to the head count.
+QWEN3MOE_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0, "rope_scaling": None,
+    "attention_bias": False, "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
+    "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128, "norm_topk_prob": False,
+    "output_router_logits": False, "router_aux_loss_coef": 0.001, "mlp_only_layers": None,
 }
 
 
@@ -126,6 +138,18 @@ def qwen3_hparams(raw: dict[str, Any]) -> dict[str, Any]:
             "sliding_attention" if hp["sliding_window"] is not None and i >= hp["max_window_layers"]
             else "full_attention" for i in range(hp["num_hidden_layers"])
         ]
+    if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
+        hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
+    return hp
+
+
+def qwen3moe_hparams(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3-MoE config.json as transformers 4.57.6's ``Qwen3MoeConfig(...).to_dict()`` gives it to b11434."""
+    hp = {**QWEN3MOE_DEFAULTS, **raw}
+    if not hp.get("use_sliding_window"):
+        hp["sliding_window"] = None
+    if hp.get("mlp_only_layers") is None:
+        hp["mlp_only_layers"] = []
     if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
         hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
     return hp

@@ -1,5 +1,6 @@
 """llama-quantize b11434's mixture rules (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1): the type the built-in's
-rules pick for every tensor is the type llama-quantize wrote, on target layouts that reach each rule.
+rules pick for every tensor is the type llama-quantize wrote, and the built-in's file is llama-quantize's, byte for
+byte, on target layouts that reach each rule.
 
 Layouts: Llama-style files with 256-wide rows (every K-quant fits) and 64-wide ones (Q4_K falls back to Q5_0, Q5_K to
 Q5_1, Q6_K to Q8_0), untied and tied; grouped-query attention; an 8-expert model (its attention-K/V and output rules,
@@ -12,14 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import fixtures as mf
+import gguf_compare
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType as Q
 
 from dflash_gguf.convert.targets import convert_target
 from dflash_gguf.ggufio.reader import read_gguf
+from dflash_gguf.quantize import quantize_gguf
 from dflash_gguf.quantize.builtin import read_input
 from dflash_gguf.quantize.rules import Mixture, ModelFacts, layer_sort_key
 
@@ -76,7 +79,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.reference
 @pytest.mark.parametrize("source", sorted(SOURCES))
-def test_the_mixture_rules_pick_llama_quantizes_types(sources: dict[str, Path], tmp_path: Path, source: str) -> None:
+def test_the_builtin_writes_llama_quantizes_mixtures(sources: dict[str, Path], tmp_path: Path, source: str) -> None:
+    """Every tensor at llama-quantize's type, and the whole file llama-quantize's bytes (our provenance keys
+    aside), with the compiled kernels; the numpy kernels give the same bytes on the first layout."""
     reference.require_or_skip(reference.llama_cpp_available())
     src = sources[source]
     for type_key in MIXTURES:
@@ -86,7 +91,13 @@ def test_the_mixture_rules_pick_llama_quantizes_types(sources: dict[str, Path], 
         written, ours = _written(ref), _ours(src, type_key)
         differ = {n: (ours[n], written[n]) for n in written if ours.get(n) != written[n]}
         assert not differ, (type_key, differ)
-        REFERENCE_COMPARISONS.append(f"mixture {type_key} {source}")
+        paths = ("compiled", "numpy") if source == sorted(SOURCES)[0] else ("compiled",)
+        for path in paths:
+            for _ in use_kernels(path):
+                out = tmp_path / f"ours-{type_key}-{path}.gguf"
+                quantize_gguf(src, out, type_key, quantizer="builtin")
+                assert gguf_compare.diff(out, ref) == [], (type_key, path)
+            REFERENCE_COMPARISONS.append(f"builtin {type_key} = llama-quantize, {source} [{path}]")
 
 
 @pytest.mark.reference
@@ -101,5 +112,7 @@ def test_the_70b_rule(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     written, ours = _written(ref), _ours(src, "q4_k_m")
     assert ours == written
+    quantize_gguf(src, tmp_path / "ours.gguf", "q4_k_m", quantizer="builtin")
+    assert gguf_compare.diff(tmp_path / "ours.gguf", ref) == []
     assert {written[f"blk.{i}.attn_v.weight"] for i in range(80)} == {"Q5_K", "Q6_K"}  # no Q4_K left
     REFERENCE_COMPARISONS.append("mixture q4_k_m llama-70b")

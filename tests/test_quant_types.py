@@ -51,13 +51,14 @@ def test_what_cannot_be_made_here_is_refused_before_anything_is_written(tmp_path
                       "--quant", "q4_k_m")
     assert outfile.returncode == 2 and "run the pipeline" in outfile.stderr and not (tmp_path / "d.gguf").exists()
     missing = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant",
-                      "Q4_K_M", "--quantizer", "builtin")
-    assert missing.returncode == 8 and "Q4_K_M is made by llama-quantize" in missing.stderr and not out.exists()
+                      "IQ4_XS", "--quantizer", "builtin")
+    assert missing.returncode == 8 and "IQ4_XS is made by llama-quantize" in missing.stderr and not out.exists()
 
 
 @pytest.mark.reference
 def test_a_k_quant_pipeline_is_llama_quantize_on_the_bf16_conversion(tmp_path: Path) -> None:
-    """--quant Q4_K_M --draft-quant q6_k: the target through llama-quantize from the BF16 conversion (kept here),
+    """--quant Q4_K_M --draft-quant q6_k --quantizer llama-quantize: the target through llama-quantize from the BF16
+    conversion (kept here),
     byte for byte what running llama-quantize by hand on that file gives; the names, the plan and pair.json follow
     the type."""
     reference.require_or_skip(reference.llama_cpp_available())
@@ -65,11 +66,11 @@ def test_a_k_quant_pipeline_is_llama_quantize_on_the_bf16_conversion(tmp_path: P
     out = tmp_path / "pair"
     env = {"LLAMA_QUANTIZE": str(reference.llama_bin("llama-quantize"))}
     plan = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "q4_k_m",
-                   "--draft-quant", "Q6_K", "--dry-run", env=env)
+                   "--draft-quant", "Q6_K", "--quantizer", "llama-quantize", "--dry-run", env=env)
     assert plan.returncode == 0 and "gemma-4-tiny-it-Q4_K_M.gguf" in plan.stdout, plan.stdout + plan.stderr
     assert "(intermediate" in plan.stdout  # K-quants go through the BF16 file
     run = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "q4_k_m",
-                  "--draft-quant", "Q6_K", "--keep-intermediate", env=env)
+                  "--draft-quant", "Q6_K", "--keep-intermediate", "--quantizer", "llama-quantize", env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     doc = json.loads((out / "pair.json").read_text())
     made = doc["outputs"]["target"]
@@ -82,6 +83,38 @@ def test_a_k_quant_pipeline_is_llama_quantize_on_the_bf16_conversion(tmp_path: P
     assert (out / made["file"]).read_bytes() == by_hand.read_bytes()
     assert run_cli("dflash-verify", out / "pair.json").returncode == 0
     REFERENCE_COMPARISONS.append("pipeline --quant Q4_K_M = llama-quantize by hand")
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("quant", ["q4_k_m", "q5_k_s"])
+def test_a_k_quant_pipeline_converts_and_quantizes_in_one_pass(tmp_path: Path, quant: str) -> None:
+    """--quant Q4_K_M with the built-in: one pass from safetensors to the final file, no BF16 on disk, and the bytes
+    llama-quantize makes from the BF16 conversion; the drafter at its own K-quant likewise."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    from gguf_compare import diff
+
+    from dflash_gguf.convert.drafter import convert_drafter
+    from dflash_gguf.convert.targets import convert_target
+
+    target, drafter = _pair(tmp_path)
+    out = tmp_path / "pair"
+    run = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", quant,
+                  "--draft-quant", "q6_k", "-v")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "converting and quantizing in one pass" in run.stderr and not list(out.glob("*BF16*"))
+    doc = json.loads((out / "pair.json").read_text())
+    made = doc["outputs"]["target"]
+    assert made["file"] == f"gemma-4-tiny-it-{quant.upper()}.gguf"
+    assert made["made_by"] == "built-in converter and quantizer in one pass"
+    bf16 = convert_target(target, tmp_path / "t-BF16.gguf", "bf16").outfile
+    by_hand = tmp_path / "by-hand.gguf"
+    assert reference.run_llama_quantize(bf16, by_hand, quant.upper()).returncode == 0
+    assert diff(out / made["file"], by_hand) == []
+    d_bf16 = convert_drafter(drafter, target, tmp_path / "d-BF16.gguf", "bf16").outfile
+    d_hand = tmp_path / "d-by-hand.gguf"
+    assert reference.run_llama_quantize(d_bf16, d_hand, "Q6_K").returncode == 0
+    assert diff(out / doc["outputs"]["drafter"]["file"], d_hand) == []
+    REFERENCE_COMPARISONS.append(f"pipeline --quant {quant} one pass = convert + llama-quantize")
 
 
 @pytest.mark.reference

@@ -281,7 +281,7 @@ def test_auto_takes_the_builtin_when_its_compiled_kernels_make_the_type(
     for _ in use_kernels(kernels_now):
         res = quantize_gguf(drafter_bf16, tmp_path / "q8.gguf", "q8_0")
         assert res.quantizer == ("builtin" if kernels_now == "compiled" else "llama-quantize")
-        res = quantize_gguf(drafter_bf16, tmp_path / "k.gguf", "q4_k_m")  # a type only llama-quantize makes
+        res = quantize_gguf(drafter_bf16, tmp_path / "k.gguf", "iq4_xs")  # a type only llama-quantize makes
         assert res.quantizer == "llama-quantize" and res.binary == str(fake)
         assert quantize_gguf(drafter_bf16, tmp_path / "b.gguf", "q8_0", quantizer="builtin").quantizer == "builtin"
 
@@ -681,8 +681,8 @@ def test_builtin_overrides_match_llama_quantize(tmp_path: Path, tied: bool, type
 def test_builtin_refuses_an_override_it_cannot_make_or_that_does_not_fit(tmp_path: Path) -> None:
     src = _write_synthetic_target(tmp_path / "in.gguf", tied=False, n_embd=64)
     res = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "o.gguf"), "q4_0", *BUILTIN,
-                                    "--output-tensor-type", "q4_k"])
-    assert res.exit_code == 8 and "--output-tensor-type q4_k" in res.output and "llama-quantize" in res.output
+                                    "--output-tensor-type", "iq4_nl"])
+    assert res.exit_code == 8 and "--output-tensor-type iq4_nl" in res.output and "llama-quantize" in res.output
     res = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "o.gguf"), "q4_0", *BUILTIN,
                                     "--token-embedding-type", "q6_k"])
     assert res.exit_code == 8, res.output

@@ -40,8 +40,9 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
                  threads: int, allow_requantize: bool, output_tensor_type: str | None,
                  token_embedding_type: str | None, pure: bool, imatrix: Path | None, dry_run: bool, json_: bool,
                  verbose: bool) -> None:
-    """Quantize a BF16/F16 GGUF to TYPE as llama-quantize b11434 would: any type it makes, any case (q4_0, q8_0,
-    f16, bf16, f32 by the built-in quantizer; Q4_K_M, Q6_K, IQ4_XS, ... by llama-quantize).
+    """Quantize a BF16/F16 GGUF to TYPE as llama-quantize b11434 would: any type it makes, any case (Q4_K_M, Q4_K_S,
+    Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1, Q4_0, Q8_0, F16, BF16, F32 by the built-in quantizer; IQ4_XS, Q3_K_M, ... by
+    llama-quantize).
 
     \b
     Example:

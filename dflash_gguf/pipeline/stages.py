@@ -23,6 +23,7 @@ from ..ggufio.readahead import warm_up
 from ..jsonfile import read_json
 from ..provenance import Sources
 from ..quantize.builtin import NO_OVERRIDES, Overrides
+from ..quantize.rules import FTYPES, is_quantized
 from ..verify import Report, precheck, read_gguf, verify_files
 from .naming import checkpoint_type
 from .sources import Source
@@ -303,7 +304,8 @@ def link_into(outdir: Path, path: Path) -> Path:
 # ----------------------------------------------------------------------------------------- conversions
 
 
-ONE_PASS_TYPES = ("q4_0", "q8_0")
+# The types converted and quantized in one pass: every block type the built-in quantizer makes.
+ONE_PASS_TYPES = tuple(key for key, (_, default) in FTYPES.items() if is_quantized(default))
 
 
 def reading_ahead(checkpoint: Path) -> contextlib.AbstractContextManager[object]:

@@ -1,4 +1,5 @@
-/* Compiled Q4_0/Q8_0/Q6_K kernels and F16/BF16 roundings, bit-exact with ggml b11434's reference quantizers.
+/* Compiled Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K kernels and F16/BF16 roundings, bit-exact with ggml b11434's
+ * reference quantizers.
  *
  * A plain CPython extension (not a ctypes library): setuptools builds and names it for the running
  * interpreter, import fails cleanly when it was not built (the numpy kernels then take over), the
@@ -12,14 +13,16 @@
  * give 0.
  *
  * The hot scans use GCC/clang vector extensions (and, on x86, SSE2 intrinsics: the x86-64 baseline);
- * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits and
- * Q4_0/Q8_0 (8 blocks at a time, any source type) also have AVX2 versions, chosen at run time when the CPU
+ * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits,
+ * Q4_0/Q8_0 (8 blocks at a time, any source type) and Q4_K/Q5_K's super-blocks (qk_block_avx2: the same vector
+ * code compiled for AVX2) also have AVX2 versions, chosen at run time when the CPU
  * has AVX2 (see DISPATCH_AVX2), so the build stays portable; they perform the same float operations, so they
  * give the same bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -40,7 +43,8 @@
 #endif
 
 /* GGML type ids (ggml.h) */
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q8_0 = 8, T_Q6_K = 14, T_BF16 = 30 };
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
+       T_Q6_K = 14, T_BF16 = 30 };
 
 #define QK 32
 #define QK_K 256
@@ -912,6 +916,337 @@ __attribute__((target("avx2"))) static void q4_0_q8_0_rows_avx2(const uint8_t *s
 }
 #endif
 
+/* ---------------------------------------------------------------------------------------------------
+ * Q5_0 and Q5_1: quantize_row_q5_0_ref and quantize_row_q5_1_ref (ggml-quants.c), one 32-value block at a
+ * time, with the float operations of the C reference in its order (kernels.py's notes on Q5_0/Q5_1 say
+ * which edge each step has). The conversions are x86's cvttss2si (trunc_i8): (int8_t) and (uint8_t) of a
+ * float both compile to it and keep the low byte.
+ * --------------------------------------------------------------------------------------------------- */
+
+/* The 5-bit values q[0..32) of a Q5_0/Q5_1 block as ggml lays them out: qs[j] = (q[j] & 15) | (q[j + 16] & 15)
+ * << 4, and bit 4 of q[j] as bit j of qh, a little-endian 32-bit word (written byte by byte, as on x86). */
+static inline void pack_q5(const uint8_t *restrict q, uint8_t *restrict qh, uint8_t *restrict qs) {
+    uint32_t h = 0;
+    for (int j = 0; j < QK / 2; ++j) {
+        qs[j] = (uint8_t)((q[j] & 0x0Fu) | ((q[j + QK / 2] & 0x0Fu) << 4));
+    }
+    for (int j = 0; j < QK; ++j) {
+        h |= (uint32_t)((q[j] & 0x10u) >> 4) << j;
+    }
+    for (int k = 0; k < 4; ++k) {
+        qh[k] = (uint8_t)(h >> (8 * k));
+    }
+}
+
+/* quantize_row_q5_0_ref, one block -> 22 bytes (fp16 d, qh[4], qs[16]): Q4_0's max (first_absmax), d = max / -16,
+ * q = MIN(31, (int8_t)(x*id + 16.5f)) stored as a uint8 (a negative int8 keeps its bit pattern). */
+static void q5_0_block(const float *restrict x, uint8_t *restrict y) {
+    int finite;
+    const float max = first_absmax(x, &finite);
+    const float d = max / -16;
+    const float id = d ? 1.0f / d : 0.0f;
+    uint8_t q[QK];
+    store_fp16(y, fp32_to_fp16(d));
+    for (int j = 0; j < QK; ++j) {
+        const int8_t i = trunc_i8(x[j] * id + 16.5f);
+        q[j] = (uint8_t)(i < 31 ? i : 31);
+    }
+    pack_q5(q, y + 2, y + 6);
+}
+
+/* quantize_row_q5_1_ref, one block -> 24 bytes (fp16 d, fp16 m, qh[4], qs[16]): min/max by C's strict scans
+ * from FLT_MAX/-FLT_MAX (sequential: of equal zeros the first one's sign stays), d = (max - min) / 31,
+ * q = (uint8_t)((x - min)*id + 0.5f), unclamped. */
+static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < QK; ++j) {
+        const float v = x[j];
+        if (v < min) {
+            min = v;
+        }
+        if (v > max) {
+            max = v;
+        }
+    }
+    const float d = (max - min) / ((1 << 5) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    uint8_t q[QK];
+    store_fp16(y, fp32_to_fp16(d));
+    store_fp16(y + 2, fp32_to_fp16(min));
+    for (int j = 0; j < QK; ++j) {
+        q[j] = (uint8_t)trunc_i8((x[j] - min) * id + 0.5f);
+    }
+    pack_q5(q, y + 4, y + 8);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Q4_K and Q5_K: quantize_row_q4_K_ref and quantize_row_q5_K_ref (ggml-quants.c), one 256-value super-block
+ * of 8 sub-blocks of 32 at a time, make_qkx2_quants fitting each sub-block (kernels.py's notes on Q4_K/Q5_K
+ * list every step). Its trials cannot run side by side: a winning trial moves `min`, which every later trial
+ * uses. So the 8 sub-blocks run side by side instead, one per vector lane (the super-block transposed, lane j
+ * holding sub-block j): each lane performs C's operations on its own sub-block in C's order (every sum in
+ * index order), and C's branches become per-lane selects, so each lane computes what C computes. GCC/clang
+ * generic vectors of 8 floats: two SSE registers in the portable build, one AVX register in the AVX2 build of
+ * the same code (qk_block_avx2, chosen at run time: the same operations, so the same bytes).
+ * --------------------------------------------------------------------------------------------------- */
+
+/* the helpers below take and return 32-byte vectors, but are always inlined: no call ABI is involved */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#define KSUB 8 /* sub-blocks per super-block: the vector lanes */
+#define KLEN 32 /* values per sub-block */
+#define KLANES_MAX 22 /* the first fit plus Q4_K's 21 trials */
+#define KALWAYS static inline __attribute__((always_inline))
+
+typedef float kvf __attribute__((vector_size(32)));
+typedef int32_t kvi __attribute__((vector_size(32)));
+
+/* make_qkx2_quants' parameters: nmax and the iscale numerators in C's order (the first fit's nmax, then
+ * rmin + rdelta*is + nmax for is = 0..nstep, computed by kq_params_init with C's float operations). */
+typedef struct {
+    int nmax, nlanes;
+    float lanes[KLANES_MAX];
+} kq_params;
+
+static void kq_params_init(kq_params *p, int nmax, float rmin, float rdelta, int nstep) {
+    p->nmax = nmax;
+    p->nlanes = nstep + 2;
+    p->lanes[0] = (float)nmax;
+    for (int is = 0; is <= nstep; ++is) {
+        p->lanes[is + 1] = rmin + rdelta * is + nmax;
+    }
+}
+
+KALWAYS kvf ksplat(float v) { return (kvf){v, v, v, v, v, v, v, v}; }
+KALWAYS kvi ksplati(int32_t v) { return (kvi){v, v, v, v, v, v, v, v}; }
+KALWAYS kvf ksel(kvi m, kvf a, kvf b) { return (kvf)(((kvi)a & m) | ((kvi)b & ~m)); }
+KALWAYS kvf kabs(kvf v) { return (kvf)((kvi)v & 0x7FFFFFFF); }
+
+KALWAYS kvf kcvt(kvi q) {
+#if defined(__clang__) || __GNUC__ >= 9
+    return __builtin_convertvector(q, kvf);
+#else
+    kvf f;
+    for (int k = 0; k < KSUB; ++k) {
+        f[k] = (float)q[k];
+    }
+    return f;
+#endif
+}
+
+/* MAX(0, MIN(nmax, nearest_int(v))) per lane, as a float: nearest_int's bit arithmetic, exact for any v. */
+KALWAYS kvf klevel(kvf v, int nmax) {
+    kvi q = ((kvi)(v + ksplat(ROUND_MAGIC)) & 0x007FFFFF) - 0x00400000;
+    const kvi hi = ksplati(nmax);
+    const kvi over = q > hi;
+    q = (q & ~over) | (hi & over);
+    q &= q > 0; /* MAX(0, q) */
+    return kcvt(q);
+}
+
+KALWAYS int kany(kvi m) {
+    int any = 0;
+    for (int k = 0; k < KSUB; ++k) {
+        any |= m[k] != 0;
+    }
+    return any;
+}
+
+/* The fit's iscale*(x - min): where both are NaN (a NaN x[0] makes a lane's iscale NaN; another NaN x), ggml's
+ * build keeps the NaN of x - min (measured); the operand order of our multiplication is our compiler's choice,
+ * so the result is set to it there, quieted as the multiplication does. */
+KALWAYS kvf kscaled(kvf iscale, kvf xm, int iscale_nan) {
+    kvf v = iscale * xm;
+    if (iscale_nan) {
+        v = ksel((iscale != iscale) & (xm != xm), (kvf)((kvi)xm | 0x00400000), v);
+    }
+    return v;
+}
+
+/* C's error sum of a fit: sum over i, in order from +0.0, of w*((scale*L + min - x)^2). */
+KALWAYS kvf kerror(const kvf *restrict xt, const kvf *restrict w, const kvf *restrict l, kvf scale, kvf min) {
+    kvf err = ksplat(0.0f);
+    for (int i = 0; i < KLEN; ++i) {
+        kvf diff = scale * l[i] + min - xt[i];
+        diff = diff * diff;
+        err += w[i] * diff;
+    }
+    return err;
+}
+
+/* make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false) on the 8 sub-blocks
+ * xt (transposed) with weights w: L (as floats), returns the scales and sets *the_min. */
+KALWAYS kvf make_qkx2_quants8(const kvf *restrict xt, const kvf *restrict w, const kq_params *p, kvf *restrict L,
+                              kvf *restrict the_min) {
+    const int nmax = p->nmax;
+    kvf min = xt[0], max = xt[0];
+    kvf sum_w = w[0];
+    kvf sum_x = sum_w * xt[0];
+    for (int i = 1; i < KLEN; ++i) {
+        min = ksel(xt[i] < min, xt[i], min);
+        max = ksel(xt[i] > max, xt[i], max);
+        sum_w += w[i];
+        sum_x += w[i] * xt[i];
+    }
+    min = ksel(min > 0.0f, ksplat(0.0f), min);
+    const kvi zero = max == min; /* C returns early there: placeholders below, replaced at the end */
+    kvf iscale = ksplat(p->lanes[0]) / (max - min);
+    kvf scale = 1.0f / iscale;
+    int iscale_nan = kany(iscale != iscale);
+    for (int i = 0; i < KLEN; ++i) {
+        L[i] = klevel(kscaled(iscale, xt[i] - min, iscale_nan), nmax);
+    }
+    kvf best = kerror(xt, w, L, scale, min);
+    kvf la[KLEN];
+    for (int t = 1; t < p->nlanes; ++t) {
+        iscale = ksplat(p->lanes[t]) / (max - min);
+        iscale_nan = kany(iscale != iscale);
+        kvf sum_l = ksplat(0.0f), sum_l2 = ksplat(0.0f), sum_xl = ksplat(0.0f);
+        for (int i = 0; i < KLEN; ++i) {
+            la[i] = klevel(kscaled(iscale, xt[i] - min, iscale_nan), nmax);
+            const kvf wl = w[i] * la[i];
+            sum_l += wl;
+            sum_l2 += wl * la[i];
+            sum_xl += wl * xt[i];
+        }
+        const kvf D = sum_w * sum_l2 - sum_l * sum_l;
+        kvf this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        kvf this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        const kvi pos = this_min > 0.0f;
+        this_min = ksel(pos, ksplat(0.0f), this_min);
+        this_scale = ksel(pos, sum_xl / sum_l2, this_scale);
+        const kvf cur = kerror(xt, w, la, this_scale, this_min);
+        const kvi won = (D > 0.0f) & (cur < best); /* if (D > 0) { ... if (cur_error < best_error) { ... } } */
+        best = ksel(won, cur, best);
+        scale = ksel(won, this_scale, scale);
+        min = ksel(won, this_min, min);
+        for (int i = 0; i < KLEN; ++i) {
+            L[i] = ksel(won, la[i], L[i]);
+        }
+    }
+    for (int i = 0; i < KLEN; ++i) {
+        L[i] = ksel(zero, ksplat(0.0f), L[i]);
+    }
+    *the_min = -min;
+    return ksel(zero, ksplat(0.0f), scale);
+}
+
+/* ggml's build computes the requantization's x + dm as vector additions whose first operand (the NaN x86 keeps
+ * when both are NaN) is x for elements 0..27 of a sub-block and dm for 28..31 (measured: the register allocation
+ * of its vectorised loop). Both are NaN only for a NaN input in a sub-block whose dm is inf*0 (fp16 dmin
+ * overflowed, 6-bit min 0), and the payload then reaches nearest_int. The operand order of our additions is our
+ * compiler's choice, so where both are NaN the result is set to that operand, quieted as the addition does. */
+#define KQ_X_FIRST 28
+
+/* quantize_row_q4_K_ref (q5 = 0: 144 bytes: fp16 d, fp16 dmin, scales[12], qs[128]) or quantize_row_q5_K_ref
+ * (q5 = 1: 176 bytes: d, dmin, scales[12], qh[32], qs[128]) of one super-block x. */
+KALWAYS void qk_block_impl(const float *restrict x, uint8_t *restrict y, const kq_params *p, int q5) {
+    const int nmax = p->nmax;
+    kvf xt[KLEN], w[KLEN], L[KLEN];
+    for (int i = 0; i < KLEN; ++i) {
+        for (int j = 0; j < KSUB; ++j) {
+            xt[i][j] = x[KLEN * j + i];
+        }
+    }
+    kvf sum_x2 = ksplat(0.0f);
+    for (int i = 0; i < KLEN; ++i) {
+        sum_x2 += xt[i] * xt[i];
+    }
+    const kvf m2 = sum_x2 / 32.0f;
+    kvf av_x;
+    for (int j = 0; j < KSUB; ++j) {
+        av_x[j] = sqrtf(m2[j]);
+    }
+    for (int i = 0; i < KLEN; ++i) {
+        w[i] = av_x + kabs(xt[i]);
+    }
+    kvf mins;
+    const kvf scales = make_qkx2_quants8(xt, w, p, L, &mins);
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < KSUB; ++j) {
+        if (scales[j] > max_scale) {
+            max_scale = scales[j];
+        }
+        if (mins[j] > max_min) {
+            max_min = mins[j];
+        }
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    uint8_t ls[KSUB], lm[KSUB];
+    for (int j = 0; j < KSUB; ++j) {
+        const uint8_t a = (uint8_t)nearest_int(inv_scale * scales[j]); /* the int's low byte */
+        const uint8_t b = (uint8_t)nearest_int(inv_min * mins[j]);
+        ls[j] = a < 63 ? a : 63;
+        lm[j] = b < 63 ? b : 63;
+    }
+    uint8_t *sc = y + 4;
+    for (int j = 0; j < 4; ++j) { /* what get_scale_min_k4 reads back */
+        sc[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
+        sc[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
+        sc[j + 8] = (uint8_t)((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
+    }
+    const uint16_t dh = fp32_to_fp16(max_scale / 63.f), mh = fp32_to_fp16(max_min / 63.f);
+    store_fp16(y, dh);
+    store_fp16(y + 2, mh);
+    const float df = fp16_to_fp32(dh), mf = fp16_to_fp32(mh);
+    kvf d, dm;
+    int redo = 0;
+    for (int j = 0; j < KSUB; ++j) {
+        d[j] = df * ls[j];
+        dm[j] = mf * lm[j];
+        redo |= d[j] != 0; /* `if (!d) continue;`: NaN counts as non-zero */
+    }
+    if (redo) {
+        const kvi keep = d == 0.0f;
+        const kvi dm_nan = dm != dm;
+        const int any_nan = kany(dm_nan);
+        for (int i = 0; i < KLEN; ++i) {
+            kvf v = xt[i] + dm;
+            if (any_nan) { /* where x and dm are both NaN: the operand ggml's build keeps (see KQ_X_FIRST) */
+                const kvi both = (xt[i] != xt[i]) & dm_nan;
+                const kvf first = i < KQ_X_FIRST ? xt[i] : dm;
+                v = ksel(both, (kvf)((kvi)first | 0x00400000), v);
+            }
+            L[i] = ksel(keep, L[i], klevel(v / d, nmax));
+        }
+    }
+    uint8_t Lb[QK_K];
+    for (int i = 0; i < KLEN; ++i) {
+        for (int j = 0; j < KSUB; ++j) {
+            Lb[KLEN * j + i] = (uint8_t)L[i][j];
+        }
+    }
+    uint8_t *qs = y + (q5 ? 48 : 16), *qh = y + 16;
+    for (int k = 0; k < KSUB / 2; ++k) { /* sub-blocks 2k (low nibbles) and 2k + 1 (high) share 32 bytes */
+        for (int l = 0; l < KLEN; ++l) {
+            qs[KLEN * k + l] = (uint8_t)((Lb[64 * k + l] & 0xF) | ((Lb[64 * k + KLEN + l] & 0xF) << 4));
+        }
+    }
+    if (q5) { /* qh[l]: bit j is bit 4 of sub-block j's L[l] */
+        for (int l = 0; l < KLEN; ++l) {
+            uint8_t h = 0;
+            for (int j = 0; j < KSUB; ++j) {
+                h |= (uint8_t)((Lb[KLEN * j + l] >> 4) << j);
+            }
+            qh[l] = h;
+        }
+    }
+}
+
+static void qk_block(const float *restrict x, uint8_t *restrict y, const kq_params *p, int q5) {
+    qk_block_impl(x, y, p, q5);
+}
+
+#if DISPATCH_AVX2
+__attribute__((target("avx2"))) static void qk_block_avx2(const float *restrict x, uint8_t *restrict y,
+                                                          const kq_params *p, int q5) {
+    qk_block_impl(x, y, p, q5);
+}
+#endif
+
 /* ggml_quantize_chunk without an imatrix (what llama-quantize runs): nb blocks of src -> dst. */
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
@@ -921,6 +1256,37 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
         for (Py_ssize_t i = 0; i < nb; ++i) {
             load_block(src + i * item * QK_K, src_type, QK_K, x);
             q6_k_block(x, dst + i * 210, avx2);
+        }
+        return;
+    }
+    if (dst_type == T_Q4_K || dst_type == T_Q5_K) {
+        const int q5 = dst_type == T_Q5_K;
+        const Py_ssize_t out = q5 ? 176 : 144;
+        kq_params p;
+        if (q5) {
+            kq_params_init(&p, 31, -0.5f, 0.1f, 15);
+        } else {
+            kq_params_init(&p, 15, -1.f, 0.1f, 20);
+        }
+        float x[QK_K];
+        for (Py_ssize_t i = 0; i < nb; ++i) {
+            load_block(src + i * item * QK_K, src_type, QK_K, x);
+#if DISPATCH_AVX2
+            if (avx2) {
+                qk_block_avx2(x, dst + i * out, &p, q5);
+                continue;
+            }
+#endif
+            qk_block(x, dst + i * out, &p, q5);
+        }
+        return;
+    }
+    if (dst_type == T_Q5_0 || dst_type == T_Q5_1) {
+        const Py_ssize_t out = dst_type == T_Q5_0 ? 22 : 24;
+        float x[QK];
+        for (Py_ssize_t i = 0; i < nb; ++i) {
+            load_block(src + i * item * QK, src_type, QK, x);
+            (dst_type == T_Q5_0 ? q5_0_block : q5_1_block)(x, dst + i * out);
         }
         return;
     }
@@ -994,6 +1360,10 @@ static int dst_layout(int dst_type, int *block, Py_ssize_t *out_bytes) {
     case T_Q4_0: *block = QK; *out_bytes = 18; return 1;
     case T_Q8_0: *block = QK; *out_bytes = 34; return 1;
     case T_Q6_K: *block = QK_K; *out_bytes = 210; return 1;
+    case T_Q5_0: *block = QK; *out_bytes = 22; return 1;
+    case T_Q5_1: *block = QK; *out_bytes = 24; return 1;
+    case T_Q4_K: *block = QK_K; *out_bytes = 144; return 1;
+    case T_Q5_K: *block = QK_K; *out_bytes = 176; return 1;
     case T_F16:
     case T_BF16: *block = 1; *out_bytes = 2; return 1;
     default: return 0;
@@ -1014,7 +1384,7 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     if (src_type != T_F32 && src_type != T_F16 && src_type != T_BF16) {
         err = "source type must be F32, F16 or BF16";
     } else if (!dst_layout(dst_type, &block, &out_bytes)) {
-        err = "destination type must be Q4_0, Q8_0, Q6_K, F16 or BF16";
+        err = "destination type must be Q4_0, Q8_0, Q6_K, Q5_0, Q5_1, Q4_K, Q5_K, F16 or BF16";
     } else if (src.len % (item * block)) {
         err = "source size is not a whole number of blocks";
     } else if (dst.len != src.len / (item * block) * out_bytes) {
@@ -1041,7 +1411,7 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* How many values (F32/F16/BF16) or block scales (Q4_0/Q8_0/Q6_K, fp16 d) are NaN or infinite: what
+/* How many values (F32/F16/BF16) or block scales (fp16 d, and dmin / m) are NaN or infinite: what
  * ggml_validate_row_data finds in llama-quantize's output before it refuses the tensor. */
 static Py_ssize_t nonfinite(const uint8_t *p, int type, Py_ssize_t len) {
     Py_ssize_t bad = 0;
@@ -1071,11 +1441,17 @@ static Py_ssize_t nonfinite(const uint8_t *p, int type, Py_ssize_t len) {
     int block = 1;
     Py_ssize_t size = 1;
     dst_layout(type, &block, &size);
+    /* d at 0 (Q6_K: at 208), and dmin / m at 2 for the types that have one */
     const Py_ssize_t at = type == T_Q6_K ? 208 : 0;
+    const int two = type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K;
     for (Py_ssize_t i = 0; i + size <= len; i += size) {
         uint16_t h;
         memcpy(&h, p + i + at, 2);
         bad += (h & 0x7C00u) == 0x7C00u;
+        if (two) {
+            memcpy(&h, p + i + 2, 2);
+            bad += (h & 0x7C00u) == 0x7C00u;
+        }
     }
     return bad;
 }
@@ -1087,11 +1463,10 @@ static PyObject *count_nonfinite(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*i", &data, &type)) {
         return NULL;
     }
-    int block;
-    Py_ssize_t size;
-    if (type != T_F32 && !dst_layout(type, &block, &size)) {
+    if (type != T_F32 && type != T_F16 && type != T_BF16 && type != T_Q4_0 && type != T_Q8_0 && type != T_Q6_K &&
+        type != T_Q5_0 && type != T_Q5_1 && type != T_Q4_K && type != T_Q5_K) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "type must be F32, F16, BF16, Q4_0, Q8_0 or Q6_K");
+        PyErr_SetString(PyExc_ValueError, "type must be F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K");
         return NULL;
     }
     Py_ssize_t bad;
@@ -1104,9 +1479,10 @@ static PyObject *count_nonfinite(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"count_nonfinite", count_nonfinite, METH_VARARGS,
-     "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (Q4_0/Q8_0/Q6_K)."},
+     "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (the block types)."},
     {"quantize", quantize, METH_VARARGS,
-     "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K blocks, F16/BF16)."},
+     "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K "
+     "blocks, F16/BF16)."},
     {NULL, NULL, 0, NULL},
 };
 

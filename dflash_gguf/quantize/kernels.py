@@ -1,5 +1,8 @@
 """Bit-exact numpy Q4_0/Q8_0/Q6_K kernels: ggml's ``quantize_row_q4_0_ref``/``q8_0_ref``/``q6_K_ref``; and F16/BF16.
 
+Also Q5_0/Q5_1/Q4_K/Q5_K (``quantize_q5_0``, ``quantize_q5_1``, ``quantize_q4_k``, ``quantize_q5_k``: ggml's
+``quantize_row_q5_0_ref``/``q5_1_ref``/``q4_K_ref``/``q5_K_ref``); see their sections at the end.
+
 Why not gguf-py's quantizers: they reduce along the 32 elements of each block (numpy loops once
 per block there), allocate a temporary per step, need a separate BF16 widening pass, and differ
 from ggml on an all-zero block that starts with -0.0 (ggml's scale is then -0.0, gguf-py's +0.0).
@@ -16,10 +19,12 @@ Exactness (same float32 operations, in the same order, as the C reference):
 * Non-finite input (NaN/inf) or a scale whose inverse overflows takes a slower vectorised path that
   mirrors the C code's NaN comparisons and x86's float->int conversion (out-of-range -> 0).
 * Q6_K (``quantize_q6_k``, also reached through ``quantize_rows``): see the notes at its section below.
+* Q5_0/Q5_1/Q4_K/Q5_K (also reached through ``quantize_rows``): see the notes at their sections below.
 * F16 and BF16 (``round_floats``): ggml_quantize_chunk's roundings, NaN rules included.
 
 Compiled path: when the optional C extension ``_kernels`` (``_kernels.c``, built by setup.py) imports,
-``quantize_rows``/``quantize_q6_k`` run it instead: the same bytes, several times faster, GIL released.
+``quantize_rows``/``quantize_q6_k`` (and the Q5_0/Q5_1/Q4_K/Q5_K functions) run it instead: the same bytes,
+several times faster, GIL released.
 ``DFLASH_GGUF_KERNELS=numpy`` forces these numpy kernels, ``=compiled`` refuses to run without the
 extension; :func:`kernel_path` says which one is active. A CPython extension rather than a ctypes library:
 setuptools builds and names it for the interpreter, and a missing build is simply an ImportError.
@@ -42,9 +47,11 @@ GROUP_BLOCKS = 8192  # blocks per inner step: a 1 MB float32 scratch, about one 
 _F1, _F8_5, _FM8, _F127 = np.float32(1), np.float32(8.5), np.float32(-8), np.float32(127)
 _U4, _U16, _U64_4 = np.uint8(4), np.uint32(16), np.uint64(4)
 _OUT_BYTES = {Q.Q4_0: 18, Q.Q8_0: 34}
-QUANT_TYPES = (*_OUT_BYTES, Q.Q6_K)  # quantize_rows makes all of them (Q6_K through quantize_q6_k)
+# quantize_rows makes all of them (Q6_K and the last four through their own functions)
+QUANT_TYPES = (*_OUT_BYTES, Q.Q6_K, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K)
 # Source types read directly (BF16 as its raw 16-bit words); anything else is widened first.
-SOURCE_DTYPES = {Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16), Q.BF16: np.dtype(np.uint16)}
+SOURCE_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
+    Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16), Q.BF16: np.dtype(np.uint16)}
 
 
 KERNELS_ENV = "DFLASH_GGUF_KERNELS"  # "numpy": force the fallback; "compiled": require the extension
@@ -285,15 +292,17 @@ def _run_compiled(blocks: np.ndarray, src_type: GGMLQuantizationType, dst_type: 
 
 
 def quantize_rows(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: GGMLQuantizationType) -> np.ndarray:
-    """Quantize ``values`` to ``dst_type`` (Q4_0, Q8_0 or Q6_K); return the tensor bytes as a flat uint8 array.
+    """Quantize ``values`` to ``dst_type`` (one of QUANT_TYPES); return the tensor bytes as a flat uint8 array.
 
     ``values``: float32 (``src_type`` F32), float16 (F16) or the raw uint16 words of BF16; any shape
-    whose size is a multiple of the block (32; 256 for Q6_K): rows are contiguous, so blocks never
+    whose size is a multiple of the block (32; 256 for Q6_K, Q4_K, Q5_K): rows are contiguous, so blocks never
     straddle rows when the row length is a multiple of the block.
     """
     src_type, dst_type = Q(src_type), Q(dst_type)
     if dst_type == Q.Q6_K:
         return quantize_q6_k(values, src_type)
+    if dst_type in _EXTRA:
+        return _EXTRA[dst_type](values, src_type)
     want = SOURCE_DTYPES[src_type]
     if values.dtype != want or values.size % QK:
         raise ValueError(f"cannot quantize {values.dtype} values ({values.size}) given as {src_type.name}")
@@ -343,14 +352,16 @@ def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: G
     return words
 
 
-_SCALE_AT = {Q.Q4_0: 0, Q.Q8_0: 0, Q.Q6_K: 208}  # where each block's fp16 d is
+# where each block's fp16 scales are (ggml_validate_row_data checks d, and dmin or m where a type has one)
+_SCALES_AT = {Q.Q4_0: (0,), Q.Q8_0: (0,), Q.Q6_K: (208,), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2),
+              Q.Q5_K: (0, 2)}
 _EXPONENT = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
-CHECKED_TYPES = (*_EXPONENT, *_SCALE_AT)  # the types count_nonfinite reads
+CHECKED_TYPES = (*_EXPONENT, *_SCALES_AT)  # the types count_nonfinite reads
 
 
 def count_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType) -> int:
-    """NaN or infinite values (F32, F16, BF16) or block scales (Q4_0, Q8_0, Q6_K's fp16 ``d``) in the bytes
-    ``data``: what ggml_validate_row_data finds before llama-quantize refuses a tensor."""
+    """NaN or infinite values (F32, F16, BF16) or block scales (the fp16 ``d``, and ``dmin``/``m`` where a type has
+    one) in the bytes ``data``: what ggml_validate_row_data finds before llama-quantize refuses a tensor."""
     qtype = Q(qtype)
     flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if _compiled is not None:
@@ -358,9 +369,10 @@ def count_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType) -> int:
     if qtype in _EXPONENT:
         dtype, mask = _EXPONENT[qtype]
         return int(np.count_nonzero((flat.view(dtype) & dtype(mask)) == dtype(mask)))
-    # the fp16 d's high byte holds its exponent bits, 0x7C
-    high = flat.reshape(-1, GGML_QUANT_SIZES[qtype][1])[:, _SCALE_AT[qtype] + 1]
-    return int(np.count_nonzero((high & np.uint8(0x7C)) == np.uint8(0x7C)))
+    # an fp16 scale's high byte holds its exponent bits, 0x7C
+    blocks = flat.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    return sum(int(np.count_nonzero((blocks[:, at + 1] & np.uint8(0x7C)) == np.uint8(0x7C)))
+               for at in _SCALES_AT[qtype])
 
 
 # ---------------------------------------------------------------------------------------------- Q6_K
@@ -641,3 +653,429 @@ def quantize_q6_k(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) ->
         b1 = min(nbt, b0 + Q6_K_GROUP)
         _q6_k_group(_load_q6_t(blocks[b0:b1], src_type, b1 - b0), out[b0:b1])
     return out.reshape(-1)
+
+
+# ------------------------------------------------------------------------------------ Q5_0 and Q5_1
+#
+# ggml's quantize_row_q5_0_ref and quantize_row_q5_1_ref (what ggml_quantize_chunk -> quantize_q5_0 /
+# quantize_q5_1 runs without an imatrix), per 32-value block. A group of blocks is held transposed, (32 x nb)
+# float32, row j holding element j of every block. Exactness notes (float32, one rounding per C operator):
+# * Q5_0 is Q4_0 with 5 bits: ``max`` is the first value of largest |x| (NaN never wins; +0.0 when every |x| is
+#   0), d = max / -16, id = d ? 1/d : 0, q = MIN(31, (int8_t)(x*id + 16.5f)) stored as a uint8 (a negative
+#   int8 wraps: its low nibble and bit 4 are what lands in the block).
+# * Q5_1: ``min``/``max`` from FLT_MAX/-FLT_MAX with strict comparisons (NaN never counts, nor +inf as min or
+#   -inf as max; of equal zeros the first one stays, so min/max keep that zero's sign, which fp16 ``m`` shows);
+#   d = (max - min) / 31; q = (uint8_t)((x - min)*id + 0.5f) with no clamp (x86's cvttss2si, low byte; an
+#   out-of-range value gives 0).
+# * Both store q's low nibbles as qs[j] = q[j] | q[j+16] << 4 and bit 4 of q[j] as bit j of the little-endian
+#   32-bit qh. Non-finite input (or a scale whose inverse overflows) takes the slow, general conversion.
+
+Q5_0_BYTES = 22  # fp16 d, qh[4], qs[16]
+Q5_1_BYTES = 24  # fp16 d, fp16 m, qh[4], qs[16]
+_FM16, _F16_5, _F0_5 = np.float32(-16), np.float32(16.5), np.float32(0.5)
+_FLT_MAX = np.finfo(np.float32).max
+
+
+class _ColScratch(threading.local):
+    """Per-thread float32 buffer for a group of blocks in the transposed (32 x n) layout."""
+
+    def __init__(self) -> None:
+        self.xt = np.empty(QK * GROUP_BLOCKS, np.float32)
+
+
+_col_scratch = _ColScratch()
+
+
+def _load_cols(src: np.ndarray, qtype: GGMLQuantizationType, n: int, buf: np.ndarray) -> np.ndarray:
+    """``src`` (n runs of 32 values of ``qtype``) widened to float32 and transposed: (32 x n), in ``buf``."""
+    xt = buf[:QK * n].reshape(QK, n)
+    view = src.reshape(n, QK).T
+    if qtype == Q.BF16:  # exact: a bf16 is the top half of its float32
+        x32 = xt.view(np.uint32)
+        np.copyto(x32, view)
+        np.left_shift(x32, _U16, out=x32)
+    else:  # F32 copy, F16 exact widening
+        np.copyto(xt, view, casting="same_kind")
+    return xt
+
+
+def _pack_q5(q: np.ndarray, qh: np.ndarray, qs: np.ndarray) -> None:
+    """The 5-bit values ``q`` (32 x nb uint8) into ``qh`` (nb x 4) and ``qs`` (nb x 16) as ggml lays them out."""
+    np.copyto(qs, ((q[:QK // 2] & np.uint8(0x0F)) | (q[QK // 2:] << _U4)).T)
+    bits = (q >> _U4) & np.uint8(1)
+    np.copyto(qh, np.packbits(bits, axis=0, bitorder="little").T)  # bit j of the 32-bit LE word: q[j]
+
+
+def _first_absmax_cols(xt: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Per column of ``xt``, C's ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` from 0: the first value of
+    largest |x| (NaN never wins; +0.0 when every |x| is 0); and whether every value is finite."""
+    mxv, mnv = xt.max(axis=0), xt.min(axis=0)  # NaN propagates
+    finite = bool(np.isfinite(mxv).all() and np.isfinite(mnv).all())
+    if not finite:
+        return _first_absmax(xt, 0)[1], False
+    neg = np.negative(mnv)
+    maxv = np.where(neg > mxv, mnv, mxv)
+    maxv += _F0  # an all-zero block keeps C's initial max = +0.0 (never -0.0)
+    tie = np.flatnonzero((neg == mxv) & (mxv != 0))
+    if tie.size:  # +a and -a both present: the earlier one wins
+        sub = xt[:, tie]
+        first_pos = np.argmax(sub == mxv[tie], axis=0)
+        first_neg = np.argmax(sub == mnv[tie], axis=0)
+        maxv[tie] = np.where(first_pos < first_neg, mxv[tie], mnv[tie])
+    return maxv, True
+
+
+def _q5_0_group(xt: np.ndarray, dst: np.ndarray) -> None:
+    """quantize_row_q5_0_ref: ``xt`` (32 x nb float32, destroyed) into ``dst`` (nb x 22 uint8)."""
+    maxv, finite = _first_absmax_cols(xt)
+    with np.errstate(all="ignore"):
+        d = maxv / _FM16
+        idv = _inv(d)
+        # |x*id| <= |max*id| (rounding is monotonic), ~16: x*id + 16.5 then lies in [0, 33), a plain conversion
+        fast = finite and bool(np.all(np.abs(maxv * idv) <= _F16_5))
+        np.multiply(xt, idv, out=xt)
+        np.add(xt, _F16_5, out=xt)
+    if fast:
+        q = np.empty(xt.shape, np.uint8)
+        np.copyto(q, xt, casting="unsafe")
+        np.minimum(q, np.uint8(31), out=q)
+    else:
+        q = np.minimum(_c_to_uint8(xt).view(np.int8), np.int8(31)).view(np.uint8)
+    dst[:, 0:2] = _fp16_bits(d).view(np.uint8).reshape(-1, 2)
+    _pack_q5(q, dst[:, 2:6], dst[:, 6:22])
+
+
+def _nan_to(xt: np.ndarray, v: np.float32) -> np.ndarray:
+    """``xt`` with its NaNs replaced by ``v``. (Not np.fmin/np.fmax to skip NaNs: given a signalling NaN they
+    return a NaN, as C99's fmin does, so a reduction restarts from the values after it.)"""
+    return np.where(np.isnan(xt), v, xt)
+
+
+def _first_zero(xt: np.ndarray, v: np.ndarray) -> None:
+    """Where ``v`` (a per-column min or max) is zero, make it the column's first zero, sign included (C's strict
+    comparisons keep the first of equal values)."""
+    z = np.flatnonzero(v == 0)
+    if z.size:
+        sub = xt[:, z]
+        v[z] = sub[np.argmax(sub == 0, axis=0), np.arange(z.size)]
+
+
+def _q5_1_group(xt: np.ndarray, dst: np.ndarray) -> None:
+    """quantize_row_q5_1_ref: ``xt`` (32 x nb float32, destroyed) into ``dst`` (nb x 24 uint8)."""
+    mn, mx = xt.min(axis=0), xt.max(axis=0)  # NaN propagates
+    finite = bool(np.isfinite(mn).all() and np.isfinite(mx).all())
+    if not finite:  # from FLT_MAX / -FLT_MAX: NaN never counts, nor does +inf as min or -inf as max
+        mn = np.minimum(_nan_to(xt, _FLT_MAX).min(axis=0), _FLT_MAX)
+        mx = np.maximum(_nan_to(xt, -_FLT_MAX).max(axis=0), -_FLT_MAX)
+    _first_zero(xt, mn)
+    _first_zero(xt, mx)
+    with np.errstate(all="ignore"):
+        d = (mx - mn) / _F31
+        idv = _inv(d)
+        # 0 <= (x - min)*id <= (max - min)*id, ~31: + 0.5 stays in [0, 33), a plain conversion
+        fast = finite and bool(np.all((mx - mn) * idv <= _F32))
+        np.subtract(xt, mn, out=xt)
+        np.multiply(xt, idv, out=xt)
+        np.add(xt, _F0_5, out=xt)
+    if fast:
+        q = np.empty(xt.shape, np.uint8)
+        np.copyto(q, xt, casting="unsafe")
+    else:
+        q = _c_to_uint8(xt)
+    dst[:, 0:2] = _fp16_bits(d).view(np.uint8).reshape(-1, 2)
+    dst[:, 2:4] = _fp16_bits(mn).view(np.uint8).reshape(-1, 2)
+    _pack_q5(q, dst[:, 4:8], dst[:, 8:24])
+
+
+# -------------------------------------------------------------------------------------- Q4_K and Q5_K
+#
+# ggml's quantize_row_q4_K_ref and quantize_row_q5_K_ref (ggml_quantize_chunk -> quantize_q4_K / quantize_q5_K
+# without an imatrix), per 256-value super-block of 8 sub-blocks of 32:
+# * per sub-block, sum_x2 = x0*x0 + x1*x1 + ... (from +0.0, in index order), av_x = sqrtf(sum_x2/32), weights
+#   w = av_x + |x|, then make_qkx2_quants(32, nmax, x, w, L, &the_min, Laux, rmin, rdelta, nstep, false) with
+#   (nmax, rmin, rdelta, nstep) = (15, -1, 0.1, 20) for Q4_K and (31, -0.5, 0.1, 15) for Q5_K;
+# * 6-bit scales and mins against max_scale/63 and max_min/63 (fp16 d and dmin), then every value requantized
+#   against its sub-block's fp16-rounded scale and min (where that scale is not 0; NaN counts as not 0).
+#
+# make_qkx2_quants, step by step (what the numpy and compiled kernels both reproduce):
+# * min = max = x[0], then ``if (x[i] < min)`` / ``if (x[i] > max)`` (a NaN x[0] sticks, later NaNs never
+#   count); sum_w = w[0], sum_x = w[0]*x[0], then += w[i] and += w[i]*x[i]; ``if (min > 0) min = 0``;
+#   max == min: L = 0, scale 0.
+# * The first fit: iscale = nmax/(max - min), scale = 1/iscale, L = clamp(nearest_int(iscale*(x - min)), 0, nmax),
+#   best_error = sum of w*((scale*L + min - x)^2) (each step rounded, from +0.0, in index order).
+# * Then, for is = 0..nstep in order, iscale = (rmin + rdelta*is + nmax)/(max - min) with the *current* min:
+#   sum_l += w*l, sum_l2 += (w*l)*l, sum_xl += (w*l)*x; D = sum_w*sum_l2 - sum_l*sum_l; when D > 0:
+#   this_scale = (sum_w*sum_xl - sum_x*sum_l)/D, this_min = (sum_l2*sum_x - sum_l*sum_xl)/D, and if
+#   this_min > 0: this_min = 0, this_scale = sum_xl/sum_l2; its error as above; when cur_error < best_error the
+#   trial wins: L, best_error, scale and *min* take its values. A win moves min, so every later trial depends on
+#   the earlier ones: the trials run in sequence, each over all sub-blocks at once (C's branches as selects).
+# * nearest_int is the bit trick (see Q6_K). A trial's values iscale*(x - min) lie between iscale*(min_x - min)
+#   and iscale*(max - min) (rounding is monotonic): when those bounds are finite and below 2^22 for every
+#   sub-block, np.rint then the clamp gives the same levels; otherwise the bits themselves are used.
+# * Super-block: max_scale / max_min from 0 with ``>`` (NaN never counts); inv = m > 0 ? 63/m : 0;
+#   ls = MIN(63, (uint8_t) nearest_int(inv*scale)) (the int's low byte); d = fp16(max_scale/63), dmin likewise;
+#   then L = clamp(nearest_int((x + fp32(dmin)*lm)/(fp32(d)*ls)), 0, nmax) where fp32(d)*ls != 0. Those values
+#   are not bounded (a sub-block's min can be far from its 6-bit rounding), so nearest_int's bits are used.
+# * NaN payloads reach the bytes only through nearest_int, and where two NaNs meet in one commutative operation
+#   x86 keeps the first operand's, which is the compiler's choice. Two such places feed nearest_int: the
+#   requantization's x + dm (see _ggml_nan_sum) and the fit's iscale*(x - min) when x[0] is NaN (ggml keeps the
+#   NaN of x - min); both kernels set what ggml's build gives there, whatever their own operand order.
+
+QK_K_SUB = 32  # values per Q4_K/Q5_K sub-block
+Q4_K_BYTES = 144  # fp16 d, fp16 dmin, scales[12], qs[128]
+Q5_K_BYTES = 176  # fp16 d, fp16 dmin, scales[12], qh[32], qs[128]
+K_GROUP = 256  # super-blocks per numpy step: 32 x 2048 float32 work arrays, ~2 MB of scratch per thread
+_F63 = np.float32(63)
+_F2_22 = np.float32(2.0 ** 22)
+
+
+def _qkx2_lanes(nmax: int, rmin: float, rdelta: float, nstep: int) -> np.ndarray:
+    """The iscale numerators in C's order: the first fit's nmax, then rmin + rdelta*is + nmax for is = 0..nstep,
+    each operation rounded to float32 as C computes it."""
+    lanes = [np.float32(nmax)]
+    lanes += [np.float32(np.float32(rmin) + np.float32(rdelta) * np.float32(i)) + np.float32(nmax)
+              for i in range(nstep + 1)]
+    return np.array(lanes, np.float32)
+
+
+_KQ_NMAX = {Q.Q4_K: 15, Q.Q5_K: 31}
+_KQ_LANES = {Q.Q4_K: _qkx2_lanes(15, -1.0, 0.1, 20), Q.Q5_K: _qkx2_lanes(31, -0.5, 0.1, 15)}
+
+
+class _KScratch(threading.local):
+    """Per-thread Q4_K/Q5_K work arrays (see _Q6Scratch: large temporaries would be fresh, page-faulting memory)."""
+
+    def __init__(self) -> None:
+        n = QK_K * K_GROUP
+        self.xt = np.empty(n, np.float32)
+        self.l = np.empty(n, np.float32)
+        self.best_l = np.empty(n, np.float32)
+        self.xm = np.empty(n, np.float32)
+        self.terms = np.empty(3 * n, np.float32)
+
+
+_k_scratch = _KScratch()
+
+
+def _seq_sum(t: np.ndarray, from_zero: bool = True) -> np.ndarray:
+    """C's ``s = 0; for (i...) s += t[i]`` along axis 0, one rounded addition per term in index order
+    (``from_zero`` False: ``s = t[0]``, then the rest)."""
+    acc = np.add(t[0], _F0) if from_zero else t[0].copy()
+    for i in range(1, t.shape[0]):
+        np.add(acc, t[i], out=acc)
+    return acc
+
+
+def _levels(xt: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray, mn: np.ndarray, iscale: np.ndarray, nmax: int,
+            finite: bool, xm: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``MAX(0, MIN(nmax, nearest_int(iscale*(x - mn))))`` as float32 into ``out`` (32 x S); ``x_lo``/``x_hi``: a
+    lower and upper bound of each column of ``xt``; ``xm``: scratch."""
+    np.subtract(xt, mn, out=xm)
+    np.multiply(xm, iscale, out=out)
+    if finite:
+        lo, hi = iscale * (x_lo - mn), iscale * (x_hi - mn)  # the extreme values of iscale*(x - mn)
+        bound = np.maximum(np.abs(lo), np.abs(hi))
+        if bool(np.all(bound < _F2_22)):  # not NaN or inf either: nearest_int is round-half-even
+            np.rint(out, out=out)
+            return np.clip(out, _F0, np.float32(nmax), out=out)
+    isc_nan = np.isnan(iscale)
+    if isc_nan.any():  # where both are NaN, ggml's build keeps the NaN of x - min (see the notes above)
+        both = np.isnan(xm) & isc_nan
+        out.view(np.uint32)[both] = xm.view(np.uint32)[both] | np.uint32(0x00400000)
+    li = _nearest_int(out, out=out.view(np.int32))
+    np.clip(li, 0, nmax, out=li)
+    np.copyto(out, li, casting="unsafe")  # same-size elementwise cast: safe in place
+    return out
+
+
+def _weighted_error(lf: np.ndarray, scale: np.ndarray, mn: np.ndarray, xt: np.ndarray, w: np.ndarray,
+                    diff: np.ndarray) -> np.ndarray:
+    """make_qkx2_quants' error: the sum over i, in order, of w*((scale*L + min - x)^2) (``diff``: scratch)."""
+    np.multiply(lf, scale, out=diff)
+    np.add(diff, mn, out=diff)
+    np.subtract(diff, xt, out=diff)
+    np.multiply(diff, diff, out=diff)
+    np.multiply(w, diff, out=diff)
+    return _seq_sum(diff)
+
+
+def _make_qkx2_quants(xt: np.ndarray, nmax: int, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false) with the weights of
+    quantize_row_q4_K_ref / q5_K_ref, for every column of ``xt`` (32 x S).
+
+    Returns (scale, the_min) (S float32 each) and L (32 x S uint8)."""
+    s = _k_scratch
+    n = xt.size
+    lf, best_l, xm = (a[:n].reshape(xt.shape) for a in (s.l, s.best_l, s.xm))
+    terms = s.terms[:3 * n].reshape(xt.shape[0], 3, xt.shape[1])
+    with np.errstate(all="ignore"):
+        mx, mn = xt.max(axis=0), xt.min(axis=0)  # NaN propagates
+        finite = bool(np.isfinite(mx).all() and np.isfinite(mn).all())
+        if not finite:  # later NaNs never count; a NaN x[0] is min and max (with its payload)
+            mx, mn = _nan_to(xt, np.float32(-np.inf)).max(axis=0), _nan_to(xt, np.float32(np.inf)).min(axis=0)
+            nan0 = np.isnan(xt[0])
+            mx[nan0] = xt[0][nan0]
+            mn[nan0] = xt[0][nan0]
+        x_lo = mn  # every x >= this (and <= mx)
+        mn = np.where(mn > _F0, _F0, mn)  # if (min > 0) min = 0
+        zero = mx == mn  # C returns early there (L 0, scale 0); the lanes below compute placeholders
+        sum_x2 = _seq_sum(xt * xt)
+        w = np.abs(xt)
+        np.add(np.sqrt(sum_x2 / np.float32(QK_K_SUB)), w, out=w)  # av_x + fabsf(x)
+        sum_w = _seq_sum(w, from_zero=False)
+        sum_x = _seq_sum(w * xt, from_zero=False)  # w[0]*x[0], then += w*x
+
+        def iscale_for(lane: np.float32, cur_min: np.ndarray) -> np.ndarray:
+            r = mx - cur_min
+            r[zero] = 1
+            return lane / r
+
+        iscale = iscale_for(lanes[0], mn)
+        _levels(xt, x_lo, mx, mn, iscale, nmax, finite, xm, best_l)
+        scale = np.float32(1) / iscale
+        best = _weighted_error(best_l, scale, mn, xt, w, terms[:, 0])
+        cur_min = mn.copy()
+        for lane in lanes[1:]:
+            iscale = iscale_for(lane, cur_min)
+            _levels(xt, x_lo, mx, cur_min, iscale, nmax, finite, xm, lf)
+            np.multiply(w, lf, out=terms[:, 0])  # w*l
+            np.multiply(terms[:, 0], lf, out=terms[:, 1])  # (w*l)*l
+            np.multiply(terms[:, 0], xt, out=terms[:, 2])  # (w*l)*x
+            sum_l, sum_l2, sum_xl = _seq_sum(terms)
+            dd = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / dd
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / dd
+            pos = this_min > _F0
+            this_min[pos] = 0
+            np.copyto(this_scale, sum_xl / sum_l2, where=pos)
+            err = _weighted_error(lf, this_scale, this_min, xt, w, terms[:, 0])
+            won = (dd > _F0) & (err < best)  # `if (D > 0)`, then `if (cur_error < best_error)`
+            if won.any():
+                np.copyto(best, err, where=won)
+                np.copyto(scale, this_scale, where=won)
+                np.copyto(cur_min, this_min, where=won)
+                np.copyto(best_l, lf, where=won)
+    lq = best_l.astype(np.uint8)
+    if zero.any():
+        scale[zero] = 0
+        cur_min[zero] = mn[zero]
+        lq[:, zero] = 0
+    return scale, np.negative(cur_min), lq
+
+
+# ggml's build computes the requantization's x + dm as vector additions whose first operand (the NaN x86 keeps when
+# both are NaN) is x for elements 0..27 of a sub-block and dm for 28..31 (measured: the register allocation of
+# its vectorised loop). Both are NaN only for a NaN input x in a sub-block whose dm = inf*0 (fp16 dmin
+# overflowed, 6-bit min 0); the payload then reaches nearest_int. Ours add in whatever order, then put that
+# operand (quieted, as the addition would) where both are NaN.
+_GGML_X_FIRST = 28
+
+
+def _ggml_nan_sum(xt: np.ndarray, dm: np.ndarray) -> np.ndarray:
+    """The bits of ggml's ``x + dm`` where both are NaN (``xt``: 32 x S, ``dm``: S)."""
+    rows = np.arange(xt.shape[0])[:, None] < _GGML_X_FIRST
+    return np.where(rows, xt.view(np.uint32), dm.view(np.uint32)) | np.uint32(0x00400000)
+
+
+def _qk_group(xt: np.ndarray, dst: np.ndarray, qtype: GGMLQuantizationType) -> None:
+    """quantize_row_q4_K_ref / q5_K_ref: ``xt`` (32 x 8G: the transposed sub-blocks of G super-blocks) into
+    ``dst`` (G x 144 or G x 176 uint8)."""
+    ng, nmax = dst.shape[0], _KQ_NMAX[qtype]
+    scale, the_min, lq = _make_qkx2_quants(xt, nmax, _KQ_LANES[qtype])
+    sc, mins = scale.reshape(ng, 8), the_min.reshape(ng, 8)
+    with np.errstate(all="ignore"):
+        # from 0, ``if (v > m) m = v``: the largest positive value (NaN never counts), else C's +0.0
+        max_scale = np.where(sc > _F0, sc, _F0).max(axis=1)
+        max_min = np.where(mins > _F0, mins, _F0).max(axis=1)
+        inv_scale = np.where(max_scale > _F0, _F63 / max_scale, _F0)
+        inv_min = np.where(max_min > _F0, _F63 / max_min, _F0)
+        ls = np.minimum(_nearest_int(inv_scale[:, None] * sc) & 0xFF, 63).astype(np.uint8)
+        lm = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+        d16, dm16 = _fp16_bits(max_scale / _F63), _fp16_bits(max_min / _F63)
+        d = (d16.view(np.float16).astype(np.float32)[:, None] * ls).reshape(-1)
+        dm = (dm16.view(np.float16).astype(np.float32)[:, None] * lm).reshape(-1)
+        redo = d != 0  # `if (!d) continue;`: NaN counts as non-zero
+        if redo.any():
+            both = np.isnan(xt) & np.isnan(dm) if np.isnan(dm).any() else None
+            if both is not None and both.any():  # see _ggml_nan_sum
+                first = _ggml_nan_sum(xt, dm)
+            v = np.add(xt, dm, out=xt)
+            if both is not None and both.any():
+                v.view(np.uint32)[both] = first[both]
+            np.divide(v, d, out=v)
+            li = _nearest_int(v, out=v.view(np.int32))
+            np.clip(li, 0, nmax, out=li)
+            np.copyto(lq, li, casting="unsafe", where=redo)
+    dst[:, 0:2] = d16.view(np.uint8).reshape(ng, 2)
+    dst[:, 2:4] = dm16.view(np.uint8).reshape(ng, 2)
+    # 6-bit scales and mins: bytes 0-3 ls[0..4) | (ls[4..8) >> 4) << 6, bytes 4-7 lm the same, bytes 8-11
+    # (ls[4..8) & 15) | (lm[4..8) & 15) << 4 (get_scale_min_k4 reads them back)
+    scales = dst[:, 4:16]
+    scales[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> _U4) << np.uint8(6))
+    scales[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> _U4) << np.uint8(6))
+    scales[:, 8:12] = (ls[:, 4:] & np.uint8(0xF)) | (lm[:, 4:] << _U4)
+    lb = lq.T.reshape(ng, 8, QK_K_SUB)  # L of sub-block j, in order
+    pairs = lb.reshape(ng, 4, 2, QK_K_SUB)  # sub-blocks 2k (low nibbles) and 2k+1 (high) share 32 bytes
+    qs = dst[:, -128:].reshape(ng, 4, QK_K_SUB)
+    np.left_shift(pairs[:, :, 1], _U4, out=qs)
+    np.bitwise_or(qs, pairs[:, :, 0] & np.uint8(0xF), out=qs)
+    if qtype == Q.Q5_K:  # qh[l]: bit j is bit 4 of sub-block j's L[l]
+        hi = (lb >> _U4) << np.arange(8, dtype=np.uint8)[None, :, None]
+        np.bitwise_or.reduce(hi, axis=1, out=dst[:, 16:48])
+
+
+def _quantize_blocks(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: GGMLQuantizationType,
+                     block: int, nbytes: int) -> np.ndarray:
+    """The shared frame of the Q5_0/Q5_1/Q4_K/Q5_K entry points: checks, then the compiled kernel or numpy groups."""
+    src_type = Q(src_type)
+    if values.dtype != SOURCE_DTYPES[src_type] or values.size % block:
+        raise ValueError(f"cannot quantize {values.dtype} values ({values.size}) given as {src_type.name} "
+                         f"to {dst_type.name}")
+    blocks = np.ascontiguousarray(values).reshape(-1, block)
+    nbt = blocks.shape[0]
+    if _compiled is not None:
+        return _run_compiled(blocks, src_type, dst_type, nbt * nbytes)
+    out = np.empty((nbt, nbytes), np.uint8)
+    if block == QK:
+        group = _q5_0_group if dst_type == Q.Q5_0 else _q5_1_group
+        for b0 in range(0, nbt, GROUP_BLOCKS):
+            b1 = min(nbt, b0 + GROUP_BLOCKS)
+            group(_load_cols(blocks[b0:b1], src_type, b1 - b0, _col_scratch.xt), out[b0:b1])
+    else:
+        per = QK_K // QK_K_SUB
+        for b0 in range(0, nbt, K_GROUP):
+            b1 = min(nbt, b0 + K_GROUP)
+            _qk_group(_load_cols(blocks[b0:b1], src_type, per * (b1 - b0), _k_scratch.xt), out[b0:b1], dst_type)
+    return out.reshape(-1)
+
+
+def quantize_q5_0(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -> np.ndarray:
+    """ggml's quantize_row_q5_0_ref over ``values``; the Q5_0 bytes (22 per 32 values) as a flat uint8 array.
+
+    ``values``: float32 (``src_type`` F32), float16 (F16) or the raw uint16 words of BF16, any shape whose size is
+    a multiple of 32. Non-finite input is quantized as ggml does (the fp16 ``d`` can come out NaN or infinite,
+    which llama-quantize's validation then refuses)."""
+    return _quantize_blocks(values, src_type, Q.Q5_0, QK, Q5_0_BYTES)
+
+
+def quantize_q5_1(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -> np.ndarray:
+    """ggml's quantize_row_q5_1_ref over ``values``; the Q5_1 bytes (24 per 32 values) as a flat uint8 array
+    (``values`` as for :func:`quantize_q5_0`)."""
+    return _quantize_blocks(values, src_type, Q.Q5_1, QK, Q5_1_BYTES)
+
+
+def quantize_q4_k(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -> np.ndarray:
+    """ggml's quantize_row_q4_K_ref over ``values``; the Q4_K bytes (144 per 256 values) as a flat uint8 array.
+
+    ``values`` as for :func:`quantize_q6_k` (a size that is a multiple of 256: whole rows of a tensor with
+    ``ne[0] % 256 == 0``). This is what llama-quantize makes of a Q4_K tensor without an imatrix."""
+    return _quantize_blocks(values, src_type, Q.Q4_K, QK_K, Q4_K_BYTES)
+
+
+def quantize_q5_k(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -> np.ndarray:
+    """ggml's quantize_row_q5_K_ref over ``values``; the Q5_K bytes (176 per 256 values) as a flat uint8 array
+    (``values`` as for :func:`quantize_q4_k`)."""
+    return _quantize_blocks(values, src_type, Q.Q5_K, QK_K, Q5_K_BYTES)
+
+
+_EXTRA = {Q.Q5_0: quantize_q5_0, Q.Q5_1: quantize_q5_1, Q.Q4_K: quantize_q4_k, Q.Q5_K: quantize_q5_k}

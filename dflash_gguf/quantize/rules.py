@@ -4,7 +4,7 @@ Source: ``src/llama-quant.cpp`` of llama.cpp b11434 (``tensor_allows_quantizatio
 ``init_quantize_state_counters``, ``llama_tensor_get_type``, ``llama_tensor_get_type_impl``,
 ``tensor_type_fallback``), ``weight_name_comparer`` in ``src/llama-model-loader.h`` (the tensor order the counters
 run in), and the model types the rules ask for (``LLM_TYPE_70B`` in ``src/models/*.cpp``). The branches reachable for
-the file types in ``FTYPES`` without an importance matrix are mirrored, with ``--output-tensor-type``,
+the file types in ``ALL_FTYPES`` without an importance matrix are mirrored, with ``--output-tensor-type``,
 ``--token-embedding-type`` and ``--pure``.
 """
 
@@ -39,9 +39,9 @@ ALL_FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
     "bf16": (F.MOSTLY_BF16, Q.BF16),
     "f32": (F.ALL_F32, Q.F32),
 }
-# The file types the built-in makes: those whose every tensor type (mixture and fallbacks included) has a kernel.
-FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
-    k: v for k, v in ALL_FTYPES.items() if k in ("q4_0", "q8_0", "f16", "bf16", "f32")}
+# The file types the built-in makes: every tensor type their rules pick (mixtures and fallbacks included) has a
+# kernel in quantize/kernels.py.
+FTYPES = ALL_FTYPES
 SUPPORTED_TYPES = tuple(FTYPES)
 
 # Types that are not "quantized" for ggml_is_quantized(); everything else is a block quant.
@@ -65,7 +65,8 @@ _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 _LAYER_RE = re.compile(r"^blk\.(-?\d+)\.")
 _TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")  # tensor_name_match_token_embd
 # Types the built-in can make for --output-tensor-type / --token-embedding-type (llama-quantize takes any).
-OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
+OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K,
+                  "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
 # Architectures and block counts b11434 calls LLM_TYPE_70B (src/models/*.cpp load_arch_hparams); llama's only
 # when its heads do not all have their own K/V (n_head == n_head_kv is 65B there).
 _70B_LAYERS = {"llama": 80, "qwen2": 80, "olmo": 80, "deci": 80, "jais2": 68}

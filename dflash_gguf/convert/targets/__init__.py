@@ -64,7 +64,7 @@ from .writers import spec_writer
 log = logging.getLogger(__name__)
 
 # Family modules of this package. A new family: write ``<name>.py`` (contract above), add its name here.
-_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama", "qwen35")
+_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama", "qwen35", "qwen3moe")
 
 
 # HF architectures[0] -> family name
@@ -247,7 +247,8 @@ def _quant_jobs(fam: TextFamily, specs: list[TensorSpec], outfile: Path, outtype
 
 
 def _refs(specs: list[TensorSpec]) -> list[TensorRef]:
-    return [spec.ref for spec in specs if spec.ref is not None]
+    """Every checkpoint tensor the specs read, a stacked tensor's parts included (what the read-ahead warms)."""
+    return [ref for spec in specs for ref in (spec.parts or ((spec.ref,) if spec.ref is not None else ()))]
 
 
 def _tensor_outs(fam: TextFamily, specs: list[TensorSpec], outtype: str) -> tuple[list[TensorOut], str]:

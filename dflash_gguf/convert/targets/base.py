@@ -51,6 +51,9 @@ class TensorSpec:
     Exactly one of ``ref`` (bytes in the checkpoint) or ``data`` (a small generated F32 array) is set.
     ``row_order`` permutes whole rows (output row r is source row ``row_order[r]``, e.g. Llama's q/k
     permutation) and ``transform`` maps F32 values chunk by chunk (whole rows); both are streamed.
+    ``parts``: the tensor is these checkpoint tensors stacked along a new first axis (b11434's
+    ``torch.stack`` of one-tensor-per-expert weights), written one after the other; ``ref`` is then the
+    first part, which stands for their dtype (``--outtype auto``).
     """
 
     name: str
@@ -60,6 +63,7 @@ class TensorSpec:
     row_order: np.ndarray | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     force_f32: bool = False
+    parts: tuple[TensorRef, ...] = ()
 
 
 def block_id(name: str) -> int | None:

@@ -37,6 +37,7 @@ from ...errors import ConfigError, NotCoveredError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import DECODER_BLOCK, GATED_DELTA_NET, NEXTN, QK_NORM, QWEN_MOE_MLP, TEXT_MODEL, block_map
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id
+from .experts import split_gate_up
 
 DENSE_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
 MOE_ARCHITECTURES = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM")
@@ -218,15 +219,7 @@ class Qwen35Family(TextFamily):
         qk = 2 * n_k * d_k
 
         if name.endswith(".mlp.experts.gate_up_proj.weight"):
-            n_exp, two_ff, n_embd = ref.shape
-            half = n_exp * (two_ff // 2) * n_embd * (ref.nbytes // (n_exp * two_ff * n_embd))
-            # A view with one "row" per half expert (gate, up, gate, up, ...); the streamed writer reads
-            # row r at offset r * nbytes / rows, so half the bytes and every other row select one half.
-            view = replace(ref, shape=(n_exp, two_ff // 2, n_embd), nbytes=half)
-            shape: tuple[int, ...] = (n_exp, two_ff // 2, n_embd)
-            stem = spec.name.removesuffix("gate_up_exps.weight")
-            return [TensorSpec(stem + "gate_exps.weight", shape, ref=view, row_order=np.arange(0, 2 * n_exp, 2)),
-                    TensorSpec(stem + "up_exps.weight", shape, ref=view, row_order=np.arange(1, 2 * n_exp, 2))]
+            return split_gate_up(spec)
         if name.endswith(".linear_attn.A_log"):
             order = _v_tiled(n_k, n_v, 1) if reorder else None
             return [replace(spec, row_order=order, transform=_neg_exp(ref.dtype))]

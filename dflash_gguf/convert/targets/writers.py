@@ -1,4 +1,4 @@
-"""Byte writers for planned target tensors: copied, converted in chunks, permuted or generated.
+"""Byte writers for planned target tensors: copied, converted in chunks, permuted, stacked or generated.
 
 Plain tensors reuse the drafter's ``tensor_io`` (``copy_file_range`` when the type is unchanged,
 bounded chunks otherwise). A row permutation or a value transform reads whole source rows in bounded
@@ -16,6 +16,7 @@ from typing import BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from ..safetensors import TensorRef
 from ..tensor_io import CHUNK_BYTES, byte_source, encode, tensor_writer, to_f32
 from .base import TensorSpec
 
@@ -62,6 +63,18 @@ def _streamed_writer(spec: TensorSpec, qtype: GGMLQuantizationType) -> Callable[
     return write
 
 
+def _stacked_writer(parts: tuple[TensorRef, ...], qtype: GGMLQuantizationType) -> Callable[[BinaryIO], object]:
+    """Tensors stacked along a new first axis: each written whole, in turn (copied or converted on its own; every
+    part is whole rows, so the block quantizers see the rows they would see in the stacked tensor)."""
+    writers = [tensor_writer(part, qtype) for part in parts]
+
+    def write(out: BinaryIO) -> None:
+        for part_writer in writers:
+            part_writer(out)
+
+    return write
+
+
 def spec_writer(spec: TensorSpec, qtype: GGMLQuantizationType
                 ) -> tuple[Callable[[BinaryIO], object], tuple[Path, int] | None]:
     """(writer, byte source) of one planned tensor; the source is set only when its bytes are copied as-is."""
@@ -69,6 +82,8 @@ def spec_writer(spec: TensorSpec, qtype: GGMLQuantizationType
         payload = encode(np.ascontiguousarray(spec.data, dtype=np.float32).reshape(-1), qtype,
                          spec.shape[-1] if spec.shape else 1).tobytes()
         return (lambda out: out.write(payload)), None
+    if spec.parts:
+        return _stacked_writer(spec.parts, qtype), None
     assert spec.ref is not None
     if spec.row_order is None and spec.transform is None:
         return tensor_writer(spec.ref, qtype), byte_source(spec.ref, qtype)
