@@ -38,7 +38,7 @@ def key(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Sources:
+class Provenance:
     """What the caller knows about the inputs: Hub repos (``org/name[@rev]``), the paired target file, and the
     tokenizer overlay's own record. Built once by the caller, turned into keys by :meth:`keys`."""
 

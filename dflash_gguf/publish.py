@@ -29,7 +29,15 @@ from .errors import PublishRefused
 from .ggufio.reader import read_gguf
 from .jsonfile import load_json
 from .model_card import CARD, front_matter, read_card, str_list
-from .pipeline.manifest import MANIFEST_NAME, PairRecord, read_manifest, sha256_file, verify_manifest
+from .pipeline.manifest import (
+    MANIFEST_NAME,
+    PairRecord,
+    SourceRecord,
+    Sources,
+    read_manifest,
+    sha256_file,
+    verify_manifest,
+)
 from .sidecar import PRESET_NAME
 from .tune.plot import PLOT_NAME
 from .verify.report import Report
@@ -186,7 +194,7 @@ def _license_of_sources(doc: dict[str, Any]) -> str:
     found: dict[str, list[str]] = {}
     for side, src in _sources(doc):
         card = _source_card(src)
-        found[f"{side} {src.get('repo') or src.get('path')}"] = str_list(front_matter(card).get("license"))
+        found[f"{side} {src.repo or src.path}"] = str_list(front_matter(card).get("license"))
     licenses = {tuple(v) for v in found.values()}
     if len(licenses) == 1 and (only := next(iter(licenses))) and len(only) == 1:
         return only[0]
@@ -196,19 +204,19 @@ def _license_of_sources(doc: dict[str, Any]) -> str:
                          "--license gemma, --license apache-2.0, --license other).")
 
 
-def _sources(doc: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
-    sources = doc.get("sources") or {}
-    yield "target", sources.get("target") or {}
-    for d in sources.get("drafters") or [sources.get("drafter") or {}]:
+def _sources(doc: dict[str, Any]) -> Iterable[tuple[str, SourceRecord]]:
+    sources = Sources.from_json(doc.get("sources"))
+    yield "target", sources.target
+    for d in sources.drafters:
         yield "drafter", d
 
 
-def _source_card(src: dict[str, Any]) -> str | None:
+def _source_card(src: SourceRecord) -> str | None:
     """A source's README.md: the local folder's, or the repo's at the recorded commit (fetched like its config)."""
-    if src.get("repo"):
-        spec = f"{src['repo']}@{src['commit']}" if src.get("commit") else str(src["repo"])
+    if src.repo:
+        spec = f"{src.repo}@{src.commit}" if src.commit else src.repo
         return read_card(hub.resolve(spec, (CARD,), progress=False).path)
-    return read_card(Path(src["path"])) if src.get("path") else None
+    return read_card(Path(src.path)) if src.path else None
 
 
 # ------------------------------------------------------------------------------------------------------ the card
@@ -219,7 +227,7 @@ def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: 
     """README.md for the repo, from pair.json: what is in it, how to run it, how it was made, how it was checked,
     and what was measured (with the hardware, flags and workload), or that nothing was."""
     sources = list(_sources(doc))
-    bases = [s["repo"] for _, s in sources if s.get("repo")]
+    bases = [s.repo for _, s in sources if s.repo]
     kinds = sorted({_kind_tag(f.role) for f in files if f.role.startswith("drafter")} - {""})
     tags = ["gguf", "llama.cpp", "speculative-decoding", *kinds]
     head: dict[str, Any] = {"license": license, "library_name": "gguf", "tags": tags}
@@ -254,8 +262,8 @@ def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: 
                   f"llama-server --models-dir MODELS --models-preset MODELS/<name>/{PRESET_NAME}", "```", ""]
     lines += ["## How it was made", ""]
     for side, s in sources:
-        where = f"[{s['repo']}]({'https://huggingface.co/' + s['repo']}) at commit `{s.get('commit')}`" \
-            if s.get("repo") else f"a local folder ({Path(str(s.get('path'))).name})"
+        where = f"[{s.repo}](https://huggingface.co/{s.repo}) at commit `{s.commit}`" if s.repo \
+            else f"a local folder ({Path(str(s.path)).name})"
         lines.append(f"- {side}: {where}")
     tools = doc.get("tools") or {}
     lines += [f"- made by dflash-gguf {tools.get('dflash_gguf', __version__)} (gguf {tools.get('gguf', '?')}), "

@@ -237,7 +237,8 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
              "compiled / ggml |", "|---|---|---|---|---|"]
     out = np.empty(n * 2, np.uint8)  # more than any of the three needs
     previous = kernels.kernel_path()
-    for qtype, fname in ((Q.Q4_0, "q4_0"), (Q.Q8_0, "q8_0"), (Q.Q6_K, "q6_K")):
+    for qtype, fname in ((Q.Q4_0, "q4_0"), (Q.Q8_0, "q8_0"), (Q.Q5_0, "q5_0"), (Q.Q5_1, "q5_1"), (Q.Q4_K, "q4_K"),
+                         (Q.Q5_K, "q5_K"), (Q.Q6_K, "q6_K")):
         speed = {}
         for path in kernels.KERNEL_PATHS if kernels.compiled_available() else ("numpy",):
             kernels.set_kernel_path(path)
@@ -261,6 +262,9 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
     os.sync()  # the files' writeback would otherwise run under the first rows
     q6 = ["--output-tensor-type", "q6_k", "--token-embedding-type", "q6_k"]
     for label, src, type_name, extra in (("Q4_0", layers, "q4_0", []), ("Q8_0", layers, "q8_0", []),
+                                         ("Q4_K_M", layers, "q4_k_m", []), ("Q4_K_S", layers, "q4_k_s", []),
+                                         ("Q5_K_M", layers, "q5_k_m", []), ("Q6_K", layers, "q6_k", []),
+                                         ("Q5_0", layers, "q5_0", []), ("Q5_1", layers, "q5_1", []),
                                          ("Q6_K (q8_0 file, Q6_K embd/output)", embd, "q8_0", q6),
                                          ("F16", layers, "f16", []), ("BF16 (a copy)", layers, "bf16", [])):
         mb = src.stat().st_size / 1e6

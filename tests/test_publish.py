@@ -188,3 +188,35 @@ def _assert_no_token(out: str, folder: Path, published: dict[str, bytes]) -> Non
             assert TOKEN.encode() not in path.read_bytes(), path
     for name, data in published.items():
         assert TOKEN.encode() not in data, name
+
+
+@pytest.mark.reference
+def test_llama_server_serves_a_published_mtp_assistant(tmp_path: Path) -> None:
+    """A Gemma-4 target with its MTP assistant, published: ``llama-server -hf REPO --spec-type draft-mtp`` fetches
+    the target and the mtp- sidecar from the Hub and drafts with it."""
+    from test_serve_layout import PROMPT, _server_env
+
+    from dflash_gguf.llama_bin import FoundBinary
+    from dflash_gguf.tune.server import serve as run_llama_server
+
+    reference.require_or_skip(reference.llama_cpp_available())
+    target = mf.make_gemma4_target(tmp_path / "targets")
+    folder = tmp_path / "out" / "gemma-4-tiny-it"
+    made = run_cli("dflash-convert", "--target", target, "--drafter", make_gemma4_assistant(tmp_path / "a"),
+                   "--outdir", folder)
+    assert made.returncode == 0, made.stdout + made.stderr
+    sidecar = next(p.name for p in folder.glob("mtp-*.gguf"))
+    binary = FoundBinary(reference.llama_bin("llama-server"), "test")
+    with hub_server.serve({}, valid_tokens=[TOKEN]) as hub:
+        code, out = _publish(hub, tmp_path / "hf", folder, REPO, "--license", "apache-2.0")
+        assert code == 0, out
+        hub.requests.clear()
+        with run_llama_server(binary, ["-hf", REPO, "--spec-type", "draft-mtp", "-t", "1", "-c", "1024"],
+                              startup_timeout=180, env=_server_env(hub, tmp_path / "serve"),
+                              workdir=tmp_path) as server:
+            status, body = server.request("/completion", PROMPT, timeout=120)
+        downloads = hub.downloads()
+    assert status == 200 and isinstance(body, dict), (status, body, server.log()[-3000:])
+    assert body["timings"]["draft_n"] > 0, body["timings"]
+    assert sidecar in downloads and target.name + "-Q4_0.gguf" in downloads, downloads
+    REFERENCE_COMPARISONS.append("llama-server -hf/published-mtp-assistant")

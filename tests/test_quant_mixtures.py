@@ -1,11 +1,12 @@
 """llama-quantize b11434's mixture rules (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1): the type the built-in's
 rules pick for every tensor is the type llama-quantize wrote, and the built-in's file is llama-quantize's, byte for
-byte, on target layouts that reach each rule.
+byte, on target layouts that reach each rule and on a drafter.
 
 Layouts: Llama-style files with 256-wide rows (every K-quant fits) and 64-wide ones (Q4_K falls back to Q5_0, Q5_K to
 Q5_1, Q6_K to Q8_0), untied and tied; grouped-query attention; an 8-expert model (its attention-K/V and output rules,
-the layer read from the tensor name); an 80-layer GQA Llama (b11434's 70B type); and the Qwen3.5 target our
-converter writes (experts, and an MTP layer that counts in the block count).
+the layer read from the tensor name); an 80-layer GQA Llama (b11434's 70B type); the Qwen3.5 target our converter
+writes (experts, and an MTP layer that counts in the block count); the Gemma-4 (tied embedding, per-layer KV
+geometry) and Qwen3 fixture targets and a DFlash drafter as our converters write them (64-wide: the fallbacks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import reference
 from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType as Q
 
+from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.quantize import quantize_gguf
@@ -51,12 +53,32 @@ def _qwen35(path: Path) -> Path:
     return path
 
 
+def _gemma4(path: Path) -> Path:
+    convert_target(mf.make_gemma4_target(path.parent / "gemma4-src"), path, "bf16")
+    return path
+
+
+def _qwen3(path: Path) -> Path:
+    target = mf.make_qwen3_target(path.parent / "qwen3-src", llama_cpp_src=reference.require_llama_cpp_src())
+    convert_target(target, path, "bf16")
+    return path
+
+
+def _drafter(path: Path) -> Path:
+    target = mf.make_gemma4_target(path.parent / "drafter-target")
+    convert_drafter(mf.make_drafter(path.parent / "drafter-src", target="gemma4"), target, path, "bf16")
+    return path
+
+
 SOURCES = {
     "llama-256-untied-gqa": lambda p: _llama(p, n_layer=16, n_embd=256, tied=False, kv_heads=1),
     "llama-256-tied": lambda p: _llama(p, n_layer=12, n_embd=256),
     "llama-64-fallbacks": lambda p: _llama(p, n_layer=10, n_embd=64, tied=False),
     "llama-8-experts": lambda p: _llama(p, n_layer=8, n_embd=256, tied=False, experts=8),
     "qwen35-moe-mtp": _qwen35,
+    "gemma4-tied": _gemma4,
+    "qwen3-untied": _qwen3,
+    "dflash-drafter": _drafter,
 }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..provenance import Sources
+from ..provenance import Provenance
 from ._common import Progress, echo_conversion, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -153,7 +153,7 @@ def _drafter_only(drafter: Path, target: Path, outfile: Path, outtype: str, toke
             from ..tokenizer_fixups import overlay_provenance
 
             tokenizer = overlay_provenance(tokenizer_dir)
-        provenance = Sources(drafter_repo, target_repo, pair_with, tokenizer).keys()
+        provenance = Provenance(drafter_repo, target_repo, pair_with, tokenizer).keys()
         result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress,
                                  tokenizer_dir=tokenizer_dir, provenance=provenance, quant=quant)
     finally:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..provenance import Sources
+from ..provenance import Provenance
 from ._common import Progress, echo_conversion, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -45,7 +45,7 @@ def convert_target_cmd(target_dir: Path, outfile: Path, outtype: str, quant: str
     progress = Progress("convert-target")
     try:
         result = convert_target(target_dir, outfile, outtype, tokenizer_dir=tokenizer_dir, quant=quant, dry_run=dry_run,
-                                provenance=Sources(target_repo=target_repo, tokenizer=tokenizer).keys(),
+                                provenance=Provenance(target_repo=target_repo, tokenizer=tokenizer).keys(),
                                 on_progress=progress)
     finally:
         progress.close()

@@ -109,7 +109,7 @@ def drafter_card_record(drafter_dir: Path) -> dict[str, str]:
 def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: str,
                   known: dict[str, str] | None) -> dict[str, str]:
     """Our provenance keys about the target (both converters write them); ``known`` (what the caller knows,
-    ``provenance.Sources.keys()``) wins over these defaults."""
+    ``provenance.Provenance.keys()``) wins over these defaults."""
     return {
         prov.CONVERTER: f"dflash-gguf {__version__}",
         prov.LLAMA_CPP_BUILD: LLAMA_CPP_BUILD,

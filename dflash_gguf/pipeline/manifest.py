@@ -230,6 +230,86 @@ class ServePlan:
                    _opt_str(d.get("hub")))
 
 
+@dataclass(frozen=True)
+class SourceRecord:
+    """A pipeline input as pair.json records it: the spec given, and the repo at its commit or the local folder."""
+
+    spec: str
+    repo: str | None = None
+    commit: str | None = None
+    path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": self.spec, "repo": self.repo, "commit": self.commit, "path": self.path}
+
+    @classmethod
+    def from_json(cls, d: Any) -> SourceRecord:
+        d = d if isinstance(d, dict) else {}
+        return cls(str(d.get("spec") or ""), _opt_str(d.get("repo")), _opt_str(d.get("commit")),
+                   _opt_str(d.get("path")))
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the run's inputs came from: the target, the drafter (each drafter of a run of several), and the
+    existing target GGUF given with --target-gguf."""
+
+    target: SourceRecord
+    drafter: SourceRecord
+    several: tuple[SourceRecord, ...] | None = None
+    target_gguf: SourceRecord | None = None
+
+    @property
+    def drafters(self) -> tuple[SourceRecord, ...]:
+        return self.several if self.several is not None else (self.drafter,)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target": self.target.to_json(), "drafter": self.drafter.to_json()}
+        if self.several is not None:
+            out["drafters"] = [d.to_json() for d in self.several]
+        if self.target_gguf is not None:
+            out["target_gguf"] = {"spec": self.target_gguf.spec, "path": self.target_gguf.path}
+        return out
+
+    @classmethod
+    def from_json(cls, d: Any) -> Sources:
+        d = d if isinstance(d, dict) else {}
+        several = d.get("drafters")
+        return cls(SourceRecord.from_json(d.get("target")), SourceRecord.from_json(d.get("drafter")),
+                   tuple(SourceRecord.from_json(x) for x in several) if isinstance(several, list) else None,
+                   SourceRecord.from_json(d["target_gguf"]) if isinstance(d.get("target_gguf"), dict) else None)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options a run was made with, and how it made the two GGUFs (pair.json's ``options``)."""
+
+    quant: str
+    draft_quant: str
+    target_method: str  # TargetMethod.kind: builtin, llama-cpp, gguf
+    drafter_method: str  # builtin or llama-cpp
+    target_gguf: str | None = None
+    llama_cpp: str | None = None
+    keep_intermediate: bool = False
+    allow_derived_target: bool = False
+    drop_mtp: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"quant": self.quant, "draft_quant": self.draft_quant, "target_method": self.target_method,
+                "drafter_method": self.drafter_method, "target_gguf": self.target_gguf, "llama_cpp": self.llama_cpp,
+                "keep_intermediate": self.keep_intermediate, "allow_derived_target": self.allow_derived_target,
+                "drop_mtp": self.drop_mtp}
+
+    @classmethod
+    def from_json(cls, d: Any) -> RunOptions:
+        """Any version's options (keys added later default as the runs before them behaved)."""
+        d = d if isinstance(d, dict) else {}
+        return cls(str(d.get("quant") or "q4_0"), str(d.get("draft_quant") or "q8_0"),
+                   str(d.get("target_method") or "builtin"), str(d.get("drafter_method") or "builtin"),
+                   _opt_str(d.get("target_gguf")), _opt_str(d.get("llama_cpp")), bool(d.get("keep_intermediate")),
+                   bool(d.get("allow_derived_target")), bool(d.get("drop_mtp")))
+
+
 class Manifest:
     """The manifest of one output folder: typed outputs, serve plan and stage records (what resume reads), and
     the run's other sections (sources, options, precheck, tokenizer, tools, verify, tuning) as written."""
@@ -240,7 +320,10 @@ class Manifest:
         stages = data.pop("stages", None)
         outputs = data.pop("outputs", None)
         serve = data.pop("serve", None)
+        sources, options = data.pop("sources", None), data.pop("options", None)
         self.data: dict[str, Any] = data
+        self.sources: Sources | None = Sources.from_json(sources) if isinstance(sources, dict) else None
+        self.options: RunOptions | None = RunOptions.from_json(options) if isinstance(options, dict) else None
         self.stages: dict[str, StageRecord] = {
             name: rec for name, raw in (stages.items() if isinstance(stages, dict) else ())
             if (rec := StageRecord.from_json(raw)) is not None}
@@ -276,7 +359,9 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The document pair.json holds, the parts a reader wants first."""
-        typed = {"outputs": self.outputs.to_json() if self.outputs else None,
+        typed = {"sources": self.sources.to_json() if self.sources else None,
+                 "options": self.options.to_json() if self.options else None,
+                 "outputs": self.outputs.to_json() if self.outputs else None,
                  "serve": self.serve.to_json() if self.serve else None,
                  "stages": {name: rec.to_json() for name, rec in self.stages.items()}}
         doc = self.data | {k: v for k, v in typed.items() if v is not None}
@@ -397,7 +482,9 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
                              "(or drafters/ inside it); re-run dflash-convert to write a new pair.json rather than "
                              "editing it.")
     serve = data.get("serve")
-    return PairRecord(Path(path), str(data.get("status", "")), typed, (data.get("options") or {}).get("target_method"),
+    options = data.get("options")
+    return PairRecord(Path(path), str(data.get("status", "")), typed,
+                      RunOptions.from_json(options).target_method if isinstance(options, dict) else None,
                       ServePlan.from_json(serve) if isinstance(serve, dict) else None)
 
 

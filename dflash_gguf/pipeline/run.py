@@ -22,7 +22,7 @@ from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
-from ..provenance import Sources
+from ..provenance import Provenance
 from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
@@ -37,6 +37,9 @@ from .manifest import (
     OutputRecord,
     Outputs,
     PairRecord,
+    RunOptions,
+    SourceRecord,
+    Sources,
     file_record,
     sha256_file,
 )
@@ -285,29 +288,28 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         log.warning("%s", advice)
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
     plan = plan_run(opts, drafters, target, method, outdir, drafter_by_llama_cpp)
-    header: dict[str, Any] = {"sources": {"target": target.to_dict(), "drafter": drafter.to_dict()},
-              "options": {"quant": opts.quant, "draft_quant": opts.draft_quant, "target_method": method.kind,
-                          "drafter_method": "llama-cpp" if drafter_by_llama_cpp else "builtin",
-                          "target_gguf": opts.target_gguf,
-                          "llama_cpp": str(opts.llama_cpp) if opts.llama_cpp else None,
-                          "keep_intermediate": opts.keep_intermediate,
-                          "allow_derived_target": opts.allow_derived_target, "drop_mtp": opts.drop_mtp},
-              "precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
+    sources = Sources(target.record(), drafter.record(),
+                      tuple(d.record() for d in drafters) if len(drafters) > 1 else None)
+    options = RunOptions(opts.quant, opts.draft_quant, method.kind, "llama-cpp" if drafter_by_llama_cpp else "builtin",
+                         opts.target_gguf, str(opts.llama_cpp) if opts.llama_cpp else None, opts.keep_intermediate,
+                         opts.allow_derived_target, opts.drop_mtp)
+    header: dict[str, Any] = {"precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
     if len(drafters) > 1:
-        header["sources"]["drafters"] = [d.to_dict() for d in drafters]
         header["prechecks"] = [p.to_dict() for p in prechecks]
     if opts.dry_run:
         plan.require_space()
-        return PipelineResult(outdir, header, None, plan, None, True)
+        return PipelineResult(outdir, {"sources": sources.to_json(), "options": options.to_json(), **header}, None,
+                              plan, None, True)
     plan.require_space()
     gguf_path = None
     if isinstance(method, stages.ExistingGguf):  # judged before any weight is fetched or anything is written
         gguf_path = stages.obtain_target_gguf(method.spec)
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
-        header["sources"]["target_gguf"] = {"spec": method.spec, "path": str(gguf_path.resolve())}
+        sources = replace(sources, target_gguf=SourceRecord(method.spec, path=str(gguf_path.resolve())))
     try:
         with folder_lock.writing(outdir, f"dflash-convert --outdir {outdir}"):
-            return _Run(opts, Manifest.load(outdir), progress, method).run(drafters, target, header, gguf_path)
+            return _Run(opts, Manifest.load(outdir), progress, method, options).run(drafters, target, sources, header,
+                                                                                 gguf_path)
     finally:
         forget_built()  # the target's vocabulary, built once for the drafter check, the target and the drafters
 
@@ -316,16 +318,17 @@ class _Run:
     """One run's state: the manifest, the options, and the stage bookkeeping around the stage functions."""
 
     def __init__(self, opts: PipelineOptions, manifest: Manifest, progress: ProgressFactory,
-                 method: stages.TargetMethod) -> None:
-        self.opts, self.manifest, self.progress, self.method = opts, manifest, progress, method
+                 method: stages.TargetMethod, options: RunOptions) -> None:
+        self.opts, self.manifest, self.progress, self.method, self.options = opts, manifest, progress, method, options
         self.outdir = manifest.outdir
         self.work = self.outdir / WORK_DIR
         self.tool = f"dflash-gguf {__version__}"
         self._tune_bar: Callable[[int, int], None] | None = None
 
-    def run(self, drafters: list[Source], target: Source, header: dict[str, Any],
+    def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
             gguf_path: Path | None) -> PipelineResult:
         m = self.manifest
+        m.sources, m.options = sources, self.options
         m.data.update(header)
         m.data["status"] = "in-progress"
         if len(drafters) == 1:  # a drafter an earlier tune set aside goes back where its stage record has it
@@ -347,7 +350,7 @@ class _Run:
             read_ahead = gguf_path is None and isinstance(self.method, stages.BuiltinConverter)
             if read_ahead and (target.repo is None or reads_target):  # the weights are here already
                 reading.enter_context(self.working_ahead(target))
-            if m.data["options"]["drafter_method"] == "builtin":
+            if self.options.drafter_method == "builtin":
                 for d in drafters:
                     stages.check_drafter(d, target)
                     jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
@@ -355,10 +358,8 @@ class _Run:
                 target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
                 if read_ahead and target.repo is not None:
                     reading.enter_context(self.working_ahead(target))
-            m.data["sources"]["target"] = target.to_dict()
-            m.data["sources"]["drafter"] = drafters[0].to_dict()
-            if several:
-                m.data["sources"]["drafters"] = [d.to_dict() for d in drafters]
+            m.sources = replace(sources, target=target.record(), drafter=drafters[0].record(),
+                                several=tuple(d.record() for d in drafters) if several else None)
             m.save()
 
             tok = self.tokenizer(target)
@@ -464,7 +465,7 @@ class _Run:
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
         if self.opts.drop_mtp:  # only when set: outputs made before the option existed stay reusable
             key["drop_mtp"] = True
-        sources = Sources(None, target.repo_spec, None, tok.provenance())
+        sources = Provenance(None, target.repo_spec, None, tok.provenance())
 
         def convert_builtin(out: Path, quant: str | None = None) -> str | None:
             with _bar(self.progress, "convert target") as bar:
@@ -491,7 +492,7 @@ class _Run:
         key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
                "target_file": target_file, "outtype": src, "tool": self.tool}
 
-        by_llama_cpp = self.manifest.data["options"]["drafter_method"] == "llama-cpp"
+        by_llama_cpp = self.options.drafter_method == "llama-cpp"
         if by_llama_cpp:
             key["method"] = "llama-cpp"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import hub
 from ..hub import CARD_AND_CONFIG, RepoFile, Resolved
+from .manifest import SourceRecord
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,9 @@ class Source:
                 h.update(f"{p.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return f"{self.path.resolve()}#{h.hexdigest()[:16]}"
 
-    def to_dict(self) -> dict[str, str | None]:
-        return {"spec": self.spec, "repo": self.repo, "commit": self.commit,
-                "path": None if self.repo else str(self.path.resolve())}
+    def record(self) -> SourceRecord:
+        """How pair.json records it."""
+        return SourceRecord(self.spec, self.repo, self.commit, None if self.repo else str(self.path.resolve()))
 
 
 def resolve_source(spec: str) -> Source:

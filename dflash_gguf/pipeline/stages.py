@@ -21,7 +21,7 @@ from ..drafters.gemma4_assistant.rules import ARCHITECTURES as ASSISTANT_ARCHITE
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
 from ..jsonfile import read_json
-from ..provenance import Sources
+from ..provenance import Provenance
 from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..quantize.rules import FTYPES, is_quantized
 from ..verify import Report, precheck, read_gguf, verify_files
@@ -328,7 +328,7 @@ def working_ahead_of_target(model_dir: Path, outfile: Path, quant: str | None, d
 
 
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
-                           sources: Sources, on_progress: OnProgress = None, quant: str | None = None,
+                           sources: Provenance, on_progress: OnProgress = None, quant: str | None = None,
                            drop_mtp: bool = False) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
@@ -385,7 +385,7 @@ def convert_drafter_stage(drafter: Source, target: Source, tokenizer: TokenizerS
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing."""
     from ..convert.drafter import convert_drafter
 
-    sources = Sources(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance())
+    sources = Provenance(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance())
     return convert_drafter(drafter.path, target.path, outfile, outtype, tokenizer_dir=tokenizer.dir,
                            provenance=sources.keys(), quant=quant, on_progress=on_progress).sha256
 

@@ -187,7 +187,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
     ``tokenizer_dir`` (default ``model_dir``) is where the tokenizer files are read; ``provenance`` adds
-    our own ``dflash_gguf.*`` keys (``provenance.Sources.keys()``). ``quant`` ("q4_0", "q8_0", ...)
+    our own ``dflash_gguf.*`` keys (``provenance.Provenance.keys()``). ``quant`` ("q4_0", "q8_0", ...)
     quantizes in the same pass: the bytes of converting to ``outtype`` and then running llama-quantize
     (its Q6_K output rule included), with no intermediate file. ``read_ahead=False``: the caller already
     works ahead itself (:func:`working_ahead`; the pipeline does, from its first stage on), so the vocabulary is
