@@ -54,10 +54,11 @@ class UploadFile:
     size: int
     sha256: str
     role: str
+    kind: str | None = None  # a drafter's sidecar kind (its family's), the card's tag for it
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path_in_repo, "local": str(self.local) if self.local else None, "size": self.size,
-                "sha256": self.sha256, "role": self.role}
+                "sha256": self.sha256, "role": self.role, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -168,13 +169,15 @@ def _files(record: PairRecord, all_drafters: bool) -> list[UploadFile]:
     served = record.drafter
     names = {record.target.file}
     if "/" not in served.file and (record.serve is None or record.serve.uses_drafter):
+        role, kind = _drafter_role(record.file("drafter"))
         out.append(UploadFile(served.file, record.file("drafter"), served.size or 0, served.sha256 or "",
-                              f"drafter: {_drafter_role(record.file('drafter'))}, served"))
+                              f"drafter: {role}, served", kind))
         names.add(served.file)
     if all_drafters:
         for d, path in zip(record.drafters, record.drafter_files(), strict=True):
             if d.file not in names:
-                out.append(UploadFile(d.file, path, d.size or 0, d.sha256 or "", f"drafter: {_drafter_role(path)}"))
+                role, kind = _drafter_role(path)
+                out.append(UploadFile(d.file, path, d.size or 0, d.sha256 or "", f"drafter: {role}", kind))
                 names.add(d.file)
     for name, role in ((PRESET_NAME, "llama.cpp --models-dir preset"), (MANIFEST_NAME, "dflash-gguf pair manifest"),
                        (PLOT_NAME, "tune's measurement, drawn")):
@@ -184,9 +187,10 @@ def _files(record: PairRecord, all_drafters: bool) -> list[UploadFile]:
     return out
 
 
-def _drafter_role(path: Path) -> str:
+def _drafter_role(path: Path) -> tuple[str, str | None]:
+    """What a drafter file is, for the card, and its family's sidecar kind (the card's tag)."""
     family = family_of_gguf(read_gguf(path))
-    return f"{family.title} ({family.spec_type})" if family else "a drafter"
+    return (f"{family.title} ({family.spec_type})", family.sidecar_kind) if family else ("a drafter", None)
 
 
 def _license_of_sources(doc: dict[str, Any]) -> str:
@@ -228,7 +232,7 @@ def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: 
     and what was measured (with the hardware, flags and workload), or that nothing was."""
     sources = list(_sources(doc))
     bases = [s.repo for _, s in sources if s.repo]
-    kinds = sorted({_kind_tag(f.role) for f in files if f.role.startswith("drafter")} - {""})
+    kinds = sorted({f.kind for f in files if f.kind})
     tags = ["gguf", "llama.cpp", "speculative-decoding", *kinds]
     head: dict[str, Any] = {"license": license, "library_name": "gguf", "tags": tags}
     if bases:
@@ -273,13 +277,6 @@ def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: 
               f"- drafter: {record.drafter.type}, {record.drafter.made_by}", ""]
     lines += _measured(doc.get("tuning"), serve is not None and serve.measured)
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _kind_tag(role: str) -> str:
-    for tag, word in (("dspark", "DSpark"), ("eagle3", "EAGLE-3"), ("mtp", "MTP"), ("dflash", "DFlash")):
-        if word in role:
-            return tag
-    return ""
 
 
 def _yaml(data: dict[str, Any]) -> list[str]:
