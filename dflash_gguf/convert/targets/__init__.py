@@ -64,7 +64,8 @@ from .writers import spec_writer
 log = logging.getLogger(__name__)
 
 # Family modules of this package. A new family: write ``<name>.py`` (contract above), add its name here.
-_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama", "qwen35", "qwen3moe")
+_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama", "qwen35", "qwen3moe", "minimax_m2",
+                                    "gpt_oss")
 
 
 # HF architectures[0] -> family name
@@ -150,7 +151,7 @@ def plan_tensors(fam: TextFamily) -> list[TensorSpec]:
             raise TensorError(f"{ref.path}: tensors {seen[gguf_name]!r} and {hf_name!r} both map to {gguf_name}. "
                               "The checkpoint mixes two layouts; re-download it.")
         seen[gguf_name] = hf_name
-        if ref.dtype not in ("BF16", "F16", "F32"):
+        if ref.dtype not in ("BF16", "F16", "F32") and not fam.dequantizes(hf_name):
             raise TensorError(f"{ref.path}: tensor {hf_name!r} has dtype {ref.dtype}. The built-in converter reads "
                               "BF16/F16/F32 checkpoints; for FP8 or pre-quantized weights use llama.cpp's "
                               "converter (--llama-cpp DIR).")
@@ -258,6 +259,7 @@ def _tensor_outs(fam: TextFamily, specs: list[TensorSpec], outtype: str) -> tupl
     out = []
     for spec in specs:
         tq = tensor_type(spec.name, spec.shape, qtype, spec.force_f32 or fam.force_f32(spec.name))
+        tq = spec.raw_type if spec.raw_type is not None else tq  # bytes already in a ggml type (MXFP4)
         write, source = spec_writer(spec, tq)
         out.append(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
     return out, outtype

@@ -12,10 +12,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
-from gguf import LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from ...ggufio import GGUFPlan
 from ..configs import TargetConfig
@@ -54,6 +54,10 @@ class TensorSpec:
     ``parts``: the tensor is these checkpoint tensors stacked along a new first axis (b11434's
     ``torch.stack`` of one-tensor-per-expert weights), written one after the other; ``ref`` is then the
     first part, which stands for their dtype (``--outtype auto``).
+    ``writer``: the family's own streaming writer for the output type (FP8 weights dequantized block by block,
+    gpt-oss's repacked MXFP4 experts); it replaces the generic ones, and ``ref`` / ``parts`` then only say what is
+    read (read-ahead, ``--outtype auto``). ``raw_type``: the tensor is that ggml type whatever the outtype (b11434's
+    ``add_tensor(..., raw_dtype=...)``), its ``writer`` streaming those bytes.
     """
 
     name: str
@@ -64,6 +68,8 @@ class TensorSpec:
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     force_f32: bool = False
     parts: tuple[TensorRef, ...] = ()
+    writer: Callable[[GGMLQuantizationType], Callable[[BinaryIO], object]] | None = None
+    raw_type: GGMLQuantizationType | None = None
 
 
 def block_id(name: str) -> int | None:
@@ -153,6 +159,11 @@ class TextFamily:
 
     def force_f32(self, name: str) -> bool:
         """Tensors b11434 keeps in F32 whatever the outtype (FFN_GATE_INP, POS_EMBD, ...)."""
+        return False
+
+    def dequantizes(self, hf_name: str) -> bool:
+        """A checkpoint tensor stored in a type the generic writers do not read (e.g. FP8) that the family decodes
+        itself, through :attr:`TensorSpec.writer`, as b11434's ``dequant_model`` does."""
         return False
 
     # -- metadata -------------------------------------------------------------------------------

@@ -78,6 +78,8 @@ def _stacked_writer(parts: tuple[TensorRef, ...], qtype: GGMLQuantizationType) -
 def spec_writer(spec: TensorSpec, qtype: GGMLQuantizationType
                 ) -> tuple[Callable[[BinaryIO], object], tuple[Path, int] | None]:
     """(writer, byte source) of one planned tensor; the source is set only when its bytes are copied as-is."""
+    if spec.writer is not None:
+        return spec.writer(qtype), None
     if spec.data is not None:
         payload = encode(np.ascontiguousarray(spec.data, dtype=np.float32).reshape(-1), qtype,
                          spec.shape[-1] if spec.shape else 1).tobytes()
