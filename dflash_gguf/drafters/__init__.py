@@ -50,6 +50,11 @@ def family_of_gguf(meta: GGUFMeta) -> DrafterFamily | None:
     return next((family for family in FAMILIES if family.matches(meta)), None)
 
 
+def family_of_spec_type(spec_type: str | None) -> DrafterFamily | None:
+    """The family a served drafter's ``--spec-type`` names (each family has its own)."""
+    return next((family for family in FAMILIES if family.spec_type == spec_type), None)
+
+
 def family_of_kind(kind: str) -> DrafterFamily | None:
     """The family of a sidecar kind (``dflash``, ``dspark``, ``mtp``, ``eagle3``; pair.json's ``kind``)."""
     return next((family for family in FAMILIES if family.sidecar_kind == kind), None)
@@ -121,5 +126,5 @@ def target_findings(target: TargetFacts) -> tuple[Finding, ...]:
 
 __all__ = ["FAMILIES", "SUPPORTED_DRAFTER_ARCHS", "Drafter", "DrafterFamily", "Finding", "Interpretation",
            "TargetFacts", "failed", "family_named", "family_of_config", "family_of_gguf", "family_of_kind",
-           "first_error", "interpret", "interpret_folder", "noted", "pair_findings", "passed", "read_config",
-           "target_findings"]
+           "family_of_spec_type", "first_error", "interpret", "interpret_folder", "noted", "pair_findings", "passed",
+           "read_config", "target_findings"]

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from .. import folder_lock
 from ..atomic import atomic_output
-from ..drafters import family_of_gguf, family_of_kind
-from ..ggufio.reader import read_gguf
+from ..drafters import family_of_kind, family_of_spec_type
 from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
 from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter
@@ -59,7 +58,7 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) ->
     # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
     # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark).
     hub = ["llama-server", "-hf", "USER/REPO", *_without_files(served.server_args())]
-    family = family_of_gguf(read_gguf(drafter))
+    family = family_of_spec_type(info.spec_type)
     if served.drafter is not None and family is not None and not family.models_dir_attaches:
         note += (f"; the --models-dir router does not attach {family.title} ({family.sidecar_prefix} file) in "
                  "llama.cpp b11434: serve the pair with the command above, or from a Hub repo with -hf and "

@@ -28,7 +28,6 @@ Vocabulary: ``GptOssModel.set_vocab`` -> ``_set_vocab_gpt2`` (the o200k regex: b
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any, BinaryIO
@@ -36,10 +35,11 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, Keys, LlamaFileType
 
-from ...errors import ConfigError, InputError, TensorError, UnsupportedModelError
+from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import TEXT_MODEL, block_map
 from ..safetensors import TensorRef
+from ..tensor_io import read_tensor_bytes
 from .base import TensorSpec, TextFamily, add_text_hparams
 from .qwen3moe import LLAMA_MAX_EXPERTS
 
@@ -107,14 +107,6 @@ def repack_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pread(fd: int, ref: TensorRef, n: int, offset: int) -> bytes:
-    data = os.pread(fd, n, ref.offset + offset)
-    if len(data) != n:
-        raise InputError(f"{ref.path} changed while it was being read (tensor {ref.name!r} is cut short). "
-                         "Make sure nothing is rewriting the checkpoint, then retry.")
-    return data
-
-
 def _whatever_type(write: Callable[[BinaryIO], object]) -> Callable[[GGMLQuantizationType],
                                                                   Callable[[BinaryIO], object]]:
     """A ``TensorSpec.writer`` for bytes already in their ggml type (``raw_type``): the same, whatever the outtype."""
@@ -130,8 +122,8 @@ def mxfp4_writer(blocks: TensorRef, scales: TensorRef, rows: slice) -> Callable[
     def write(out: BinaryIO) -> None:
         with open(blocks.path, "rb", buffering=0) as fb, open(scales.path, "rb", buffering=0) as fs:
             for e in range(n_exp):
-                b = np.frombuffer(_pread(fb.fileno(), blocks, b_bytes, e * b_bytes), dtype=np.uint8)
-                s = np.frombuffer(_pread(fs.fileno(), scales, s_bytes, e * s_bytes), dtype=np.uint8)
+                b = np.frombuffer(read_tensor_bytes(fb.fileno(), blocks, b_bytes, e * b_bytes), dtype=np.uint8)
+                s = np.frombuffer(read_tensor_bytes(fs.fileno(), scales, s_bytes, e * s_bytes), dtype=np.uint8)
                 b = b.reshape(n_rows, n_blk, _BLOCK_BYTES)[rows]
                 s = s.reshape(n_rows, n_blk)[rows]
                 out.write(repack_mxfp4(b, s).tobytes())

@@ -26,7 +26,6 @@ torch gives them); :func:`fp8_writer` streams whole block rows, so a tensor is n
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from functools import cached_property
@@ -35,11 +34,11 @@ from typing import BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, Keys, LlamaFileType
 
-from ...errors import ConfigError, InputError, TensorError, UnsupportedModelError
+from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
 from ..safetensors import TensorRef
-from ..tensor_io import CHUNK_BYTES, encode, to_f32
+from ..tensor_io import CHUNK_BYTES, encode, read_tensor_bytes, to_f32
 from ..textmodel import add_textmodel_keys
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id
 from .experts import expert_part_name, expert_shapes
@@ -88,14 +87,6 @@ def decode_e4m3(raw: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
     return E4M3[np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8)]
 
 
-def _read(ref: TensorRef, fd: int, offset: int, n: int) -> bytes:
-    data = os.pread(fd, n, ref.offset + offset)
-    if len(data) != n:
-        raise InputError(f"{ref.path} changed while it was being read (tensor {ref.name!r} is cut short). Make sure "
-                         "nothing is rewriting the checkpoint, then retry.")
-    return data
-
-
 def dequantize_rows(raw: bytes, scale: np.ndarray, first_row: int, cols: int, block: tuple[int, int]) -> np.ndarray:
     """Rows ``first_row..`` of an FP8 weight times their block scales, in float32 (``dequant_simple``): each
     element's scale is ``scale[row // block_rows, col // block_cols]``."""
@@ -115,12 +106,13 @@ def fp8_writer(weights: tuple[TensorRef, ...], scales: tuple[TensorRef, ...], bl
             for ref, sref in zip(weights, scales, strict=True):
                 rows, cols = ref.shape
                 with open(sref.path, "rb", buffering=0) as f:
-                    scale = to_f32(_read(sref, f.fileno(), 0, sref.nbytes), sref.dtype).reshape(sref.shape)
+                    scale = to_f32(read_tensor_bytes(f.fileno(), sref, sref.nbytes), sref.dtype).reshape(sref.shape)
                 step = max(1, CHUNK_BYTES // (4 * cols * block[0])) * block[0]
                 with open(ref.path, "rb", buffering=0) as f:
                     for start in range(0, rows, step):
                         n = min(step, rows - start)
-                        x = dequantize_rows(_read(ref, f.fileno(), start * cols, n * cols), scale, start, cols, block)
+                        raw = read_tensor_bytes(f.fileno(), ref, n * cols, start * cols)
+                        x = dequantize_rows(raw, scale, start, cols, block)
                         out.write(encode(x.reshape(-1), qtype, cols).tobytes())
 
         return write

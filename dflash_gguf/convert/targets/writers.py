@@ -8,7 +8,6 @@ stays at one chunk whatever the tensor's size.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -17,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..safetensors import TensorRef
-from ..tensor_io import CHUNK_BYTES, byte_source, encode, tensor_writer, to_f32
+from ..tensor_io import CHUNK_BYTES, byte_source, encode, read_tensor_bytes, tensor_writer, to_f32
 from .base import TensorSpec
 
 
@@ -48,13 +47,7 @@ def _streamed_writer(spec: TensorSpec, qtype: GGMLQuantizationType) -> Callable[
             for start in range(0, n_rows, per_chunk):
                 raw = bytearray()
                 for first, count in _runs(order[start:start + per_chunk]):
-                    data = os.pread(fd, count * row_bytes, ref.offset + first * row_bytes)
-                    if len(data) != count * row_bytes:
-                        from ...errors import InputError
-
-                        raise InputError(f"{ref.path} changed while it was being read (tensor {ref.name!r} is cut "
-                                         "short). Make sure nothing is rewriting the checkpoint, then retry.")
-                    raw += data
+                    raw += read_tensor_bytes(fd, ref, count * row_bytes, first * row_bytes)
                 x = to_f32(raw, ref.dtype).reshape(-1, row_elems)
                 if spec.transform is not None:
                     x = np.ascontiguousarray(spec.transform(x), dtype=np.float32)
