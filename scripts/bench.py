@@ -7,6 +7,8 @@
    b11434's llama-quantize.
 3. Convert ~3 GB and ~1.5 GB synthetic targets shaped like Gemma-4 and Qwen3 with
    ``dflash-gguf convert-target`` and with b11434's converter; check parity (``--only-targets``: only these).
+   Then ~1.4-1.9 GB targets shaped like Qwen3-30B-A3B (BF16 experts), gpt-oss-20b (MXFP4 experts) and
+   MiniMax-M2 (FP8 e4m3, 128x128 block scales) the same way (``--only-moe-targets``: only these three).
 4. The whole pipeline (``dflash-convert --target --drafter --quant q4_0`` from local folders) against the
    manual workflow (b11434's converter twice, llama-quantize twice): wall time, peak RSS, peak disk
    (``--only-pipeline``: only these).
@@ -238,7 +240,7 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
     out = np.empty(n * 2, np.uint8)  # more than any of the three needs
     previous = kernels.kernel_path()
     for qtype, fname in ((Q.Q4_0, "q4_0"), (Q.Q8_0, "q8_0"), (Q.Q5_0, "q5_0"), (Q.Q5_1, "q5_1"), (Q.Q4_K, "q4_K"),
-                         (Q.Q5_K, "q5_K"), (Q.Q6_K, "q6_K")):
+                         (Q.Q5_K, "q5_K"), (Q.Q6_K, "q6_K"), (Q.MXFP4, "mxfp4")):
         speed = {}
         for path in kernels.KERNEL_PATHS if kernels.compiled_available() else ("numpy",):
             kernels.set_kernel_path(path)
@@ -289,8 +291,39 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- target conversion rows
 
-def _write_noise_checkpoint(model_dir: Path, shapes: dict[str, tuple[int, ...]], n_shards: int) -> float:
-    """Random BF16 weights for ``shapes`` (1-D ones near 1), streamed into ``n_shards`` safetensors + index."""
+_ITEMSIZE = {"BF16": 2, "F32": 4, "U8": 1, "E8M0": 1, "F8_E4M3": 1}
+
+
+def _noise_chunks(dtype: str, shape: tuple[int, ...], rng: np.random.Generator):  # noqa: ANN202
+    """The bytes of one noise tensor of ``dtype``, in chunks of at most 16M values: BF16 small values (1-D ones
+    1.0); F32 1.0 (1-D) or block scales around 1/448 (2-D, as FP8 checkpoints hold them); U8 random bytes (MXFP4
+    codes); E8M0 exponents 118..129 (MXFP4 scales 2^-9..2^2, stored U8); F8_E4M3 random bytes but NaN (0x7F/0xFF)."""
+    n = int(np.prod(shape))
+    for start in range(0, n, 1 << 24):
+        m = min(1 << 24, n - start)
+        if dtype == "BF16":
+            yield np.full(m, 0x3F80, np.uint16).tobytes() if len(shape) == 1 else _bf16_noise(rng, m)
+        elif dtype == "F32":
+            yield (np.ones(m, np.float32) if len(shape) == 1
+                   else rng.uniform(2e-5, 2e-4, size=m).astype(np.float32)).tobytes()
+        elif dtype == "U8":
+            yield rng.integers(0, 256, size=m, dtype=np.uint8).tobytes()
+        elif dtype == "E8M0":
+            yield rng.integers(118, 130, size=m, dtype=np.uint8).tobytes()
+        elif dtype == "F8_E4M3":
+            raw = rng.integers(0, 256, size=m, dtype=np.uint8)
+            raw[(raw & 0x7F) == 0x7F] ^= 0x01  # e4m3fn's only non-finite codes: NaN
+            yield raw.tobytes()
+        else:
+            raise ValueError(dtype)
+
+
+def _write_noise_checkpoint(model_dir: Path, shapes: dict[str, tuple[int, ...]], n_shards: int,
+                            dtypes: dict[str, str] | None = None) -> float:
+    """Random weights for ``shapes`` (BF16 unless ``dtypes`` names another: see ``_noise_chunks``; 1-D BF16 ones
+    1.0), streamed into ``n_shards`` safetensors + index, each file ordered as safetensors.save_file orders it
+    (larger dtypes first, then by name)."""
+    dtypes = dtypes or {}
     names = sorted(shapes)
     parts = [names[i::n_shards] for i in range(n_shards)] if n_shards > 1 else [names]
     rng = np.random.default_rng(2)
@@ -298,11 +331,14 @@ def _write_noise_checkpoint(model_dir: Path, shapes: dict[str, tuple[int, ...]],
     total = 0
     for i, part in enumerate(parts, start=1):
         fname = f"model-{i:05d}-of-{n_shards:05d}.safetensors" if n_shards > 1 else "model.safetensors"
+        part = sorted(part, key=lambda name: (-_ITEMSIZE[dtypes.get(name, "BF16")], name))
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name in part:
-            n = int(np.prod(shapes[name])) * 2
-            header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+            dtype = dtypes.get(name, "BF16")
+            n = int(np.prod(shapes[name])) * _ITEMSIZE[dtype]
+            header[name] = {"dtype": "U8" if dtype == "E8M0" else dtype, "shape": list(shapes[name]),
+                            "data_offsets": [offset, offset + n]}
             offset += n
             weight_map[name] = fname
         raw = json.dumps(header).encode()
@@ -310,12 +346,8 @@ def _write_noise_checkpoint(model_dir: Path, shapes: dict[str, tuple[int, ...]],
         with open(model_dir / fname, "wb") as f:
             f.write(len(raw).to_bytes(8, "little") + raw)
             for name in part:
-                n = int(np.prod(shapes[name]))
-                if len(shapes[name]) == 1:
-                    f.write(np.full(n, 0x3F80, np.uint16).tobytes())  # 1.0
-                    continue
-                for start in range(0, n, 1 << 24):
-                    f.write(_bf16_noise(rng, min(1 << 24, n - start)))
+                for chunk in _noise_chunks(dtypes.get(name, "BF16"), shapes[name], rng):
+                    f.write(chunk)
         total += offset
     if n_shards > 1:
         (model_dir / "model.safetensors.index.json").write_text(
@@ -358,6 +390,14 @@ def _gemma4_shapes(h: int, nh: int, hd: int, hd_full: int, kv: int, kv_full: int
     return shapes
 
 
+def _qwen3_attention_shapes(p: str, h: int, nh: int, kv: int, hd: int) -> dict[str, tuple[int, ...]]:
+    """A Qwen3 block's norms and attention (q/k norms included), under the layer prefix ``p``."""
+    return {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (nh * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+            p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, nh * hd),
+            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+
+
 def make_big_qwen3_target(root: Path, layers: int, tied: bool) -> tuple[Path, float]:
     """Qwen3-1.7B's layout (H 2048, 16/8 heads of 128, FF 6144, 151936-row vocabulary) with ``layers`` layers;
     18 untied layers ~3 GB, 9 tied ~1.5 GB. Returns (dir, MB of weights)."""
@@ -373,25 +413,129 @@ def make_big_qwen3_target(root: Path, layers: int, tied: bool) -> tuple[Path, fl
         shapes["lm_head.weight"] = (vocab, h)
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                   p + "self_attn.q_proj.weight": (nh * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
-                   p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, nh * hd),
-                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-                   p + "mlp.gate_proj.weight": (ff, h), p + "mlp.up_proj.weight": (ff, h),
-                   p + "mlp.down_proj.weight": (h, ff)}
+        shapes |= _qwen3_attention_shapes(p, h, nh, kv, hd) | {
+            p + "mlp.gate_proj.weight": (ff, h), p + "mlp.up_proj.weight": (ff, h), p + "mlp.down_proj.weight": (h, ff)}
     return src, _write_noise_checkpoint(src, shapes, n_shards=2 if layers > 9 else 1)
 
 
-def target_rows(work: Path, venv_bin: Path, ref_py: str) -> list[str]:
-    """convert-target vs b11434's converter on ~3 GB and ~1.5 GB Gemma-4- and Qwen3-shaped targets."""
+def make_big_qwen3moe_target(root: Path, layers: int = 2) -> tuple[Path, float]:
+    """Qwen3-30B-A3B's layout scaled down: H 2048, 32/4 heads of 128, 64 experts of width 768 (8 used), one BF16
+    tensor per expert projection, router ``mlp.gate``, the 151936-row vocabulary, tied embeddings (untied, the
+    two 151936 x 2048 matrices alone would be 1.2 GB); 2 layers ~1.9 GB in 2 shards. Returns (dir, MB)."""
+    src = fixtures.make_qwen3moe_target(root, llama_cpp_src=reference_env.llama_cpp_src(), tied=True, weights=False)
+    h, nh, kv, hd, experts, mf, vocab = 2048, 32, 4, 128, 64, 768, 151936
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=h, num_attention_heads=nh, num_key_value_heads=kv, head_dim=hd, intermediate_size=6144,
+               moe_intermediate_size=mf, num_experts=experts, num_experts_per_tok=8, num_hidden_layers=layers,
+               max_window_layers=layers, vocab_size=vocab)
+    (src / "config.json").write_text(json.dumps(cfg, indent=2))
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= _qwen3_attention_shapes(p, h, nh, kv, hd) | {p + "mlp.gate.weight": (experts, h)}
+        for e in range(experts):
+            shapes |= {f"{p}mlp.experts.{e}.gate_proj.weight": (mf, h), f"{p}mlp.experts.{e}.up_proj.weight": (mf, h),
+                       f"{p}mlp.experts.{e}.down_proj.weight": (h, mf)}
+    return src, _write_noise_checkpoint(src, shapes, n_shards=2)
+
+
+def make_big_gpt_oss_target(root: Path, layers: int = 4) -> tuple[Path, float]:
+    """openai/gpt-oss-20b's layout scaled down: H 1440 (half of 2880: with the fixture's 151936-row Qwen vocabulary,
+    the untied embeddings at 2880 would be 1.75 GB alone), 64/8 heads of 64, 32 MXFP4 experts of width 1440 (4 used)
+    as ``*_blocks`` (random U8) + ``*_scales`` (E8M0 118..129), BF16 attention with biases and sinks, router with
+    bias, sliding/full layers alternating; 4 layers ~1.4 GB. Returns (dir, MB)."""
+    src = fixtures.make_gpt_oss_target(root, llama_cpp_src=reference_env.llama_cpp_src(), weights=False)
+    h, nh, kv, hd, experts, ff = 1440, 64, 8, 64, 32, 1440
+    vocab = fixtures.SIZES["qwen_vocab"]
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=h, num_attention_heads=nh, num_key_value_heads=kv, head_dim=hd, intermediate_size=ff,
+               num_local_experts=experts, experts_per_token=4, num_experts_per_tok=4, num_hidden_layers=layers,
+               layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+               vocab_size=vocab)
+    (src / "config.json").write_text(json.dumps(cfg, indent=2))
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+                                          "lm_head.weight": (vocab, h)}
+    dtypes: dict[str, str] = {}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.q_proj.weight": (nh * hd, h), p + "self_attn.q_proj.bias": (nh * hd,),
+                   p + "self_attn.k_proj.weight": (kv * hd, h), p + "self_attn.k_proj.bias": (kv * hd,),
+                   p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.v_proj.bias": (kv * hd,),
+                   p + "self_attn.o_proj.weight": (h, nh * hd), p + "self_attn.o_proj.bias": (h,),
+                   p + "self_attn.sinks": (nh,), p + "mlp.router.weight": (experts, h),
+                   p + "mlp.router.bias": (experts,), p + "mlp.experts.gate_up_proj_bias": (experts, 2 * ff),
+                   p + "mlp.experts.down_proj_bias": (experts, h)}
+        for proj, rows, cols in (("gate_up_proj", 2 * ff, h), ("down_proj", h, ff)):
+            shapes |= {f"{p}mlp.experts.{proj}_blocks": (experts, rows, cols // 32, 16),
+                       f"{p}mlp.experts.{proj}_scales": (experts, rows, cols // 32)}
+            dtypes |= {f"{p}mlp.experts.{proj}_blocks": "U8", f"{p}mlp.experts.{proj}_scales": "E8M0"}
+    return src, _write_noise_checkpoint(src, shapes, n_shards=1, dtypes=dtypes)
+
+
+def make_big_minimax_m2_target(root: Path, layers: int = 4) -> tuple[Path, float]:
+    """MiniMax-M2's layout scaled down: H 1536 (half of 3072), 24/4 heads of 128 (rotary 64), 32 experts of width
+    768 (8 used) ``block_sparse_moe.experts.N.w1/w2/w3``; every attention and expert matrix F8_E4M3 (no NaN) with
+    an F32 ``weight_scale_inv`` per 128x128 block; embeddings, lm_head, norms and the router BF16,
+    ``e_score_correction_bias`` F32; 4 layers ~1.4 GB in 2 shards. Returns (dir, MB)."""
+    src = fixtures.make_minimax_m2_target(root, llama_cpp_src=reference_env.llama_cpp_src())
+    for p in src.glob("model*.safetensors*"):
+        p.unlink()
+    h, nh, kv, hd, experts, mf, block = 1536, 24, 4, 128, 32, 768, 128
+    vocab = fixtures.SIZES["qwen_vocab"]
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=h, num_attention_heads=nh, num_key_value_heads=kv, head_dim=hd, rotary_dim=64,
+               intermediate_size=mf, num_local_experts=experts, num_experts_per_tok=8, num_hidden_layers=layers,
+               attn_type_list=[1] * layers, vocab_size=vocab)
+    assert cfg["quantization_config"]["weight_block_size"] == [block, block]
+    (src / "config.json").write_text(json.dumps(cfg, indent=2))
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+                                          "lm_head.weight": (vocab, h)}
+    dtypes: dict[str, str] = {}
+
+    def fp8(name: str, shape: tuple[int, int]) -> None:
+        shapes[name] = shape
+        shapes[name + "_scale_inv"] = (-(-shape[0] // block), -(-shape[1] // block))
+        dtypes[name], dtypes[name + "_scale_inv"] = "F8_E4M3", "F32"
+
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, shape in (("q_proj", (nh * hd, h)), ("k_proj", (kv * hd, h)), ("v_proj", (kv * hd, h)),
+                            ("o_proj", (h, nh * hd))):
+            fp8(f"{p}self_attn.{name}.weight", shape)
+        shapes |= {p + "self_attn.q_norm.weight": (nh * hd,), p + "self_attn.k_norm.weight": (kv * hd,),
+                   p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "block_sparse_moe.gate.weight": (experts, h),
+                   p + "block_sparse_moe.e_score_correction_bias": (experts,)}
+        dtypes[p + "block_sparse_moe.e_score_correction_bias"] = "F32"
+        for e in range(experts):
+            for w, shape in (("w1", (mf, h)), ("w2", (h, mf)), ("w3", (mf, h))):
+                fp8(f"{p}block_sparse_moe.experts.{e}.{w}.weight", shape)
+    return src, _write_noise_checkpoint(src, shapes, n_shards=2, dtypes=dtypes)
+
+
+def target_rows(work: Path, venv_bin: Path, ref_py: str, *, classic: bool = True, moe: bool = True) -> list[str]:
+    """convert-target vs b11434's converter, default outtype on both sides: ``classic``, ~3 GB and ~1.5 GB
+    Gemma-4- and Qwen3-shaped targets (BF16); ``moe``, ~1.4-1.9 GB Qwen3-MoE- (BF16 experts), gpt-oss- (MXFP4
+    experts) and MiniMax-M2-shaped (FP8 block-scaled) ones. Each case's files are deleted after its row."""
     from gguf_compare import diff
 
     lines = []
-    cases = [("Gemma-4-shaped target, 10 layers", lambda: make_big_gemma4_target(work / "tg", 10)),
-             ("Gemma-4-shaped target, 5 layers", lambda: make_big_gemma4_target(work / "tg", 5)),
-             ("Qwen3-shaped target, 18 layers, untied", lambda: make_big_qwen3_target(work / "tq", 18, False)),
-             ("Qwen3-shaped target, 9 layers, tied", lambda: make_big_qwen3_target(work / "tq", 9, True))]
-    for label, make in cases:
+    cases = []
+    if classic:
+        cases += [("Gemma-4-shaped target, 10 layers", "BF16", lambda: make_big_gemma4_target(work / "tg", 10)),
+                  ("Gemma-4-shaped target, 5 layers", "BF16", lambda: make_big_gemma4_target(work / "tg", 5)),
+                  ("Qwen3-shaped target, 18 layers, untied", "BF16",
+                   lambda: make_big_qwen3_target(work / "tq", 18, False)),
+                  ("Qwen3-shaped target, 9 layers, tied", "BF16", lambda: make_big_qwen3_target(work / "tq", 9, True))]
+    if moe:
+        cases += [("Qwen3-MoE-shaped target, 2 layers x 64 experts, tied", "BF16",
+                   lambda: make_big_qwen3moe_target(work / "tm", 2)),
+                  ("gpt-oss-shaped target, 4 layers x 32 experts", "BF16 + MXFP4",
+                   lambda: make_big_gpt_oss_target(work / "to", 4)),
+                  ("MiniMax-M2-shaped target, 4 layers x 32 experts", "FP8 + BF16",
+                   lambda: make_big_minimax_m2_target(work / "tx", 4))]
+    for label, kind, make in cases:
         model, mb = make()
         ours_out, ref_out = work / "target-ours.gguf", work / "target-ref.gguf"
         for p in model.glob("model*.safetensors"):
@@ -401,7 +545,7 @@ def target_rows(work: Path, venv_bin: Path, ref_py: str) -> list[str]:
             warm(p)
         ref = timed([ref_py, str(reference_env.convert_script()), str(model), "--outfile", str(ref_out)], cwd=work)
         problems = diff(ours_out, ref_out)
-        lines.append(row(f"convert {label} ({mb:.0f} MB BF16)", mb, ours, ref))
+        lines.append(row(f"convert {label} ({mb:.0f} MB {kind})", mb, ours, ref))
         lines.append(f"|   parity with b11434: {'identical' if not problems else problems[:3]} | | | | | | | | |")
         ours_out.unlink()
         ref_out.unlink()
@@ -794,6 +938,8 @@ def main() -> None:
                     "removed at the end unless --keep")
     ap.add_argument("--keep", action="store_true", help="keep the files")
     ap.add_argument("--only-targets", action="store_true", help="run only the target conversion rows")
+    ap.add_argument("--only-moe-targets", action="store_true",
+                    help="run only the Qwen3-MoE, gpt-oss and MiniMax-M2 target conversion rows")
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
     ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
@@ -820,6 +966,9 @@ def main() -> None:
             return
         if args.only_targets:
             print("\n".join(target_rows(work, venv_bin, ref_py)))
+            return
+        if args.only_moe_targets:
+            print("\n".join(target_rows(work, venv_bin, ref_py, classic=False)))
             return
         if args.only_pipeline:
             print("\n".join(pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")))

@@ -369,7 +369,7 @@ def ggml_quantize(x: Any, jobs: Sequence[tuple[Any, int | None]], tmp: Path) -> 
 
     inp = tmp / "ggml-in.f32"
     np.ascontiguousarray(x, np.float32).tofile(inp)
-    specs = [{"type": int(qtype), "name": "q" + qtype.name[1:], "n_per_row": n_per_row, "out": str(tmp / f"ggml-{i}.q"),
+    specs = [{"type": int(qtype), "name": qtype.name.lower(), "n_per_row": n_per_row, "out": str(tmp / f"ggml-{i}.q"),
               "block": GGML_QUANT_SIZES[qtype][0], "type_size": GGML_QUANT_SIZES[qtype][1]}
              for i, (qtype, n_per_row) in enumerate(jobs)]
     cfg = {"lib": str(llama_bin("libggml-base.so")), "inp": str(inp), "jobs": specs}
@@ -685,6 +685,39 @@ def start_llama_server(
                     server.process.wait(timeout=15)
             server.returncode = server.process.returncode
             server._final_output = server.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def assert_drafter_parity(drafter: Path, target: Path, work: Path, outtype: str = "auto") -> Path:
+    """Our drafter converter and b11434's (``--target-model-dir``) write the same file; returns ours."""
+    from gguf_compare import diff
+
+    from dflash_gguf.convert.drafter import convert_drafter
+
+    ours, ref = work / f"drafter-ours-{outtype}.gguf", work / f"drafter-ref-{outtype}.gguf"
+    convert_drafter(drafter, target, ours, outtype)
+    proc = run_reference_convert(drafter, target, ref, outtype)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert diff(ours, ref) == []
+    return ours
+
+
+def serve_with_and_without_drafter(target: Path, drafter: Path, n_predict: int = 8, n_max: int = 9) -> str:
+    """Serve ``target`` alone, then with ``drafter``; both answer ``n_predict`` greedy tokens, the drafter drafts
+    (``draft_n`` > 0) and the text is the same, since greedy speculative decoding must not change it. Returns the
+    server's output with the drafter, for the caller's own checks."""
+    request = {"prompt": "hello world", "n_predict": n_predict, "temperature": 0, "top_k": 1}
+    texts, output = [], ""
+    for draft in (None, drafter):
+        with start_llama_server(target, draft, n_max=n_max) as server:
+            assert server.ready, server.output[-3000:]
+            status, body = http_json(server.url + "/completion", request)
+        assert status == 200 and isinstance(body, dict) and body["tokens_predicted"] == n_predict, body
+        texts.append(body["content"])
+        if draft is not None:
+            assert body["timings"]["draft_n"] > 0, body["timings"]  # the drafter ran (random weights: few accepted)
+            output = server.output
+    assert texts[0] == texts[1], texts
+    return output
 
 
 # ------------------------------------------------------------------------------------ tiny fixtures

@@ -324,19 +324,8 @@ def test_llama_server_serves_our_gemma4_target_alone_and_with_our_drafter(tmp_pa
     target_gguf, drafter_gguf = tmp_path / "gemma-4-tiny-it-BF16.gguf", tmp_path / "drafter-BF16.gguf"
     convert_target(target, target_gguf)
     convert_drafter(mf.make_drafter(tmp_path / "drafters", target="gemma4"), target, drafter_gguf)
-    request = {"prompt": "hello world", "n_predict": 16, "temperature": 0, "top_k": 1}
-    texts = []
-    for draft in (None, drafter_gguf):
-        with reference.start_llama_server(target_gguf, draft, n_max=15) as server:
-            assert server.ready, server.output[-3000:]
-            status, body = reference.http_json(server.url + "/completion", request)
-        assert status == 200 and isinstance(body, dict), body
-        assert body["tokens_predicted"] == 16
-        texts.append(body["content"])
-        if draft is not None:
-            assert body["timings"]["draft_n"] > 0  # the drafter ran (random weights: little is accepted)
-            assert "block_size=16, mask_token_id=4, n_extract=2" in server.output
-    assert texts[0] == texts[1]  # greedy speculative decoding must not change the text
+    output = reference.serve_with_and_without_drafter(target_gguf, drafter_gguf, n_predict=16, n_max=15)
+    assert "block_size=16, mask_token_id=4, n_extract=2" in output
     verdict = run_cli("dflash-verify", str(drafter_gguf), str(target_gguf))
     assert verdict.returncode == 0, verdict.stdout
     REFERENCE_COMPARISONS.append("llama-server/our-gemma4-target")

@@ -15,7 +15,7 @@ import fixtures as mf
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, run_cli
 from fixtures.gpt_oss import GPT_OSS_SIZES, gpt_oss_tensors
 from fixtures.safetensors_io import write_safetensors
 from gguf import GGMLQuantizationType, quants
@@ -98,6 +98,25 @@ def test_one_pass_equals_convert_then_llama_quantize(tmp_path: Path, oss_dirs: d
     convert_target(oss_dirs["bf16"], ours, "bf16", quant=quant)
     assert diff(ours, ref) == []
     REFERENCE_COMPARISONS.append(f"target/gpt-oss-bf16/one-pass-{quant}")
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name", ["mxfp4", "bf16"])
+def test_one_pass_mxfp4_moe_equals_convert_then_llama_quantize(tmp_path: Path, oss_dirs: dict[str, Path],
+                                                               reference_outputs: dict, name: str) -> None:
+    """llama-quantize's MXFP4_MOE: the expert stacks MXFP4 (the release's own blocks kept as they are; the BF16
+    re-release's quantized by quantize_row_mxfp4_ref), every other matrix Q8_0, the output Q8_0."""
+    reference.require_or_skip(reference.reference_available())
+    reference.require_or_skip(reference.llama_cpp_available())
+    ref = tmp_path / "ref.gguf"
+    proc = reference.run_llama_quantize(reference_outputs[(name, "bf16")], ref, "MXFP4_MOE")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = tmp_path / "ours.gguf"
+    convert_target(oss_dirs[name], ours, "bf16", quant="mxfp4_moe")
+    assert diff(ours, ref) == []
+    types = {qtype for qtype, _, _ in read_tensors_fast(ours).values()}
+    assert types == {"MXFP4", "Q8_0", "F32"}, types
+    REFERENCE_COMPARISONS.append(f"target/gpt-oss-{name}/one-pass-mxfp4_moe")
 
 
 @pytest.mark.reference
@@ -243,28 +262,49 @@ def test_other_layer_pattern_noted(tmp_path: Path, oss_dirs: dict[str, Path]) ->
     assert any("layer_types" in n for n in result.notes)
 
 
-@pytest.mark.reference
-def test_llama_server_drafts_on_our_target(tmp_path: Path, oss_dirs: dict[str, Path]) -> None:
-    """b11434's gpt-oss graph publishes its layer inputs: our MXFP4 target and a z-lab-style DFlash drafter converted
-    for it make a working pair, and speculation leaves the greedy text unchanged."""
-    reference.require_or_skip(reference.llama_cpp_available())
-    from dflash_gguf.convert.drafter import convert_drafter
+def _drafter(root: Path) -> Path:
+    """A z-lab-style DFlash drafter for the 4-layer fixture target, tapping layers 1 and 2."""
+    return mf.make_drafter(root, target="qwen3",
+                           config_overrides={"dflash_config.target_layer_ids": [1, 2], "num_target_layers": 4})
 
-    target = oss_dirs["mxfp4"]
-    drafter = mf.make_drafter(tmp_path / "d", target="qwen3",
-                              config_overrides={"dflash_config.target_layer_ids": [1, 2], "num_target_layers": 4})
-    target_gguf, drafter_gguf = tmp_path / "gpt-oss-tiny.gguf", tmp_path / "drafter-BF16.gguf"
-    convert_target(target, target_gguf, "auto")
-    convert_drafter(drafter, target, drafter_gguf)
-    request = {"prompt": "hello world", "n_predict": 8, "temperature": 0, "top_k": 1}
-    texts = []
-    for draft in (None, drafter_gguf):
-        with reference.start_llama_server(target_gguf, draft, n_max=9) as server:
-            assert server.ready, server.output[-3000:]
-            status, body = reference.http_json(server.url + "/completion", request)
-        assert status == 200 and isinstance(body, dict) and body["tokens_predicted"] == 8, body
-        texts.append(body["content"])
-        if draft is not None:
-            assert body["timings"]["draft_n"] > 0  # the drafter ran (random weights: little is accepted)
-    assert texts[0] == texts[1]  # greedy speculative decoding must not change the text
-    REFERENCE_COMPARISONS.append("llama-server/gpt-oss-target-ours")
+
+@pytest.mark.reference
+@pytest.mark.parametrize("outtype", ["bf16", "q8_0"])
+def test_drafter_for_it_matches_b11434(tmp_path: Path, oss_dirs: dict[str, Path], outtype: str) -> None:
+    """A z-lab-style DFlash drafter takes its vocabulary from this target, as b11434's converter does with
+    ``--target-model-dir``."""
+    reference.require_or_skip(reference.reference_available())
+    reference.assert_drafter_parity(_drafter(tmp_path / "d"), oss_dirs["mxfp4"], tmp_path, outtype)
+    REFERENCE_COMPARISONS.append(f"gpt-oss/drafter/{outtype}")
+
+
+@pytest.mark.reference
+def test_pipeline_makes_mxfp4_moe_and_llama_server_serves_it(tmp_path: Path, oss_dirs: dict[str, Path]) -> None:
+    """Without --quant, an MXFP4 release becomes llama-quantize's MXFP4_MOE in one pass (its expert blocks kept);
+    verify passes, and b11434's llama-server serves the pair (its gpt-oss graph publishes its layer inputs): the
+    drafter drafts and the greedy text is the target's own."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    outdir = tmp_path / "pair"
+    run = run_cli("dflash-convert", "--drafter", _drafter(tmp_path / "d"), "--target", oss_dirs["mxfp4"],
+                  "--outdir", outdir)
+    assert run.returncode == 0, run.stdout + run.stderr
+    manifest = json.loads((outdir / "pair.json").read_text())
+    target = manifest["outputs"]["target"]
+    assert target["type"] == "mxfp4_moe" and target["file"] == "gpt-oss-tiny-MXFP4_MOE.gguf", target
+    assert manifest["options"]["target_method"] == "builtin" and manifest["verify"]["servable"] is True
+    assert "built-in converter and quantizer in one pass" in run.stdout
+    assert read_gguf(outdir / target["file"]).get("general.file_type") == 38  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+    reference.serve_with_and_without_drafter(outdir / target["file"],
+                                             outdir / manifest["outputs"]["drafter"]["file"])
+    REFERENCE_COMPARISONS.append("llama-server/gpt-oss-mxfp4_moe-pipeline")
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "Q4_K_M"])
+def test_pipeline_refuses_to_requantize_mxfp4_before_anything_is_written(tmp_path: Path, oss_dirs: dict[str, Path],
+                                                                          quant: str) -> None:
+    run = run_cli("dflash-convert", "--drafter", _drafter(tmp_path / "d"), "--target", oss_dirs["mxfp4"],
+                  "--outdir", tmp_path / "pair", "--quant", quant)
+    assert run.returncode == 8, run.stdout + run.stderr
+    message = " ".join(run.stderr.split())
+    assert "requantizing from type mxfp4 is disabled" in message and "mxfp4_moe" in message, message
+    assert not (tmp_path / "pair").exists()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import fixtures as mf
+import hub_server
 import numpy as np
 import pytest
 import reference
@@ -32,7 +34,8 @@ from dflash_gguf.ggufio.reader import read_gguf
 
 S = MINIMAX_SIZES
 H, E, MF = S["hidden"], S["experts"], S["moe_intermediate"]
-FIXTURES = {"plain": {}, "nan": {"nan": True}, "sharded": {"sharded": True}}
+FIXTURES = {"plain": {}, "nan": {"nan": True}, "sharded": {"sharded": True},
+            "deep": {"layers": 4}}  # deep: room for a drafter's taps at layers 1 and 2
 # (fixture, outtype) converted by both tools and compared byte for byte. NaN only through float outtypes: a NaN
 # in a Q8_0 block is undefined behaviour in both quantizers.
 PARITY_CASES = [("plain", "bf16"), ("plain", "auto"), ("plain", "f16"), ("plain", "q8_0"), ("nan", "bf16"),
@@ -221,3 +224,48 @@ def test_refuses_fp8_weight_without_its_scales(mm_dirs: dict[str, Path], tmp_pat
     with pytest.raises(DflashGgufError, match="experts.4.w3"):
         convert_target(model, tmp_path / "o.gguf", "bf16")
     assert not (tmp_path / "o.gguf").exists()
+
+
+# ------------------------------------------------------------------------------------ with a drafter
+
+TARGET_REPO, DRAFTER_REPO = "MiniMaxAI/MiniMax-M2-tiny", "z-lab/MiniMax-M2-tiny-DFlash"
+
+
+def _drafter(root: Path) -> Path:
+    """A z-lab-style DFlash drafter at MiniMax-M2's width, tapping layers 1 and 2 of the deep fixture."""
+    return mf.make_drafter(root, target="qwen3", hidden=H, name="MiniMax-M2-tiny-DFlash",
+                           config_overrides={"dflash_config.target_layer_ids": [1, 2], "num_target_layers": 4})
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("outtype", ["bf16", "q8_0"])
+def test_drafter_for_it_matches_b11434(tmp_path: Path, mm_dirs: dict[str, Path], outtype: str) -> None:
+    """The drafter takes its vocabulary from the MiniMax-M2 target, as b11434's converter does with
+    ``--target-model-dir``."""
+    reference.require_or_skip(reference.reference_available())
+    reference.assert_drafter_parity(_drafter(tmp_path / "d"), mm_dirs["deep"], tmp_path, outtype)
+    REFERENCE_COMPARISONS.append(f"minimax-m2/drafter/{outtype}")
+
+
+@pytest.mark.reference
+def test_pipeline_from_repo_ids_to_a_served_pair(tmp_path: Path, mm_dirs: dict[str, Path]) -> None:
+    """``dflash-convert --target ORG/NAME --drafter ORG/NAME`` on an FP8 MiniMax-M2 target: the built-in converter
+    dequantizes and quantizes it in one pass, verify passes, and b11434's llama-server serves the pair it made:
+    the drafter drafts and the greedy text is unchanged (b11434's minimax-m2 graph publishes its layer inputs)."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    repos = {TARGET_REPO: hub_server.FakeRepo.of_folder(mm_dirs["deep"]),
+             DRAFTER_REPO: hub_server.FakeRepo.of_folder(_drafter(tmp_path / "d"))}
+    outdir = tmp_path / "pair"
+    with hub_server.serve(repos) as hub:
+        env = hub_server.client_env(hub.url, tmp_path / "hf") | {"LLAMA_QUANTIZE": ""}
+        run = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target", TARGET_REPO,
+                              "--drafter", DRAFTER_REPO, "--outdir", str(outdir), "--json"], capture_output=True,
+                             text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    manifest = json.loads((outdir / "pair.json").read_text())
+    assert manifest["options"]["target_method"] == "builtin" and manifest["verify"]["servable"] is True
+    target, drafter = (outdir / manifest["outputs"][side]["file"] for side in ("target", "drafter"))
+    assert read_gguf(target).get("general.architecture") == "minimax-m2"
+    assert manifest["outputs"]["target"]["type"] == "q4_0"
+    reference.serve_with_and_without_drafter(target, drafter)
+    REFERENCE_COMPARISONS.append("llama-server/minimax-m2-pipeline")

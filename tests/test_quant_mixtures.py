@@ -1,4 +1,4 @@
-"""llama-quantize b11434's mixture rules (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1): the type the built-in's
+"""llama-quantize b11434's mixture rules (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1, MXFP4_MOE): the type the
 rules pick for every tensor is the type llama-quantize wrote, and the built-in's file is llama-quantize's, byte for
 byte, on target layouts that reach each rule and on a drafter.
 
@@ -28,7 +28,7 @@ from dflash_gguf.quantize import quantize_gguf
 from dflash_gguf.quantize.builtin import read_input
 from dflash_gguf.quantize.rules import Mixture, ModelFacts, layer_sort_key
 
-MIXTURES = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q5_0", "q5_1")
+MIXTURES = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q5_0", "q5_1", "mxfp4_moe")
 
 
 def _llama(path: Path, *, n_layer: int, n_embd: int, tied: bool = True, kv_heads: int = reference.TINY_HEADS,

@@ -39,10 +39,11 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="Target model: Hub repo id org/name[@revision], or a local folder. Its config.json and tokenizer "
                    "files are embedded in the drafter GGUF.")
 @click.option("--quant", default=None, callback=_quant_type, metavar="TYPE",
-              help="Type of the target GGUF (pipeline; default q4_0): any type llama-quantize makes, any case "
-                   "(Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, ...); q4_0 and q8_0 in one pass by the built-in quantizer, the "
-                   "others by llama-quantize from the BF16 conversion. With --outfile (q4_0, q8_0): quantize the "
-                   "drafter in the same pass, the bytes of converting and then running llama-quantize.")
+              help="Type of the target GGUF (pipeline; default q4_0, and MXFP4_MOE for a checkpoint whose experts "
+                   "are MXFP4, as gpt-oss's): any type llama-quantize makes, any case (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, "
+                   "...); the types the built-in quantizer makes in one pass with the conversion, the others by "
+                   "llama-quantize from the BF16 conversion. With --outfile (q4_0, q8_0): quantize the drafter in "
+                   "the same pass, the bytes of converting and then running llama-quantize.")
 @click.option("--draft-quant", default=None, callback=_quant_type, metavar="TYPE",
               help="Type of the drafter GGUF (pipeline; default q8_0: the precision ggml-org publishes DFlash "
                    "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice.")
@@ -193,7 +194,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
                                llama_server=llama_server, methods=parse_methods((tune_methods,) if tune_methods
                                                                                 else ()))
-    opts = PipelineOptions(target, drafter[0], quant or "q4_0", outdir, target_gguf, llama_cpp, keep_intermediate,
+    opts = PipelineOptions(target, drafter[0], quant, outdir, target_gguf, llama_cpp, keep_intermediate,
                            allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
                            quantizer=quantizer or "auto", tune=tune,
                            tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..provenance import Provenance
+from ..quantize.rules import ONE_PASS_TYPES
 from ._common import Progress, echo_conversion, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -15,9 +16,9 @@ from ._common import Progress, echo_conversion, handle_errors, json_option, setu
 @click.option("--outfile", required=True, type=click.Path(path_type=Path), help="GGUF file to write.")
 @click.option("--outtype", type=click.Choice(["auto", "bf16", "f16", "f32", "q8_0"]), default="auto",
               show_default=True, help="Tensor type of the matrices (auto: the checkpoint's own BF16/F16).")
-@click.option("--quant", type=click.Choice(["q4_0", "q8_0"]), default=None,
-              help="Quantize in the same pass: the bytes of converting and then running llama-quantize (Q6_K "
-                   "output rule included), with no BF16 file on disk.")
+@click.option("--quant", type=click.Choice(ONE_PASS_TYPES, case_sensitive=False), default=None,
+              help="Quantize in the same pass: the bytes of converting and then running llama-quantize (its "
+                   "mixture rules included), with no BF16 file on disk.")
 @click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
               help="Read the tokenizer files here instead (e.g. an overlay from 'dflash-gguf fix-tokenizer').")
 @click.option("--target-repo", default=None, metavar="ORG/NAME[@REV]",

@@ -199,8 +199,9 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         if json_:
             echo_json(plan.to_dict())
             return
-        click.echo(f"target: {plan.target.path.name} ({plan.target.arch}; its own MTP head: "
-                   f"{f'{plan.target.nextn_layers} nextn layer(s)' if plan.target.has_own_mtp else 'none'})")
+        own = plan.target
+        click.echo(f"target: {own.path.name} ({own.arch}; its own MTP head: "
+                   f"{f'{own.nextn_layers} nextn layer(s)' if own.has_own_mtp else own.own_mtp_in_words()})")
         click.echo(f"methods: target alone, {', '.join(plan.methods)}")
         click.echo(f"server: {plan.server.path} (found by {plan.server.source})")
         click.echo(f"flags for every configuration: {' '.join(plan.flags)}")

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import NotCoveredError, UnsupportedModelError
 from ..ggufio.reader import GGUFMeta
 from ..hf_configs import read_config
-from ..target_archs import by_hf, drafter_vocab_archs
+from ..target_archs import by_hf, drafter_vocab_archs, what_serves_instead
 from .family import Drafter, DrafterFamily
 from .findings import DrafterSpec, Finding, Interpretation, TargetFacts, failed, first_error, noted, passed
 
@@ -103,8 +103,8 @@ def target_findings(target: TargetFacts) -> tuple[Finding, ...]:
         return (failed("pair.target_arch", f"{where}target architecture {target.arch} publishes no layer inputs in "
                        "llama.cpp b11434 ('layer input tensor is null'), so no drafter can run on it.",
                        "Pick a drafter made for a target llama.cpp can tap (Gemma-4, Qwen3, Qwen3.5, Llama-3...); "
-                       "llama.cpp's own converter would make the files, but the pair aborts at its first draft.",
-                       UnsupportedModelError),)
+                       "llama.cpp's own converter would make the files, but the pair aborts at its first draft. "
+                       + what_serves_instead(arch, target.arch), UnsupportedModelError),)
     out = [passed("pair.target_arch", f"target architecture {target.arch or '?'}"
                   + (f" (llama.cpp {arch.gguf})" if arch is not None else ""))]
     if arch is not None and arch.drafter_vocab is not None:

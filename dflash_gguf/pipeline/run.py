@@ -19,11 +19,12 @@ from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..convert.vocab import forget_built
-from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound
+from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, QuantizeError
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize.builtin import NO_OVERRIDES, Overrides
+from ..quantize.rules import ONE_PASS_TYPES
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
@@ -55,13 +56,17 @@ WORK_DIR = folder_lock.WORK_DIR  # inside --outdir: the tokenizer overlay, the c
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
 
 
+DEFAULT_QUANT = "q4_0"  # the target's type when --quant is not given
+MXFP4_MOE = "mxfp4_moe"  # ... and for a checkpoint whose experts are MXFP4
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     """Everything ``dflash-convert --target --drafter`` takes; field names mirror the flags."""
 
     target: str
     drafter: str
-    quant: str = "q4_0"  # the target's type (what users ask for)
+    quant: str | None = None  # the target's type (what users ask for); None: its default, see target_quant
     outdir: Path | None = None
     target_gguf: str | None = None
     llama_cpp: Path | None = None
@@ -85,6 +90,13 @@ class PipelineOptions:
     @property
     def drafters(self) -> tuple[str, ...]:
         return (self.drafter, *self.more_drafters)
+
+    @property
+    def target_type(self) -> str:
+        """The target's type, once ``target_quant`` has settled it (before anything reads it)."""
+        if self.quant is None:
+            raise AssertionError("the target's type is settled when its config.json is read (target_quant)")
+        return self.quant
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,7 @@ def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> dict[s
 
     out = {"dflash_gguf": __version__, "gguf": version("gguf"), "huggingface_hub": version("huggingface_hub"),
            "llama_cpp_build": LLAMA_CPP_BUILD, "python": sys.version.split()[0],
-           "quantizer": stages.quantizer_choice(opts.quant, opts.quantizer)}
+           "quantizer": stages.quantizer_choice(opts.target_type, opts.quantizer)}
     if isinstance(method, stages.LlamaCppConverter):
         out["llama_cpp_converter"] = method.version
     return out
@@ -184,10 +196,38 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     """
     from ..quantize import check_makeable, quant_type
 
-    target, drafter = quant_type(opts.quant, "--quant"), quant_type(opts.draft_quant, "--draft-quant")
-    check_makeable(target, opts.quantizer, imatrix=opts.imatrix, flag="--quant")
+    drafter = quant_type(opts.draft_quant, "--draft-quant")
     check_makeable(drafter, opts.quantizer, flag="--draft-quant")
+    if opts.quant is None:  # settled by target_quant once the target's config.json is here
+        return replace(opts, draft_quant=drafter.key)
+    target = quant_type(opts.quant, "--quant")
+    check_makeable(target, opts.quantizer, imatrix=opts.imatrix, flag="--quant")
     return replace(opts, quant=target.key, draft_quant=drafter.key)
+
+
+def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
+    """The target's type: ``--quant`` as given, else q4_0, or for a checkpoint whose experts are MXFP4 (gpt-oss)
+    llama-quantize's MXFP4_MOE, which keeps those blocks as they are. Any other block type for such a checkpoint
+    is refused here, before a weight is fetched: llama-quantize b11434 does not requantize MXFP4.
+
+    Raises:
+        QuantizeError: a block type other than MXFP4_MOE asked of an MXFP4 checkpoint.
+    """
+    from ..quantize import check_makeable, quant_type
+
+    mxfp4 = opts.target_gguf is None and stages.has_mxfp4_experts(target)
+    if opts.quant is None:
+        settled = replace(opts, quant=MXFP4_MOE if mxfp4 else DEFAULT_QUANT)
+        check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant")
+        return settled
+    if mxfp4 and opts.quant != MXFP4_MOE and not quant_type(opts.quant).unquantized:
+        raise QuantizeError(
+            f"{target.label}: its experts are MXFP4 (config.json: quantization_config.quant_method mxfp4), and "
+            f"llama-quantize b11434 does not requantize MXFP4 ('requantizing from type mxfp4 is disabled'), so "
+            f"--quant {opts.quant} cannot be made from this checkpoint. Leave --quant out (this target's default, "
+            f"{MXFP4_MOE}: the experts kept as they are and every other matrix Q8_0, as llama-quantize's MXFP4_MOE "
+            "makes them), or pass --quant bf16/f16 (the experts stay MXFP4), or convert the model's BF16 release.")
+    return opts
 
 
 def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
@@ -198,7 +238,7 @@ def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> boo
     if target and opts.target_overrides.given:  # the one pass writes llama-quantize's default choices
         return False
     imatrix = target and opts.imatrix is not None
-    return (quant in stages.ONE_PASS_TYPES and not opts.keep_intermediate
+    return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
             and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix) == "builtin")
 
 
@@ -248,9 +288,9 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         if not local.is_file():
             downloads.append(Download(method.spec, method.spec.partition(":")[2], None, 0))
     src_t = _config_type(target.path / "config.json")
-    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.quant), weights["target"], src_t,
-                       opts.quant, isinstance(method, stages.BuiltinConverter)
-                       and _one_pass(opts, opts.quant, target=True), link)]
+    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.target_type), weights["target"], src_t,
+                       opts.target_type, isinstance(method, stages.BuiltinConverter)
+                       and _one_pass(opts, opts.target_type, target=True), link)]
     for i, drafter in enumerate(drafters):
         src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
         sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, opts.draft_quant,
@@ -276,6 +316,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     opts = check_quant_types(opts)
     drafters = [resolve_spec(spec) for spec in opts.drafters]
     drafter, target = drafters[0], resolve_spec(opts.target)
+    opts = target_quant(opts, target)
     log.info("drafter %s, target %s", ", ".join(d.label for d in drafters), target.label)
     refuse_same_sidecar(target, drafters, opts.draft_quant)
     drafter_by_llama_cpp = opts.llama_cpp is not None and not stages.drafter_vocab_covered(target)
@@ -283,14 +324,15 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                                          drafter_by_llama_cpp=drafter_by_llama_cpp) for d in drafters]
     precheck = prechecks[0]
     method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
-    advice = stages.qat_advice(target, opts.quant, opts.target_overrides) if opts.target_gguf is None else None
+    advice = stages.qat_advice(target, opts.target_type, opts.target_overrides) if opts.target_gguf is None else None
     if advice:
         log.warning("%s", advice)
     outdir = Path(opts.outdir) if opts.outdir is not None else default_outdir(drafter)
     plan = plan_run(opts, drafters, target, method, outdir, drafter_by_llama_cpp)
     sources = Sources(target.record(), drafter.record(),
                       tuple(d.record() for d in drafters) if len(drafters) > 1 else None)
-    options = RunOptions(opts.quant, opts.draft_quant, method.kind, "llama-cpp" if drafter_by_llama_cpp else "builtin",
+    options = RunOptions(opts.target_type, opts.draft_quant, method.kind,
+                         "llama-cpp" if drafter_by_llama_cpp else "builtin",
                          opts.target_gguf, str(opts.llama_cpp) if opts.llama_cpp else None, opts.keep_intermediate,
                          opts.allow_derived_target, opts.drop_mtp)
     header: dict[str, Any] = {"precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
@@ -426,7 +468,7 @@ class _Run:
         """The target conversion's work ahead of its vocabulary (``stages.working_ahead_of_target``): a head start
         when its one pass is to make the output afresh (an output already there may be vouched for, and its head
         start wasted), else the weights read ahead."""
-        quant = self.opts.quant
+        quant = self.opts.target_type
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
         one_pass = _one_pass(self.opts, quant, target=True) and not final.exists()
         return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
@@ -448,7 +490,7 @@ class _Run:
     def target(self, target: Source, tok: stages.TokenizerStage,
                gguf_path: Path | None) -> tuple[Path, Made]:
         name = model_name(target.repo, target.path)
-        quant = self.opts.quant
+        quant = self.opts.target_type
         if gguf_path is not None:
             kind = stages.gguf_type(gguf_path)
             if kind in ("quantized", quant):

@@ -23,7 +23,6 @@ from ..ggufio.readahead import warm_up
 from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize.builtin import NO_OVERRIDES, Overrides
-from ..quantize.rules import FTYPES, is_quantized
 from ..verify import Report, precheck, read_gguf, verify_files
 from .naming import checkpoint_type
 from .sources import Source
@@ -52,6 +51,14 @@ def drafter_vocab_covered(target: Source) -> bool:
     """Whether the built-in drafter converter mirrors how b11434 reads this target's vocabulary."""
     facts = drafters.TargetFacts.from_config(drafters.read_config(target.path / "config.json", "Target config"))
     return not any(f.blocking for f in drafters.target_findings(facts) if f.id == "pair.target_vocab")
+
+
+def has_mxfp4_experts(target: Source) -> bool:
+    """The checkpoint's experts are MXFP4 blocks (gpt-oss's release): config.json's quantization_config says so,
+    as b11434's converter reads it."""
+    cfg = read_json(target.path / "config.json")
+    quant = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
 
 
 def qat_advice(target: Source, quant: str, overrides: Overrides) -> str | None:
@@ -304,8 +311,6 @@ def link_into(outdir: Path, path: Path) -> Path:
 # ----------------------------------------------------------------------------------------- conversions
 
 
-# The types converted and quantized in one pass: every block type the built-in quantizer makes.
-ONE_PASS_TYPES = tuple(key for key, (_, default) in FTYPES.items() if is_quantized(default))
 
 
 def reading_ahead(checkpoint: Path) -> contextlib.AbstractContextManager[object]:

@@ -1,4 +1,4 @@
-/* Compiled Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K kernels and F16/BF16 roundings, bit-exact with ggml b11434's
+/* Compiled Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 kernels and F16/BF16 roundings, bit-exact with ggml b11434's
  * reference quantizers.
  *
  * A plain CPython extension (not a ctypes library): setuptools builds and names it for the running
@@ -44,7 +44,7 @@
 
 /* GGML type ids (ggml.h) */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
-       T_Q6_K = 14, T_BF16 = 30 };
+       T_Q6_K = 14, T_BF16 = 30, T_MXFP4 = 39 };
 
 #define QK 32
 #define QK_K 256
@@ -1248,6 +1248,44 @@ __attribute__((target("avx2"))) static void qk_block_avx2(const float *restrict 
 #endif
 
 /* ggml_quantize_chunk without an imatrix (what llama-quantize runs): nb blocks of src -> dst. */
+/* MXFP4: quantize_row_mxfp4_ref, best_index_mxfp4 (ggml-quants.c) and ggml_e8m0_to_fp32_half (ggml-impl.h), in
+ * their float operations; log2f is the C library's, as ggml's is. */
+static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline int best_index_mxfp4(float x, float e) {
+    int best = 0;
+    float best_err = fabsf(kvalues_mxfp4[0] * e - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf(kvalues_mxfp4[i] * e - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+static void mxfp4_block(const float *restrict x, uint8_t *restrict y) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        const float v = fabsf(x[j]);
+        if (amax < v) {
+            amax = v;
+        }
+    }
+    uint8_t e = 0;
+    if (amax > 0.0f) {
+        /* ggml's (uint8_t) of this float: cvttss2si (INT32_MIN out of range), then the low byte */
+        const float v = floorf(log2f(amax)) - 2 + 127;
+        e = (uint8_t)(v >= -2147483648.0f && v < 2147483648.0f ? (int32_t)v : INT32_MIN);
+    }
+    const float d = u2f(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+    y[0] = e;
+    for (int j = 0; j < QK / 2; ++j) {
+        y[1 + j] = (uint8_t)(best_index_mxfp4(x[j], d) | (best_index_mxfp4(x[QK / 2 + j], d) << 4));
+    }
+}
+
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     const int avx2 = have_avx2();
@@ -1278,6 +1316,14 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
             }
 #endif
             qk_block(x, dst + i * out, &p, q5);
+        }
+        return;
+    }
+    if (dst_type == T_MXFP4) {
+        float x[QK];
+        for (Py_ssize_t i = 0; i < nb; ++i) {
+            load_block(src + i * item * QK, src_type, QK, x);
+            mxfp4_block(x, dst + i * 17);
         }
         return;
     }
@@ -1364,6 +1410,7 @@ static int dst_layout(int dst_type, int *block, Py_ssize_t *out_bytes) {
     case T_Q5_1: *block = QK; *out_bytes = 24; return 1;
     case T_Q4_K: *block = QK_K; *out_bytes = 144; return 1;
     case T_Q5_K: *block = QK_K; *out_bytes = 176; return 1;
+    case T_MXFP4: *block = QK; *out_bytes = 17; return 1;
     case T_F16:
     case T_BF16: *block = 1; *out_bytes = 2; return 1;
     default: return 0;
@@ -1441,6 +1488,12 @@ static Py_ssize_t nonfinite(const uint8_t *p, int type, Py_ssize_t len) {
     int block = 1;
     Py_ssize_t size = 1;
     dst_layout(type, &block, &size);
+    if (type == T_MXFP4) { /* validate_e_e8m0: the exponent byte 0xFF is NaN */
+        for (Py_ssize_t i = 0; i + size <= len; i += size) {
+            bad += p[i] == 0xFF;
+        }
+        return bad;
+    }
     /* d at 0 (Q6_K: at 208), and dmin / m at 2 for the types that have one */
     const Py_ssize_t at = type == T_Q6_K ? 208 : 0;
     const int two = type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K;
@@ -1464,9 +1517,10 @@ static PyObject *count_nonfinite(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (type != T_F32 && type != T_F16 && type != T_BF16 && type != T_Q4_0 && type != T_Q8_0 && type != T_Q6_K &&
-        type != T_Q5_0 && type != T_Q5_1 && type != T_Q4_K && type != T_Q5_K) {
+        type != T_Q5_0 && type != T_Q5_1 && type != T_Q4_K && type != T_Q5_K && type != T_MXFP4) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "type must be F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K");
+        PyErr_SetString(PyExc_ValueError,
+                        "type must be F32, F16, BF16, Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K or MXFP4");
         return NULL;
     }
     Py_ssize_t bad;
@@ -1481,7 +1535,7 @@ static PyMethodDef methods[] = {
     {"count_nonfinite", count_nonfinite, METH_VARARGS,
      "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (the block types)."},
     {"quantize", quantize, METH_VARARGS,
-     "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K "
+     "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 "
      "blocks, F16/BF16)."},
     {NULL, NULL, 0, NULL},
 };

@@ -48,7 +48,7 @@ _F1, _F8_5, _FM8, _F127 = np.float32(1), np.float32(8.5), np.float32(-8), np.flo
 _U4, _U16, _U64_4 = np.uint8(4), np.uint32(16), np.uint64(4)
 _OUT_BYTES = {Q.Q4_0: 18, Q.Q8_0: 34}
 # quantize_rows makes all of them (Q6_K and the last four through their own functions)
-QUANT_TYPES = (*_OUT_BYTES, Q.Q6_K, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K)
+QUANT_TYPES = (*_OUT_BYTES, Q.Q6_K, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.MXFP4)
 # Source types read directly (BF16 as its raw 16-bit words); anything else is widened first.
 SOURCE_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
     Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16), Q.BF16: np.dtype(np.uint16)}
@@ -356,16 +356,19 @@ def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: G
 _SCALES_AT = {Q.Q4_0: (0,), Q.Q8_0: (0,), Q.Q6_K: (208,), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2),
               Q.Q5_K: (0, 2)}
 _EXPONENT = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
-CHECKED_TYPES = (*_EXPONENT, *_SCALES_AT)  # the types count_nonfinite reads
+CHECKED_TYPES = (*_EXPONENT, *_SCALES_AT, Q.MXFP4)  # the types count_nonfinite reads
 
 
 def count_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType) -> int:
     """NaN or infinite values (F32, F16, BF16) or block scales (the fp16 ``d``, and ``dmin``/``m`` where a type has
-    one) in the bytes ``data``: what ggml_validate_row_data finds before llama-quantize refuses a tensor."""
+    one; MXFP4's E8M0 exponent 0xFF) in the bytes ``data``: what ggml_validate_row_data finds before llama-quantize
+    refuses a tensor."""
     qtype = Q(qtype)
     flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if _compiled is not None:
         return int(_compiled.count_nonfinite(flat, int(qtype)))
+    if qtype == Q.MXFP4:  # validate_e_e8m0: the exponent byte 0xFF is NaN
+        return int(np.count_nonzero(flat.reshape(-1, MXFP4_BYTES)[:, 0] == np.uint8(0xFF)))
     if qtype in _EXPONENT:
         dtype, mask = _EXPONENT[qtype]
         return int(np.count_nonzero((flat.view(dtype) & dtype(mask)) == dtype(mask)))
@@ -1078,4 +1081,96 @@ def quantize_q5_k(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) ->
     return _quantize_blocks(values, src_type, Q.Q5_K, QK_K, Q5_K_BYTES)
 
 
-_EXTRA = {Q.Q5_0: quantize_q5_0, Q.Q5_1: quantize_q5_1, Q.Q4_K: quantize_q4_k, Q.Q5_K: quantize_q5_k}
+# --------------------------------------------------------------------------------------------- MXFP4
+#
+# ggml's quantize_row_mxfp4_ref: per 32 values, the E8M0 exponent e = (uint8_t)(floorf(log2f(amax)) - 2 + 127)
+# (amax: the largest |x|, NaN never counted), then each value the first of kvalues_mxfp4 whose distance
+# |k * d - x| (d = 2^(e - 128), float32) is smallest; value j in the low nibble of byte j, value j + 16 in its high.
+# floorf(log2f(amax)) is the floor of the exact logarithm unless log2f rounds up to the next integer, which only an
+# amax a hair below a power of two can make it do: those few blocks ask the C library's own log2f. A negative or
+# infinite result is cast as x86-64 gcc casts it (truncated to int32, its low byte).
+
+MXFP4_BYTES = 17  # the E8M0 exponent, 16 bytes of 4-bit values
+_KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+_GRID_MXFP4 = _KVALUES_MXFP4[:8]  # the magnitudes, ascending; codes 8-15 are their negatives
+_MXFP4_FAST_MIN = np.float32(2.0**-100)  # amax from which k * d never vanishes next to a value of the block
+# far more than log2f's rounding of any float32 logarithm (|log2| < 150: half an ulp is under 2^-17)
+_NEAR_INTEGER = 2.0**-12
+
+
+def _log2f_floor(amax: np.ndarray) -> np.ndarray:
+    """floorf(log2f(amax)) for positive finite float32 ``amax``, as int64: the floor of the exact logarithm, except
+    where it lies just below an integer, which log2f may round up to (the C library's own log2f answers those)."""
+    exact = np.log2(amax.astype(np.float64))
+    out = np.floor(exact).astype(np.int64)
+    gap = np.ceil(exact) - exact
+    near = (gap > 0) & (gap < _NEAR_INTEGER)
+    if near.any():
+        import ctypes
+        import ctypes.util
+
+        libm = ctypes.CDLL(ctypes.util.find_library("m"))
+        libm.log2f.restype, libm.log2f.argtypes = ctypes.c_float, [ctypes.c_float]
+        idx = np.flatnonzero(near)
+        out[idx] = [int(np.floor(libm.log2f(float(v)))) for v in amax[idx]]
+    return out
+
+
+def _mxfp4_codes(x: np.ndarray, d: np.ndarray, usual: np.ndarray) -> np.ndarray:
+    """best_index_mxfp4 of every value, packed two to a byte. The errors are C's own float32 expressions; a value's
+    best code is one of the two grid points around |x| / d (the errors grow away from it on either side, by at least
+    d, more than their rounding), so only those two are compared, the lower winning a tie as C's first-found does.
+    Blocks of unusual scale (amax infinite, zero or tiny: k * d can vanish next to x) compare all 16, as C does."""
+    idx = np.zeros(x.shape, np.uint8)
+    rows = np.flatnonzero(usual)
+    if rows.size:
+        xs, ds = x[rows], d[rows, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            hi = np.minimum(np.searchsorted(_GRID_MXFP4, (np.abs(xs) / ds).reshape(-1)).reshape(xs.shape), 7)
+            lo = np.maximum(hi - 1, 0)
+            sign = np.where(xs < 0, np.float32(-1), np.float32(1))
+            err_lo = np.abs(_GRID_MXFP4[lo] * sign * ds - xs)
+            err_hi = np.abs(_GRID_MXFP4[hi] * sign * ds - xs)
+        pick = np.where(err_hi < err_lo, hi, lo)
+        code = np.where((xs < 0) & (pick > 0), pick + 8, pick)
+        idx[rows] = np.where(np.isnan(xs), 0, code).astype(np.uint8)
+    rest = np.flatnonzero(~usual)
+    if rest.size:
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(_KVALUES_MXFP4[None, None, :] * d[rest, None, None] - x[rest, :, None])
+        slow = np.argmin(np.where(np.isnan(err), np.float32(np.inf), err), axis=2).astype(np.uint8)
+        slow[np.isnan(err).all(axis=2)] = 0
+        idx[rest] = slow
+    return idx[:, :16] | (idx[:, 16:] << np.uint8(4))
+
+
+def quantize_mxfp4(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -> np.ndarray:
+    """ggml's quantize_row_mxfp4_ref over ``values`` (as for :func:`quantize_q5_0`); the MXFP4 bytes (17 per 32
+    values) as a flat uint8 array."""
+    src_type = Q(src_type)
+    if values.dtype != SOURCE_DTYPES[src_type] or values.size % QK:
+        raise ValueError(f"cannot quantize {values.dtype} values ({values.size}) given as {src_type.name} to MXFP4")
+    flat = np.ascontiguousarray(values).reshape(-1)
+    nbt = flat.size // QK
+    if _compiled is not None:
+        return _run_compiled(flat.reshape(-1, QK), src_type, Q.MXFP4, nbt * MXFP4_BYTES)
+    out = np.empty((nbt, MXFP4_BYTES), np.uint8)
+    for b0 in range(0, nbt, GROUP_BLOCKS):
+        b1 = min(nbt, b0 + GROUP_BLOCKS)
+        x = float_to_f32(flat[b0 * QK:b1 * QK], src_type).reshape(-1, QK)
+        a = np.abs(x)
+        amax = np.where(np.isnan(a), np.float32(0), a).max(axis=1)
+        e = np.zeros(b1 - b0, np.int64)
+        finite = np.isfinite(amax) & (amax > 0)
+        e[finite] = _log2f_floor(amax[finite]) - 2 + 127  # amax = inf: (int32) inf is 0x80000000, low byte 0
+        e = (e & 0xFF).astype(np.uint8)
+        bits = np.where(e < 2, np.uint32(0x00200000) << e.astype(np.uint32),
+                        (e.astype(np.uint32) - np.uint32(1)) << np.uint32(23))  # ggml_e8m0_to_fp32_half
+        d = bits.astype(np.uint32).view(np.float32)
+        out[b0:b1, 1:] = _mxfp4_codes(x, d, np.isfinite(amax) & (amax >= _MXFP4_FAST_MIN))
+        out[b0:b1, 0] = e
+    return out.reshape(-1)
+
+
+_EXTRA = {Q.Q5_0: quantize_q5_0, Q.Q5_1: quantize_q5_1, Q.Q4_K: quantize_q4_k, Q.Q5_K: quantize_q5_k,
+          Q.MXFP4: quantize_mxfp4}

@@ -35,6 +35,7 @@ ALL_FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
     "q5_k_s": (F.MOSTLY_Q5_K_S, Q.Q5_K),
     "q5_0": (F.MOSTLY_Q5_0, Q.Q5_0),
     "q5_1": (F.MOSTLY_Q5_1, Q.Q5_1),
+    "mxfp4_moe": (F.MOSTLY_MXFP4_MOE, Q.MXFP4),  # experts MXFP4 (kept as they are when already), the rest Q8_0
     "f16": (F.MOSTLY_F16, Q.F16),
     "bf16": (F.MOSTLY_BF16, Q.BF16),
     "f32": (F.ALL_F32, Q.F32),
@@ -77,6 +78,10 @@ def is_quantized(qtype: GGMLQuantizationType) -> bool:
     return qtype not in FLOAT_TYPES and qtype not in INT_TYPES
 
 
+# The types converted and quantized in one pass: every block type the built-in quantizer makes.
+ONE_PASS_TYPES = tuple(key for key, (_, default) in FTYPES.items() if is_quantized(default))
+
+
 def ggml_n_dims(ne: tuple[int, ...]) -> int:
     """ggml_n_dims(): dimensions up to the last one above 1 (a [64, 1] tensor is 1-D, so never quantized)."""
     n = len(ne)
@@ -115,6 +120,7 @@ _CATEGORY_SUBSTRINGS = ((Category.ATTENTION_QKV, "attn_qkv.weight"), (Category.A
                         (Category.ATTENTION_Q, "attn_q.weight"), (Category.ATTENTION_OUTPUT, "attn_output.weight"),
                         (Category.FFN_UP, "ffn_up"), (Category.FFN_GATE, "ffn_gate"), (Category.FFN_DOWN, "ffn_down"))
 _ATTN_V_LIKE = (Category.ATTENTION_V, Category.ATTENTION_QKV, Category.ATTENTION_KV_B)  # category_is_attn_v
+_FFN = (Category.FFN_UP, Category.FFN_GATE, Category.FFN_DOWN)
 
 
 def category_of(name: str) -> Category:
@@ -237,11 +243,16 @@ class Mixture:
         if category is Category.OUTPUT or (facts.has_tied_embeddings and category is Category.TOKEN_EMBD):
             if self.output_type is not None:  # a tied embedding follows --output-tensor-type
                 return self.output_type, "--output-tensor-type (tied embedding)"
+            if f == F.MOSTLY_MXFP4_MOE:
+                return Q.Q8_0, "MXFP4_MOE: the output in Q8_0"
             if facts.arch == "falcon" or ne[0] % GGML_QUANT_SIZES[new][0]:
                 return Q.Q8_0, "output rule: row not a multiple of the block"
             if new != Q.Q8_0:
                 return Q.Q6_K, "output rule: llama-quantize keeps the output/tied embedding in Q6_K"
             return new, ""
+        if f == F.MOSTLY_MXFP4_MOE:  # expert stacks (3-D) MXFP4, every other tensor Q8_0
+            experts = len(ne) > 2 and ne[2] > 1 and (facts.arch != "bailingmoe3" or category in _FFN)
+            return (new, "") if experts else (Q.Q8_0, "MXFP4_MOE: tensors other than the experts in Q8_0")
         if category is Category.TOKEN_EMBD:
             return new, ""
         if category in _ATTN_V_LIKE:

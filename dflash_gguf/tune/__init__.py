@@ -26,6 +26,7 @@ from ..drafters import DRAFTER_GGUF_ARCHS, Drafter, family_of_gguf
 from ..errors import TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
+from ..target_archs import by_gguf
 from .report import (
     NGRAM_FLAGS,
     OWN_MTP_METHOD,
@@ -84,8 +85,24 @@ class TargetInfo:
     nextn_layers: int  # {arch}.nextn_predict_layers, when the blk.N.nextn.* tensors are there too
 
     @property
+    def no_mtp_graph(self) -> bool:
+        """The target-arch table says b11434 builds no MTP draft graph for this arch: its nextn layers cannot draft.
+        An arch the table does not know is not judged (the GGUF is trusted)."""
+        known = by_gguf(self.arch)
+        return known is not None and not known.mtp_graph
+
+    @property
     def has_own_mtp(self) -> bool:
-        return self.nextn_layers > 0
+        """An own head llama-server b11434 can draft with: nextn layers in the GGUF and an MTP graph to run them."""
+        return self.nextn_layers > 0 and not self.no_mtp_graph
+
+    def own_mtp_in_words(self) -> str:
+        if self.has_own_mtp:
+            return "yes"
+        if self.nextn_layers:
+            return (f"none b11434 can run: the GGUF has {self.nextn_layers} nextn layer(s), but b11434 has no MTP "
+                    f"draft graph for {self.arch}")
+        return "none"
 
 
 @dataclass(frozen=True)
@@ -366,7 +383,7 @@ def _prepare(target: Path, drafters: Sequence[Path], opts: TuneOptions) -> tuple
     if not methods:
         asked = ", ".join(sorted(opts.methods)) or "none"
         raise TuneError(f"Nothing to compare with the target alone: --methods {asked} names no method that applies "
-                        f"to {Path(target).name} (its own MTP head: {'yes' if info.has_own_mtp else 'none'}; drafter "
+                        f"to {Path(target).name} (its own MTP head: {info.own_mtp_in_words()}; drafter "
                         f"files: {len(found)}). Name one of {', '.join(METHODS)} that applies, or pass drafter files.")
     return info, found, methods
 

@@ -14,7 +14,7 @@ from .. import fingerprint as efp
 from .. import provenance as prov
 from ..drafters import DRAFTER_GGUF_ARCHS
 from ..ggufio.reader import GGUFMeta, read_rows
-from ..target_archs import by_gguf
+from ..target_archs import by_gguf, what_serves_instead
 from ..vocab_hash import vocab_sha256
 from .lineage import (
     PICK,
@@ -38,7 +38,8 @@ def check_target_arch(r: Report, tarch: str) -> None:
     elif (known is not None and known.tappable is False) or tarch in DRAFTER_GGUF_ARCHS:
         r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
                "(its graph publishes no layer inputs: 'layer input tensor is null').",
-               "Pass the target model GGUF second." if tarch in DRAFTER_GGUF_ARCHS else PICK)
+               "Pass the target model GGUF second." if tarch in DRAFTER_GGUF_ARCHS or known is None
+               else f"{PICK} {what_serves_instead(known)}")
     else:
         r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
                "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
