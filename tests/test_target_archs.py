@@ -9,9 +9,12 @@ import http.client
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import fixtures as mf
+import hub_server
 import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
@@ -47,20 +50,29 @@ def test_b11434s_graph_for_it_publishes_no_layer_inputs(hf_class: str) -> None:
 
 
 INSTEAD = {  # the target's own MTP head where b11434 runs it and its converter keeps it, else another runtime
-    "Glm4MoeForCausalLM": "llama-server -m TARGET.gguf --spec-type draft-mtp",
-    "KimiK25ForConditionalGeneration": "drops KimiK25ForConditionalGeneration's nextn layers",
+    "Glm4MoeForCausalLM": "llama-server -m TARGET.gguf --spec-type draft-mtp",  # GLM-4.5
+    "GlmMoeDsaForCausalLM": "llama-server -m TARGET.gguf --spec-type draft-mtp",  # GLM-5.1
+    "KimiK25ForConditionalGeneration": "drops KimiK25ForConditionalGeneration's nextn layers",  # Kimi-K2.6
 }
 
 
-@pytest.mark.parametrize("hf_class", ["Glm4MoeForCausalLM", "KimiK25ForConditionalGeneration"])
+@pytest.mark.parametrize("hf_class", list(INSTEAD))
 def test_every_command_refuses_a_target_no_drafter_can_run_on(tmp_path: Path, hf_class: str) -> None:
+    """precheck, --outfile and the pipeline from repo ids give one refusal, the pipeline before any weight."""
     target = Path(shutil.copytree(mf.make_gemma4_target(tmp_path / "t"), tmp_path / "glm-tiny"))
     cfg = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**cfg, "architectures": [hf_class]}))
     drafter = mf.make_drafter(tmp_path / "d", target="gemma4")
     pre = run_cli("dflash-gguf", "precheck", drafter, target)
     outfile = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf")
-    pipe = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outdir", tmp_path / "pair")
+    repos = {"zai-org/glm-tiny": hub_server.FakeRepo.of_folder(target),
+             "z-lab/glm-tiny-DFlash": hub_server.FakeRepo.of_folder(drafter)}
+    with hub_server.serve(repos) as hub:
+        pipe = subprocess.run([str(Path(sys.executable).parent / "dflash-convert"), "--target", "zai-org/glm-tiny",
+                               "--drafter", "z-lab/glm-tiny-DFlash", "--outdir", str(tmp_path / "pair")],
+                              capture_output=True, text=True, env=hub_server.client_env(hub.url, tmp_path / "hf"),
+                              timeout=600, stdin=subprocess.DEVNULL)
+    assert not [f for f in hub.downloads() if f.endswith(".safetensors")], hub.downloads()
     for run in (pre, outfile, pipe):
         out = " ".join((run.stdout + run.stderr).split())  # the report wraps its lines
         assert "publishes no layer inputs" in out and "Traceback" not in out, out[-2000:]
