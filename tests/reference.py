@@ -369,7 +369,8 @@ def ggml_quantize(x: Any, jobs: Sequence[tuple[Any, int | None]], tmp: Path) -> 
 
     inp = tmp / "ggml-in.f32"
     np.ascontiguousarray(x, np.float32).tofile(inp)
-    specs = [{"type": int(qtype), "name": qtype.name.lower(), "n_per_row": n_per_row, "out": str(tmp / f"ggml-{i}.q"),
+    specs = [{"type": int(qtype), "name": qtype.name.lower().replace("_k", "_K"),  # ggml's names: q4_K, mxfp4
+              "n_per_row": n_per_row, "out": str(tmp / f"ggml-{i}.q"),
               "block": GGML_QUANT_SIZES[qtype][0], "type_size": GGML_QUANT_SIZES[qtype][1]}
              for i, (qtype, n_per_row) in enumerate(jobs)]
     cfg = {"lib": str(llama_bin("libggml-base.so")), "inp": str(inp), "jobs": specs}

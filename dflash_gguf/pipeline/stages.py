@@ -20,6 +20,7 @@ from ..drafters.dflash.rules import MASK_EMBEDDING
 from ..drafters.gemma4_assistant.rules import ARCHITECTURES as ASSISTANT_ARCHITECTURES
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
+from ..hf_configs import read_config
 from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize.builtin import NO_OVERRIDES, Overrides
@@ -55,9 +56,12 @@ def drafter_vocab_covered(target: Source) -> bool:
 
 def has_mxfp4_experts(target: Source) -> bool:
     """The checkpoint's experts are MXFP4 blocks (gpt-oss's release): config.json's quantization_config says so,
-    as b11434's converter reads it."""
-    cfg = read_json(target.path / "config.json")
-    quant = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    as b11434's converter reads it.
+
+    Raises:
+        ConfigError: config.json missing or unreadable (the precheck's own message).
+    """
+    quant = read_config(target.path, "Target config").get("quantization_config")
     return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
 
 
