@@ -25,8 +25,9 @@ from dflash_gguf.convert.safetensors import index_checkpoint
 from dflash_gguf.convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, convert_target
 from dflash_gguf.convert.targets.gpt_oss import repack_mxfp4
 from dflash_gguf.convert.tensor_io import to_f32
-from dflash_gguf.errors import ConfigError, DflashGgufError, TensorError
+from dflash_gguf.errors import ConfigError, DflashGgufError, QuantizeError, TensorError
 from dflash_gguf.ggufio.reader import read_gguf
+from dflash_gguf.quantize import quantize_gguf
 
 E, FF, H, L = GPT_OSS_SIZES["experts"], GPT_OSS_SIZES["intermediate"], GPT_OSS_SIZES["hidden"], GPT_OSS_SIZES["layers"]
 FIXTURES = {"mxfp4": {}, "bf16": {"mxfp4": False}}  # name -> make_gpt_oss_target keywords
@@ -117,6 +118,27 @@ def test_one_pass_mxfp4_moe_equals_convert_then_llama_quantize(tmp_path: Path, o
     types = {qtype for qtype, _, _ in read_tensors_fast(ours).values()}
     assert types == {"MXFP4", "Q8_0", "F32"}, types
     REFERENCE_COMPARISONS.append(f"target/gpt-oss-{name}/one-pass-mxfp4_moe")
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("quantizer", ["builtin", "llama-quantize"])
+def test_quantize_keeps_the_mxfp4_experts_of_a_converted_release(tmp_path: Path, reference_outputs: dict,
+                                                                 quantizer: str) -> None:
+    """Two steps (b11434's BF16 conversion, then ``dflash-gguf quantize``): MXFP4_MOE keeps the experts, with either
+    quantizer, and a type that would requantize them is refused before either runs, with llama-quantize's reason."""
+    reference.require_or_skip(reference.reference_available())
+    reference.require_or_skip(reference.llama_cpp_available())
+    src, binary = reference_outputs[("mxfp4", "bf16")], reference.llama_bin("llama-quantize")
+    ref = tmp_path / "ref.gguf"
+    proc = reference.run_llama_quantize(src, ref, "MXFP4_MOE")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = tmp_path / "ours.gguf"
+    quantize_gguf(src, ours, "MXFP4_MOE", quantizer=quantizer, llama_quantize=binary)
+    assert diff(ours, ref) == []
+    with pytest.raises(QuantizeError, match="requantizing from type mxfp4 is disabled"):
+        quantize_gguf(src, tmp_path / "q4.gguf", "q4_0", quantizer=quantizer, llama_quantize=binary)
+    assert not (tmp_path / "q4.gguf").exists()
+    REFERENCE_COMPARISONS.append(f"target/gpt-oss-mxfp4/quantize-mxfp4_moe [{quantizer}]")
 
 
 @pytest.mark.reference

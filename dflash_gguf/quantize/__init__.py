@@ -16,7 +16,15 @@ from typing import Any
 
 from ..errors import QuantizeError
 from ..llama_bin import FoundBinary
-from .builtin import BUILTIN_VERSION, NO_OVERRIDES, Overrides, read_input, run_builtin
+from .builtin import (
+    BUILTIN_VERSION,
+    NO_OVERRIDES,
+    Overrides,
+    plan_tensors,
+    read_input,
+    requantize_refusal,
+    run_builtin,
+)
 from .kernels import kernel_path
 from .rules import SUPPORTED_TYPES
 from .runner import find_llama_quantize, run_llama_quantize
@@ -131,7 +139,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     gguf = read_input(infile)  # fail fast on an unreadable input, whichever quantizer runs
     if outfile.exists() and outfile.resolve() == infile.resolve():
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
-    _refuse_quantized(gguf, allow_requantize)
+    _refuse_quantized(gguf, type_name, overrides, allow_requantize)
     binary = check_makeable(qtype, quantizer, llama_quantize, imatrix=imatrix)
     if binary is None and imatrix is not None:
         raise QuantizeError("The built-in quantizer does not use an importance matrix (--imatrix); use "
@@ -157,21 +165,28 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
                           made.n_bytes, made.seconds, False, False, {}, notes)
 
 
-def _refuse_quantized(gguf: Any, allow_requantize: bool) -> None:
-    """Refuse quantized input up front with our message rather than llama-quantize's terse one."""
+def _refuse_quantized(gguf: Any, type_name: str, overrides: Overrides, allow_requantize: bool) -> None:
+    """Refuse quantized input up front with our message rather than llama-quantize's terse one. llama-quantize keeps
+    a tensor already in the type its rules pick (MXFP4 experts under MXFP4_MOE); where those rules are known here,
+    only the tensors they would quantize again are refused, else any quantized tensor is."""
     from gguf import GGMLQuantizationType
 
     from .rules import is_quantized
 
     if allow_requantize:
         return
+    if type_name in SUPPORTED_TYPES:
+        try:
+            overrides.parsed()
+        except QuantizeError:  # an override only llama-quantize makes: its rules are not known here
+            pass
+        else:
+            plan_tensors(gguf, type_name, overrides=overrides)
+            return
     for t in gguf.tensors:
         qt = GGMLQuantizationType(t.qtype)
         if is_quantized(qt):
-            raise QuantizeError(
-                f"{gguf.path} is already quantized (tensor {t.name} is {qt.name}). Quantize from the BF16/F16 "
-                "conversion instead; --allow-requantize converts it anyway (dequantize, then quantize again), "
-                "which loses quality twice.")
+            raise QuantizeError(requantize_refusal(gguf.path, t.name, qt))
 
 
 __all__ = ["QUANTIZERS", "SUPPORTED_TYPES", "Overrides", "QuantType", "QuantizeResult", "check_makeable",

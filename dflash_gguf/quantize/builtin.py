@@ -184,6 +184,18 @@ class Overrides:
 NO_OVERRIDES = Overrides()
 
 
+def requantize_refusal(path: Path, name: str, stored: GGMLQuantizationType) -> str:
+    """Why a quantized tensor is not quantized again, and the way out (MXFP4 experts: the type that keeps them)."""
+    if stored == Q.MXFP4:
+        return (f"{path}: tensor {name} is MXFP4 (the checkpoint's own expert blocks), and llama-quantize b11434 does "
+                "not requantize MXFP4 ('requantizing from type mxfp4 is disabled'). Quantize to MXFP4_MOE, which keeps "
+                "them and makes every other matrix Q8_0; --allow-requantize converts them anyway (dequantize, then "
+                "quantize again).")
+    return (f"{path} is already quantized (tensor {name} is {stored.name}). Quantize from the BF16/F16 conversion "
+            "instead; --allow-requantize converts it anyway (dequantize, then quantize again), which loses quality "
+            "twice.")
+
+
 def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False,
                  overrides: Overrides = NO_OVERRIDES) -> list[TensorJob]:
     """Per-tensor output types in llama-quantize's order.
@@ -209,10 +221,7 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
                                 f"its rows have {t.ne[0]} values, not a multiple of {block}; llama-quantize would "
                                 "abort. Choose a type with a smaller block (q8_0, f16).")
         if choice.qtype != stored and is_quantized(stored) and not allow_requantize:
-            raise QuantizeError(
-                f"{gguf.path} is already quantized (tensor {t.name} is {stored.name}). Quantize from the BF16/F16 "
-                "conversion instead; --allow-requantize converts it anyway (dequantize, then quantize again), "
-                "which loses quality twice.")
+            raise QuantizeError(requantize_refusal(gguf.path, t.name, stored))
         if choice.qtype != stored and stored not in (Q.F32, Q.F16, Q.BF16) and not is_quantized(stored):
             raise QuantizeError(f"Tensor {t.name} in {gguf.path} has type {stored.name}, which cannot be converted "
                                 f"to {choice.qtype.name}.")
