@@ -13,6 +13,8 @@ Every ignored key is listed, with its reason, in the README's "Keys that differ 
 from __future__ import annotations
 
 import functools
+import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,9 +108,17 @@ def _tensor_bytes(qtype: GGMLQuantizationType, ne: list[int]) -> int:
     return count // block * type_size
 
 
-def parse(path: Path) -> Parsed:
-    """Parse a whole GGUF file (magic, version, keys, tensor infos, aligned tensor data)."""
-    buf = Path(path).read_bytes()
+@dataclass(frozen=True)
+class _Layout:
+    """A GGUF file's header: version, keys, and each tensor's (ggml type, shape, start and size of its data)."""
+
+    version: int
+    kv: dict[str, tuple[list[str], Any]]
+    tensors: dict[str, tuple[GGMLQuantizationType, list[int], int, int]]
+
+
+def _layout(buf: Any, path: Path) -> _Layout:
+    """The header of the GGUF file whose bytes are ``buf`` (bytes or a memory map: only the header is read)."""
     if buf[:4] != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file (magic {buf[:4]!r})")
     cur = _Cursor(buf)
@@ -128,16 +138,23 @@ def parse(path: Path) -> Parsed:
         infos.append((name, qtype, ne, offset))
     alignment = int(kv.get("general.alignment", ([], DEFAULT_ALIGNMENT))[1])
     start = -(-cur.pos // alignment) * alignment
-    tensors: dict[str, tuple[str, list[int], bytes]] = {}
+    tensors: dict[str, tuple[GGMLQuantizationType, list[int], int, int]] = {}
     for name, qtype, ne, offset in infos:
         if name in tensors:
             raise ValueError(f"{path}: duplicate tensor {name}")
         size = _tensor_bytes(qtype, ne)
-        data = buf[start + offset:start + offset + size]
-        if len(data) != size:
+        if start + offset + size > len(buf):
             raise ValueError(f"{path}: tensor {name} data runs past the end of the file")
-        tensors[name] = (qtype.name, ne, data)
-    return Parsed(version, kv, tensors)
+        tensors[name] = (qtype, ne, start + offset, size)
+    return _Layout(version, kv, tensors)
+
+
+def parse(path: Path) -> Parsed:
+    """Parse a whole GGUF file (magic, version, keys, tensor infos, aligned tensor data)."""
+    buf = Path(path).read_bytes()
+    layout = _layout(buf, path)
+    return Parsed(layout.version, layout.kv, {name: (qtype.name, ne, buf[at:at + size])
+                                              for name, (qtype, ne, at, size) in layout.tensors.items()})
 
 
 @functools.lru_cache(maxsize=4)
@@ -186,34 +203,44 @@ def _order_problem(what: str, ours: list[str], ref: list[str]) -> str | None:
     return f"{what} order differs from position {i}: ours {ours[i:i + 3]} vs ref {ref[i:i + 3]}"
 
 
+_CHUNK = 1 << 26  # bytes of tensor data compared at a time
+
+
 def diff(ours: Path, ref: Path) -> list[str]:
-    """Every difference outside the ignored keys; empty when the files are identical in the sense above."""
-    problems: list[str] = []
-    va, vb = read_version(ours), read_version(ref)
-    if va != vb:
-        problems.append(f"GGUF version: ours {va} vs ref {vb}")
-    a, b = read_kv(ours), read_kv(ref)
-    for key in sorted(set(a) | set(b)):
-        if ignored(key):
-            continue
-        if key not in a:
-            problems.append(f"missing key {key} (ref: {b[key]!r:.200})")
-        elif key not in b:
-            problems.append(f"extra key {key} (ours: {a[key]!r:.200})")
-        elif a[key] != b[key]:
-            problems.append(f"key {key}: ours {a[key]!r:.200} vs ref {b[key]!r:.200}")
-    if (order := _order_problem("key", [k for k in a if not ignored(k) and k in b],
-                                [k for k in b if not ignored(k) and k in a])):
-        problems.append(order)
-    ta, tb = read_tensors(ours), read_tensors(ref)
-    if set(ta) != set(tb):
-        problems.append(f"tensor names differ: only in ours {sorted(set(ta) - set(tb))}, "
-                        f"only in ref {sorted(set(tb) - set(ta))}")
-    elif order := _order_problem("tensor", list(ta), list(tb)):
-        problems.append(order)
-    for name in sorted(set(ta) & set(tb)):
-        if ta[name][:2] != tb[name][:2]:
-            problems.append(f"tensor {name}: ours {ta[name][:2]} vs ref {tb[name][:2]}")
-        elif ta[name][2] != tb[name][2]:
-            problems.append(f"tensor {name}: bytes differ")
-    return problems
+    """Every difference outside the ignored keys; empty when the files are identical in the sense above. Reads the
+    headers through memory maps and the tensor data a chunk at a time, so files of any size compare in little
+    memory."""
+    with open(ours, "rb") as fa, open(ref, "rb") as fb, \
+            mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ) as ma, \
+            mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ) as mb:
+        la, lb = _layout(ma, ours), _layout(mb, ref)
+        problems: list[str] = []
+        if la.version != lb.version:
+            problems.append(f"GGUF version: ours {la.version} vs ref {lb.version}")
+        a, b = la.kv, lb.kv
+        for key in sorted(set(a) | set(b)):
+            if ignored(key):
+                continue
+            if key not in a:
+                problems.append(f"missing key {key} (ref: {b[key]!r:.200})")
+            elif key not in b:
+                problems.append(f"extra key {key} (ours: {a[key]!r:.200})")
+            elif a[key] != b[key]:
+                problems.append(f"key {key}: ours {a[key]!r:.200} vs ref {b[key]!r:.200}")
+        if (order := _order_problem("key", [k for k in a if not ignored(k) and k in b],
+                                    [k for k in b if not ignored(k) and k in a])):
+            problems.append(order)
+        ta, tb = la.tensors, lb.tensors
+        if set(ta) != set(tb):
+            problems.append(f"tensor names differ: only in ours {sorted(set(ta) - set(tb))}, "
+                            f"only in ref {sorted(set(tb) - set(ta))}")
+        elif order := _order_problem("tensor", list(ta), list(tb)):
+            problems.append(order)
+        for name in sorted(set(ta) & set(tb)):
+            (qa, nea, at_a, size), (qb, neb, at_b, _) = ta[name], tb[name]
+            if (qa.name, nea) != (qb.name, neb):
+                problems.append(f"tensor {name}: ours {(qa.name, nea)} vs ref {(qb.name, neb)}")
+            elif any(os.pread(fa.fileno(), min(_CHUNK, size - i), at_a + i)
+                     != os.pread(fb.fileno(), min(_CHUNK, size - i), at_b + i) for i in range(0, size, _CHUNK)):
+                problems.append(f"tensor {name}: bytes differ")
+        return problems
