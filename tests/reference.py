@@ -688,6 +688,34 @@ def start_llama_server(
             server._final_output = server.log_path.read_text(encoding="utf-8", errors="replace")
 
 
+def assert_one_pass_parity(model: Path, reference_bf16: Path, quant: str, work: Path) -> Path:
+    """The built-in converter's one pass to ``quant`` writes the file llama-quantize makes of b11434's BF16
+    conversion (``reference_bf16``); returns ours."""
+    from gguf_compare import diff
+
+    from dflash_gguf.convert.targets import convert_target
+
+    ref, ours = work / "ref.gguf", work / "ours.gguf"
+    proc = run_llama_quantize(reference_bf16, ref, quant)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    convert_target(model, ours, "bf16", quant=quant.lower())
+    assert diff(ours, ref) == []
+    return ours
+
+
+def assert_libllama_loads_target(model: Path, outtype: str, work: Path) -> None:
+    """libllama b11434 loads the built-in converter's file of ``model`` at ``outtype`` (q4_0: the one pass)."""
+    from dflash_gguf.convert.targets import convert_target
+
+    out = work / "ours.gguf"
+    if outtype == "q4_0":
+        convert_target(model, out, "bf16", quant="q4_0")
+    else:
+        convert_target(model, out, outtype)
+    loaded, log = load_with_libllama(out)
+    assert loaded, log[-3000:]
+
+
 def assert_drafter_parity(drafter: Path, target: Path, work: Path, outtype: str = "auto") -> Path:
     """Our drafter converter and b11434's (``--target-model-dir``) write the same file; returns ours."""
     from gguf_compare import diff

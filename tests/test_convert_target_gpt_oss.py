@@ -92,12 +92,7 @@ def test_one_pass_equals_convert_then_llama_quantize(tmp_path: Path, oss_dirs: d
     """The BF16 re-release: experts requantized like every other matrix, byte for byte llama-quantize's."""
     reference.require_or_skip(reference.reference_available())
     reference.require_or_skip(reference.llama_cpp_available())
-    ref = tmp_path / "ref.gguf"
-    proc = reference.run_llama_quantize(reference_outputs[("bf16", "bf16")], ref, quant)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = tmp_path / "ours.gguf"
-    convert_target(oss_dirs["bf16"], ours, "bf16", quant=quant)
-    assert diff(ours, ref) == []
+    reference.assert_one_pass_parity(oss_dirs["bf16"], reference_outputs[("bf16", "bf16")], quant, tmp_path)
     REFERENCE_COMPARISONS.append(f"target/gpt-oss-bf16/one-pass-{quant}")
 
 
@@ -109,12 +104,8 @@ def test_one_pass_mxfp4_moe_equals_convert_then_llama_quantize(tmp_path: Path, o
     re-release's quantized by quantize_row_mxfp4_ref), every other matrix Q8_0, the output Q8_0."""
     reference.require_or_skip(reference.reference_available())
     reference.require_or_skip(reference.llama_cpp_available())
-    ref = tmp_path / "ref.gguf"
-    proc = reference.run_llama_quantize(reference_outputs[(name, "bf16")], ref, "MXFP4_MOE")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = tmp_path / "ours.gguf"
-    convert_target(oss_dirs[name], ours, "bf16", quant="mxfp4_moe")
-    assert diff(ours, ref) == []
+    ours = reference.assert_one_pass_parity(oss_dirs[name], reference_outputs[(name, "bf16")], "MXFP4_MOE",
+                                            tmp_path)
     types = {qtype for qtype, _, _ in read_tensors_fast(ours).values()}
     assert types == {"MXFP4", "Q8_0", "F32"}, types
     REFERENCE_COMPARISONS.append(f"target/gpt-oss-{name}/one-pass-mxfp4_moe")
@@ -162,13 +153,7 @@ def test_one_pass_refuses_mxfp4_experts_as_llama_quantize_does(tmp_path: Path, o
 @pytest.mark.parametrize(("name", "outtype"), [("mxfp4", "auto"), ("mxfp4", "q8_0"), ("bf16", "q4_0")])
 def test_libllama_loads_it(tmp_path: Path, oss_dirs: dict[str, Path], name: str, outtype: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
-    out = tmp_path / "ours.gguf"
-    if outtype == "q4_0":
-        convert_target(oss_dirs[name], out, "bf16", quant="q4_0")
-    else:
-        convert_target(oss_dirs[name], out, outtype)
-    loaded, log = reference.load_with_libllama(out)
-    assert loaded, log[-3000:]
+    reference.assert_libllama_loads_target(oss_dirs[name], outtype, tmp_path)
     REFERENCE_COMPARISONS.append(f"target/gpt-oss-{name}/{outtype}/libllama")
 
 

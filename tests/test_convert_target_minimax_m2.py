@@ -78,12 +78,7 @@ def test_one_pass_equals_convert_then_llama_quantize(tmp_path: Path, mm_dirs: di
                                                      reference_outputs: dict, name: str, quant: str) -> None:
     reference.require_or_skip(reference.reference_available())
     reference.require_or_skip(reference.llama_cpp_available())
-    ref = tmp_path / "ref.gguf"
-    proc = reference.run_llama_quantize(reference_outputs[(name, "bf16")], ref, quant)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = tmp_path / "ours.gguf"
-    convert_target(mm_dirs[name], ours, "bf16", quant=quant)
-    assert diff(ours, ref) == []
+    reference.assert_one_pass_parity(mm_dirs[name], reference_outputs[(name, "bf16")], quant, tmp_path)
     REFERENCE_COMPARISONS.append(f"target/minimax-m2-{name}/one-pass-{quant}")
 
 
@@ -91,13 +86,7 @@ def test_one_pass_equals_convert_then_llama_quantize(tmp_path: Path, mm_dirs: di
 @pytest.mark.parametrize(("name", "outtype"), [("plain", "q4_0"), ("plain", "bf16")])
 def test_libllama_loads_it(tmp_path: Path, mm_dirs: dict[str, Path], name: str, outtype: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
-    out = tmp_path / "ours.gguf"
-    if outtype == "q4_0":
-        convert_target(mm_dirs[name], out, "bf16", quant="q4_0")
-    else:
-        convert_target(mm_dirs[name], out, outtype)
-    loaded, log = reference.load_with_libllama(out)
-    assert loaded, log[-3000:]
+    reference.assert_libllama_loads_target(mm_dirs[name], outtype, tmp_path)
     REFERENCE_COMPARISONS.append(f"target/minimax-m2-{name}/{outtype}/libllama")
 
 

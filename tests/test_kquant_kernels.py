@@ -28,6 +28,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType
+from kernel_parity import assert_same_blocks, every_16_bit_value, stored
 
 from dflash_gguf.quantize import kernels
 
@@ -282,18 +283,6 @@ def _random_superblocks(n: int, seed: int) -> np.ndarray:
     return x[rng.permutation(len(x))]
 
 
-def _stored(x: np.ndarray, stype: Q) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` stored as ``stype`` (what the kernels get) and those values widened to float32 (what ggml gets)."""
-    with np.errstate(all="ignore"):
-        if stype == Q.F32:
-            return x, x
-        if stype == Q.F16:
-            h = x.astype(np.float16)
-            return h, h.astype(F)
-    words = (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-    return words, (words.astype(np.uint32) << np.uint32(16)).view(F)
-
-
 @functools.cache
 def _cases(name: str) -> dict[Q, tuple[np.ndarray, np.ndarray, dict[Q, np.ndarray]]]:
     """Per source type: (stored values, widened float32, {type: ggml's blocks}) of an input set, computed once per
@@ -309,7 +298,7 @@ def _cases(name: str) -> dict[Q, tuple[np.ndarray, np.ndarray, dict[Q, np.ndarra
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for stype in SOURCES:
-            values, widened = _stored(x.reshape(-1), stype)
+            values, widened = stored(x.reshape(-1), stype)
             out[stype] = (values, widened, _ggml(widened, types, Path(tmp)))
     return out
 
@@ -325,18 +314,6 @@ def _ggml(x: np.ndarray, types: tuple[Q, ...], tmp: Path) -> dict[Q, np.ndarray]
     return by_ref
 
 
-def _assert_same(ours: np.ndarray, ref: np.ndarray, x: np.ndarray, what: str) -> None:
-    ours = ours.reshape(ref.shape)
-    bad = np.flatnonzero((ours != ref).any(axis=1))
-    if bad.size:
-        i = int(bad[0])
-        cols = np.flatnonzero(ours[i] != ref[i])
-        n = x.size // len(ref)
-        pytest.fail(f"{what}: {bad.size}/{len(ref)} blocks differ; first #{i} at bytes {cols[:12].tolist()} "
-                    f"(ours {ours[i, cols[:12]].tolist()}, ggml {ref[i, cols[:12]].tolist()}); "
-                    f"input head {x.reshape(-1, n)[i, :8].tolist()}")
-
-
 def _quantize(values: np.ndarray, stype: Q, qtype: Q) -> np.ndarray:
     with np.errstate(all="ignore"):
         return QUANTIZE[qtype](values, stype)
@@ -345,7 +322,7 @@ def _quantize(values: np.ndarray, stype: Q, qtype: Q) -> np.ndarray:
 def _compare(name: str, kernel_path: str) -> None:
     for stype, (values, widened, ref) in _cases(name).items():
         for qtype, blocks in ref.items():
-            _assert_same(_quantize(values, stype, qtype), blocks, widened, f"{qtype.name} from {stype.name}")
+            assert_same_blocks(_quantize(values, stype, qtype), blocks, widened, f"{qtype.name} from {stype.name}")
 
 
 # -- tests -------------------------------------------------------------------------------------------
@@ -379,16 +356,12 @@ def test_kquants_match_libggml_on_every_16_bit_value(tmp_path: Path, kernel_path
     """Every F16 and every BF16 bit pattern (NaN payloads and inf included), in blocks of consecutive patterns and
     shuffled: each widening as an element, a sub-block extreme and a super-block scale."""
     reference.require_or_skip(reference.llama_cpp_available())
-    rng = np.random.default_rng(43)
-    words = np.arange(1 << 16, dtype=np.uint16)
-    w = np.concatenate([words, words[rng.permutation(words.size)]])
     for stype in (Q.F16, Q.BF16):
-        with np.errstate(all="ignore"):
-            values = w.view(np.float16) if stype == Q.F16 else w
-            widened = values.astype(F) if stype == Q.F16 else (w.astype(np.uint32) << np.uint32(16)).view(F)
+        values, widened = every_16_bit_value(stype)
         ref = _ggml(widened, QTYPES, tmp_path)
         for qtype in QTYPES:
-            _assert_same(_quantize(values, stype, qtype), ref[qtype], widened, f"{qtype.name} from every {stype.name}")
+            assert_same_blocks(_quantize(values, stype, qtype), ref[qtype], widened,
+                               f"{qtype.name} from every {stype.name}")
     REFERENCE_COMPARISONS.append(f"q5_0/q5_1/q4_k/q5_k every 16-bit value [{kernel_path}]")
 
 
@@ -406,7 +379,7 @@ def _unaligned(tmp_path: Path) -> None:
 
     x = np.concatenate([_random_superblocks(40, seed=5), _edge_superblocks()[::9]])
     for stype in SOURCES:
-        values, widened = _stored(x.reshape(-1), stype)
+        values, widened = stored(x.reshape(-1), stype)
         ref = _ggml(widened, QTYPES, tmp_path)
         raw = values.tobytes()
         for offset in (1, 2, 3):
@@ -414,7 +387,7 @@ def _unaligned(tmp_path: Path) -> None:
             for qtype in QTYPES:
                 dst = np.empty(x.size // BLOCK[qtype] * NBYTES[qtype], np.uint8)
                 _kernels.quantize(src, int(stype), dst, int(qtype))
-                _assert_same(dst, ref[qtype], widened, f"{qtype.name} from {stype.name} at offset {offset}")
+                assert_same_blocks(dst, ref[qtype], widened, f"{qtype.name} from {stype.name} at offset {offset}")
 
 
 # -- without the reference ---------------------------------------------------------------------------------
@@ -433,7 +406,7 @@ def test_compiled_kquants_equal_numpy_kquants() -> None:
     u[at] = rng.integers(0, 2, at.size, dtype=np.uint32) << np.uint32(31) | np.uint32(0x7F800000) | \
         rng.integers(0, 1 << 23, at.size, dtype=np.uint32)  # NaN (any payload) or inf
     for stype in SOURCES:
-        values, _ = _stored(x.reshape(-1), stype)
+        values, _ = stored(x.reshape(-1), stype)
         for qtype in QTYPES:
             got = {}
             for path in kernels.KERNEL_PATHS:

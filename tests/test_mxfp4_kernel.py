@@ -13,6 +13,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS
 from gguf import GGMLQuantizationType as Q
+from kernel_parity import assert_same_blocks, every_16_bit_value
 
 from dflash_gguf.quantize import kernels
 
@@ -45,17 +46,11 @@ def test_mxfp4_matches_libggml(tmp_path: Path, kernel_path: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
     rng = np.random.default_rng(7)
     f32 = np.concatenate([(rng.standard_normal(32 * 20000) * 0.02).astype(F), _edge_blocks(rng)])
-    all16 = np.arange(65536, dtype=np.uint16)
-    cases = {  # source type -> (values as the kernel takes them, the same values in float32 for ggml)
-        Q.F32: (f32, f32),
-        Q.BF16: (all16, (all16.astype(np.uint32) << 16).view(F)),
-        Q.F16: (all16.view(np.float16), all16.view(np.float16).astype(F)),
-    }
+    cases = {Q.F32: (f32, f32), Q.BF16: every_16_bit_value(Q.BF16), Q.F16: every_16_bit_value(Q.F16)}
     for src_type, (values, as_f32) in cases.items():
         ref = reference.ggml_quantize(as_f32, [(Q.MXFP4, None)], tmp_path)[0]
-        ours = kernels.quantize_mxfp4(values, src_type).reshape(-1, kernels.MXFP4_BYTES)
-        differ = np.flatnonzero((ours != ref).any(axis=1))
-        assert differ.size == 0, (src_type.name, differ[:8], ours[differ[:2]], ref[differ[:2]])
+        ours = kernels.quantize_mxfp4(values, src_type)
+        assert_same_blocks(ours, ref, as_f32, f"MXFP4 from {src_type.name}")
         assert kernels.count_nonfinite(ours, Q.MXFP4) == int(np.count_nonzero(ref[:, 0] == 0xFF))
     REFERENCE_COMPARISONS.append(f"mxfp4 kernel = libggml quantize_row_mxfp4_ref [{kernel_path}]")
 

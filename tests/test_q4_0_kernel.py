@@ -20,6 +20,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType
+from kernel_parity import assert_same_blocks, every_16_bit_value, stored
 
 from dflash_gguf.quantize import kernels
 
@@ -178,30 +179,9 @@ def _random_blocks(n: int, seed: int) -> np.ndarray:
     return x[rng.permutation(len(x))]
 
 
-def _stored(x: np.ndarray, stype: Q) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` stored as ``stype`` (what the kernels get) and those values widened to float32 (what ggml gets)."""
-    with np.errstate(all="ignore"):
-        if stype == Q.F32:
-            return x, x
-        if stype == Q.F16:
-            h = x.astype(np.float16)
-            return h, h.astype(F)
-    words = (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-    return words, (words.astype(np.uint32) << np.uint32(16)).view(F)
-
-
 def _ggml(x: np.ndarray, tmp: Path) -> dict[Q, np.ndarray]:
     """b11434's Q4_0 and Q8_0 bytes for the float32 blocks ``x`` (n x 32), as n x 18 / n x 34 uint8."""
     return dict(zip(QTYPES, reference.ggml_quantize(x, [(t, None) for t in QTYPES], tmp), strict=True))
-
-
-def _assert_same(ours: np.ndarray, ref: np.ndarray, x: np.ndarray, what: str) -> None:
-    ours = ours.reshape(ref.shape)
-    bad = np.flatnonzero((ours != ref).any(axis=1))
-    if bad.size:
-        i = int(bad[0])
-        pytest.fail(f"{what}: {bad.size}/{len(ref)} blocks differ; first #{i}: ours {ours[i].tolist()}, "
-                    f"ggml {ref[i].tolist()}; input {x.reshape(-1, 32)[i].tolist()}")
 
 
 def _quantize(values: np.ndarray, stype: Q, qtype: Q) -> np.ndarray:
@@ -218,11 +198,11 @@ def test_q4_0_q8_0_match_libggml_on_adversarial_blocks(tmp_path: Path, kernel_pa
     reference.require_or_skip(reference.llama_cpp_available())
     x = _adversarial_blocks()
     for stype in SOURCES:
-        values, widened = _stored(x, stype)
+        values, widened = stored(x, stype)
         ref = _ggml(widened, tmp_path)
         for qtype in QTYPES:
             for start in range(8 if kernel_path == "compiled" else 1):
-                _assert_same(_quantize(values[start:], stype, qtype), ref[qtype][start:], widened[start:],
+                assert_same_blocks(_quantize(values[start:], stype, qtype), ref[qtype][start:], widened[start:],
                              f"{qtype.name} from {stype.name}, from block {start}")
     REFERENCE_COMPARISONS.append(f"q4_0/q8_0 adversarial blocks [{kernel_path}]")
 
@@ -233,10 +213,10 @@ def test_q4_0_q8_0_match_libggml_on_random_weights(tmp_path: Path, kernel_path: 
     reference.require_or_skip(reference.llama_cpp_available())
     x = _random_blocks(100_003, seed=41)
     for stype in SOURCES:
-        values, widened = _stored(x, stype)
+        values, widened = stored(x, stype)
         ref = _ggml(widened, tmp_path)
         for qtype in QTYPES:
-            _assert_same(_quantize(values, stype, qtype), ref[qtype], widened, f"{qtype.name} from {stype.name}")
+            assert_same_blocks(_quantize(values, stype, qtype), ref[qtype], widened, f"{qtype.name} from {stype.name}")
     REFERENCE_COMPARISONS.append(f"q4_0/q8_0 random weights [{kernel_path}]")
 
 
@@ -245,16 +225,12 @@ def test_q4_0_q8_0_match_libggml_on_every_16_bit_value(tmp_path: Path, kernel_pa
     """Every F16 and every BF16 bit pattern (NaN and inf included), in blocks of 32 consecutive patterns and
     shuffled: each widening, as every element and as every block maximum."""
     reference.require_or_skip(reference.llama_cpp_available())
-    rng = np.random.default_rng(43)
-    words = np.arange(1 << 16, dtype=np.uint16)
-    words = np.concatenate([words, words[rng.permutation(words.size)]])
     for stype in (Q.F16, Q.BF16):
-        with np.errstate(all="ignore"):
-            values = words.view(np.float16) if stype == Q.F16 else words
-            widened = values.astype(F) if stype == Q.F16 else (words.astype(np.uint32) << np.uint32(16)).view(F)
+        values, widened = every_16_bit_value(stype)
         ref = _ggml(widened.reshape(-1, 32), tmp_path)
         for qtype in QTYPES:
-            _assert_same(_quantize(values, stype, qtype), ref[qtype], widened, f"{qtype.name} from every {stype.name}")
+            assert_same_blocks(_quantize(values, stype, qtype), ref[qtype], widened,
+                               f"{qtype.name} from every {stype.name}")
     REFERENCE_COMPARISONS.append(f"q4_0/q8_0 every 16-bit value [{kernel_path}]")
 
 
@@ -272,7 +248,7 @@ def _unaligned(tmp_path: Path) -> None:
 
     x = np.concatenate([_random_blocks(203, seed=42), _adversarial_blocks()[::7]])
     for stype in SOURCES:
-        values, widened = _stored(x, stype)
+        values, widened = stored(x, stype)
         ref = _ggml(widened, tmp_path)
         raw = values.tobytes()
         for offset in (1, 2, 3, 5):
@@ -281,4 +257,4 @@ def _unaligned(tmp_path: Path) -> None:
             for qtype in QTYPES:
                 dst = np.empty(len(x) * NBYTES[qtype], np.uint8)
                 _kernels.quantize(src, int(stype), dst, int(qtype))
-                _assert_same(dst, ref[qtype], widened, f"{qtype.name} from {stype.name} at offset {offset}")
+                assert_same_blocks(dst, ref[qtype], widened, f"{qtype.name} from {stype.name} at offset {offset}")

@@ -23,6 +23,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType, GGUFReader, quants
+from kernel_parity import assert_same_blocks, stored
 
 from dflash_gguf.quantize import kernels
 from dflash_gguf.quantize.kernels import Q6_K_BYTES, Q6_K_GROUP, QK_K, quantize_q6_k, quantize_rows
@@ -155,17 +156,6 @@ def _ggml_q6_k(x: np.ndarray, tmp: Path, blocks_per_row: int = 1) -> np.ndarray:
     return via_ref
 
 
-def _assert_same(ours: np.ndarray, ref: np.ndarray, x: np.ndarray, what: str) -> None:
-    ours = ours.reshape(-1, Q6_K_BYTES)
-    bad = np.flatnonzero((ours != ref).any(axis=1))
-    if bad.size:
-        i = int(bad[0])
-        cols = np.flatnonzero(ours[i] != ref[i])
-        pytest.fail(f"{what}: {bad.size}/{len(ref)} super-blocks differ; first #{i} at bytes {cols[:12].tolist()} "
-                    f"(ours {ours[i, cols[:12]].tolist()}, ggml {ref[i, cols[:12]].tolist()}); "
-                    f"input head {x.reshape(-1, QK_K)[i, :8].tolist()}")
-
-
 @pytest.mark.reference
 def test_q6_k_matches_libggml_on_edge_cases(tmp_path: Path) -> None:
     """Zeros, -0.0, outliers, negative maxima, ties, subnormals, tiny/huge scales, NaN/inf (and payloads)."""
@@ -173,7 +163,7 @@ def test_q6_k_matches_libggml_on_edge_cases(tmp_path: Path) -> None:
     x = _edge_blocks()
     with np.errstate(all="ignore"):
         ours = quantize_q6_k(x.reshape(-1))
-    _assert_same(ours, _ggml_q6_k(x, tmp_path), x, "edge cases")
+    assert_same_blocks(ours, _ggml_q6_k(x, tmp_path), x, "edge cases")
     REFERENCE_COMPARISONS.append(f"q6_k/ggml edge cases [{kernels.kernel_path()}]")
 
 
@@ -183,13 +173,12 @@ def test_q6_k_matches_libggml_on_random_rows(tmp_path: Path) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
     for name, x in _random_blocks(7500, seed=5).items():
         ref = _ggml_q6_k(x, tmp_path, blocks_per_row=4)
-        _assert_same(quantize_rows(x.reshape(-1), Q.F32, Q.Q6_K), ref, x, name)
+        assert_same_blocks(quantize_rows(x.reshape(-1), Q.F32, Q.Q6_K), ref, x, name)
     x = _random_blocks(3000, seed=6)["normal"]
-    x16 = x.astype(np.float16)
-    _assert_same(quantize_rows(x16.reshape(-1), Q.F16, Q.Q6_K), _ggml_q6_k(x16.astype(F), tmp_path), x, "F16")
-    bf = (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-    widened = (bf.astype(np.uint32) << np.uint32(16)).view(F)
-    _assert_same(quantize_rows(bf.reshape(-1), Q.BF16, Q.Q6_K), _ggml_q6_k(widened, tmp_path), x, "BF16")
+    for stype in (Q.F16, Q.BF16):
+        values, widened = stored(x, stype)
+        assert_same_blocks(quantize_rows(values.reshape(-1), stype, Q.Q6_K), _ggml_q6_k(widened, tmp_path), x,
+                           stype.name)
     REFERENCE_COMPARISONS.append(f"q6_k/ggml random [{kernels.kernel_path()}]")
 
 

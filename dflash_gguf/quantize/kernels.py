@@ -32,8 +32,10 @@ setuptools builds and names it for the interpreter, and a missing build is simpl
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -621,11 +623,11 @@ def _q6_k_group(xt: np.ndarray, dst: np.ndarray) -> None:
     dst[zero] = 0
 
 
-def _load_q6_t(src: np.ndarray, qtype: GGMLQuantizationType, ng: int) -> np.ndarray:
-    """``src`` (ng super-blocks of ``qtype``) widened to float32, transposed to 16 x 16*ng (scratch)."""
-    n = QK_K * ng
-    xt = _q6_scratch.xt[:n].reshape(_SUB, n // _SUB)
-    view = src.reshape(n // _SUB, _SUB).T
+def _load_transposed(src: np.ndarray, qtype: GGMLQuantizationType, width: int, n: int, buf: np.ndarray
+                     ) -> np.ndarray:
+    """``src`` (n runs of ``width`` values of ``qtype``) widened to float32 and transposed: (width x n), in ``buf``."""
+    xt = buf[:width * n].reshape(width, n)
+    view = src.reshape(n, width).T
     if qtype == Q.BF16:  # exact: a bf16 is the top half of its float32
         x32 = xt.view(np.uint32)
         np.copyto(x32, view)
@@ -633,6 +635,11 @@ def _load_q6_t(src: np.ndarray, qtype: GGMLQuantizationType, ng: int) -> np.ndar
     else:  # F32 copy, F16 exact widening
         np.copyto(xt, view, casting="same_kind")
     return xt
+
+
+def _load_q6_t(src: np.ndarray, qtype: GGMLQuantizationType, ng: int) -> np.ndarray:
+    """``src`` (ng super-blocks of ``qtype``) widened to float32, transposed to 16 x 16*ng (scratch)."""
+    return _load_transposed(src, qtype, _SUB, QK_K * ng // _SUB, _q6_scratch.xt)
 
 
 def quantize_q6_k(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -> np.ndarray:
@@ -691,15 +698,7 @@ _col_scratch = _ColScratch()
 
 def _load_cols(src: np.ndarray, qtype: GGMLQuantizationType, n: int, buf: np.ndarray) -> np.ndarray:
     """``src`` (n runs of 32 values of ``qtype``) widened to float32 and transposed: (32 x n), in ``buf``."""
-    xt = buf[:QK * n].reshape(QK, n)
-    view = src.reshape(n, QK).T
-    if qtype == Q.BF16:  # exact: a bf16 is the top half of its float32
-        x32 = xt.view(np.uint32)
-        np.copyto(x32, view)
-        np.left_shift(x32, _U16, out=x32)
-    else:  # F32 copy, F16 exact widening
-        np.copyto(xt, view, casting="same_kind")
-    return xt
+    return _load_transposed(src, qtype, QK, n, buf)
 
 
 def _pack_q5(q: np.ndarray, qh: np.ndarray, qs: np.ndarray) -> None:
@@ -1106,14 +1105,21 @@ def _log2f_floor(amax: np.ndarray) -> np.ndarray:
     gap = np.ceil(exact) - exact
     near = (gap > 0) & (gap < _NEAR_INTEGER)
     if near.any():
-        import ctypes
-        import ctypes.util
-
-        libm = ctypes.CDLL(ctypes.util.find_library("m"))
-        libm.log2f.restype, libm.log2f.argtypes = ctypes.c_float, [ctypes.c_float]
+        log2f = _libm_log2f()
         idx = np.flatnonzero(near)
-        out[idx] = [int(np.floor(libm.log2f(float(v)))) for v in amax[idx]]
+        out[idx] = [int(np.floor(log2f(float(v)))) for v in amax[idx]]
     return out
+
+
+@functools.cache
+def _libm_log2f() -> Callable[[float], float]:
+    """The C library's log2f, the one ggml calls (loaded once)."""
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.log2f.restype, libm.log2f.argtypes = ctypes.c_float, [ctypes.c_float]
+    return libm.log2f
 
 
 def _mxfp4_codes(x: np.ndarray, d: np.ndarray, usual: np.ndarray) -> np.ndarray:

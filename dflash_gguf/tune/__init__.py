@@ -23,6 +23,7 @@ from pathlib import Path
 from gguf import Keys as GgufKeys
 
 from ..drafters import DRAFTER_GGUF_ARCHS, Drafter, family_of_gguf
+from ..drafters.gemma4_assistant import MTP_MAX_N_MAX
 from ..errors import TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
@@ -71,9 +72,9 @@ METHOD_DRAFTERS = "drafters"  # the drafter files given
 METHOD_NGRAM_DRAFTER = "ngram+drafter"  # ngram-mod tried before the fastest drafter, at its best n-max
 METHODS: tuple[str, ...] = (METHOD_OWN_MTP, *NGRAM_FLAGS, METHOD_DRAFTERS, METHOD_NGRAM_DRAFTER)
 COMBINED_NGRAM = "ngram-mod"
-# The longest draft tried for the target's own head: like an assistant it runs once per drafted token on its own
-# predicted hidden state, so acceptance falls with every step (b11434's default --spec-draft-n-max is 3).
-OWN_MTP_MAX_N_MAX = 7
+# The longest draft tried for the target's own head: an MTP assistant's, for the same reason (it runs once per
+# drafted token on its own predicted hidden state, so acceptance falls with every step).
+OWN_MTP_MAX_N_MAX = MTP_MAX_N_MAX
 
 
 @dataclass(frozen=True)

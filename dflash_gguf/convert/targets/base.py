@@ -78,6 +78,15 @@ def block_id(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def attention_shapes(b: str, h: int, nh: int, kv: int, hd: int, q_norm: int, k_norm: int
+                     ) -> dict[str, tuple[int, ...]]:
+    """A grouped-query attention block's norms and projections (``b``: ``blk.N.``), with q/k norms ``q_norm`` and
+    ``k_norm`` wide (a head, or the whole projection), as the Qwen3-style converters write them."""
+    return {b + "attn_norm.weight": (h,), b + "attn_q.weight": (nh * hd, h), b + "attn_k.weight": (kv * hd, h),
+            b + "attn_v.weight": (kv * hd, h), b + "attn_output.weight": (h, nh * hd),
+            b + "attn_q_norm.weight": (q_norm,), b + "attn_k_norm.weight": (k_norm,), b + "ffn_norm.weight": (h,)}
+
+
 def trimmed_rows(ref: TensorRef, n_rows: int) -> TensorRef:
     """The first ``n_rows`` rows of a tensor (a prefix of its bytes: nothing is read or copied here)."""
     n_rows = min(n_rows, ref.shape[0])

@@ -19,13 +19,48 @@ part after part.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ...errors import ConfigError, UnsupportedModelError
 from ..safetensors import TensorRef
 from .base import TensorSpec, block_id
+
+LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h of b11434: the loader asserts n_expert <= this
+
+
+def check_config_fields(path: Path, hp: Mapping[str, Any], keys: tuple[str, ...], model: str) -> None:
+    """Every field in ``keys`` is set: a null one (which the transformers config class keeps) leaves b11434's
+    converter nothing to write and nothing to size the model by.
+
+    Raises:
+        ConfigError: the first null or missing field.
+    """
+    for key in keys:
+        if hp.get(key) is None:
+            raise ConfigError(f"{path}: field '{key}' is missing or null; a {model} model needs it. Use the "
+                              "config.json published with the model.")
+
+
+def check_expert_counts(path: Path, n_exp: int, n_used: int, exp_key: str) -> None:
+    """The expert counts b11434's loader accepts: at most ``LLAMA_MAX_EXPERTS``, no more used than exist.
+
+    Raises:
+        ConfigError: ``num_experts_per_tok`` above the expert count.
+        UnsupportedModelError: more experts than b11434 loads.
+    """
+    if n_used > n_exp:
+        raise ConfigError(f"{path}: num_experts_per_tok ({n_used}) is above {exp_key} ({n_exp}); llama.cpp "
+                          "b11434's loader asserts n_expert_used <= n_expert. Use the config.json published with "
+                          "the model.")
+    if n_exp > LLAMA_MAX_EXPERTS:
+        raise UnsupportedModelError(f"{path}: {exp_key} is {n_exp}; llama.cpp b11434 loads at most "
+                                    f"{LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS) and would refuse the file.")
+
 
 # One expert's projection, after the family's name normalisation.
 PER_EXPERT = re.compile(r"^(?P<stem>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<kind>gate|up|down)_proj\.weight$")

@@ -35,13 +35,13 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, Keys, LlamaFileType
 
-from ...errors import ConfigError, TensorError, UnsupportedModelError
+from ...errors import TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import TEXT_MODEL, block_map
 from ..safetensors import TensorRef
 from ..tensor_io import read_tensor_bytes
 from .base import TensorSpec, TextFamily, add_text_hparams
-from .qwen3moe import LLAMA_MAX_EXPERTS
+from .experts import check_config_fields, check_expert_counts
 
 ARCHITECTURES = ("GptOssForCausalLM",)
 
@@ -172,19 +172,10 @@ class GptOssFamily(TextFamily):
     def check_config(self) -> None:
         """Refuse what b11434's converter stops on or its gpt-oss loader cannot load, before any tensor is read."""
         path, hp = self.src.config.path, self.hp
-        for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-                    "num_local_experts", "num_experts_per_tok", "intermediate_size", "sliding_window"):
-            if hp.get(key) is None:  # null in config.json: GptOssConfig keeps it, and b11434 cannot write the key
-                raise ConfigError(f"{path}: field '{key}' is null; a gpt-oss model needs it. Use the config.json "
-                                  "published with the model.")
-        n_exp, n_used = self.n_experts, int(hp["num_experts_per_tok"])
-        if n_used > n_exp:
-            raise ConfigError(f"{path}: num_experts_per_tok ({n_used}) is above num_local_experts ({n_exp}); "
-                              "llama.cpp b11434's loader asserts n_expert_used <= n_expert. Use the config.json "
-                              "published with the model.")
-        if n_exp > LLAMA_MAX_EXPERTS:
-            raise UnsupportedModelError(f"{path}: num_local_experts is {n_exp}; llama.cpp b11434 loads at most "
-                                        f"{LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS) and would refuse the file.")
+        check_config_fields(path, hp, ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                       "vocab_size", "num_local_experts", "num_experts_per_tok", "intermediate_size",
+                                       "sliding_window"), "gpt-oss")
+        check_expert_counts(path, self.n_experts, int(hp["num_experts_per_tok"]), "num_local_experts")
         if self.mxfp4:
             for key in ("hidden_size", "intermediate_size"):
                 if int(hp[key]) % 32:

@@ -40,8 +40,8 @@ from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
 from ..safetensors import TensorRef
 from ..tensor_io import CHUNK_BYTES, encode, read_tensor_bytes, to_f32
 from ..textmodel import add_textmodel_keys
-from .base import TensorSpec, TextFamily, add_text_hparams, block_id
-from .experts import expert_part_name, expert_shapes
+from .base import TensorSpec, TextFamily, add_text_hparams, attention_shapes, block_id
+from .experts import check_config_fields, check_expert_counts, expert_part_name, expert_shapes
 
 ARCHITECTURES = ("MiniMaxM2ForCausalLM",)
 
@@ -51,7 +51,6 @@ TENSOR_MAP = {
     **block_map({k: v for k, v in DECODER_BLOCK.items() if not k.startswith("mlp.")} | QK_NORM),
     **block_map({"block_sparse_moe.gate": "ffn_gate_inp", "block_sparse_moe.e_score_correction": "exp_probs_b"}),
 }
-LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h of b11434
 # One expert's projection; w1 gate, w2 down, w3 up (tensor_mapping.py's block_sparse_moe.experts.w{1,2,3}).
 _PER_EXPERT = re.compile(r"^(?P<stem>.+\.block_sparse_moe\.experts)\.(?P<expert>\d+)\.(?P<w>w[123])\.weight$")
 _KIND = {"w1": "gate", "w2": "down", "w3": "up"}
@@ -166,18 +165,10 @@ class MiniMaxM2Family(TextFamily):
 
     def check_config(self) -> None:
         path, hp = self.src.config.path, self.hp
-        for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size", "num_local_experts",
-                    "num_experts_per_tok", "intermediate_size", "rotary_dim"):
-            if hp.get(key) is None:
-                raise ConfigError(f"{path}: field '{key}' is missing or null; a MiniMax-M2 model needs it (b11434's "
-                                  "converter reads it). Use the config.json published with the model.")
-        n_exp, n_used = self.n_experts, int(hp["num_experts_per_tok"])
-        if n_used > n_exp:
-            raise ConfigError(f"{path}: num_experts_per_tok ({n_used}) is above num_local_experts ({n_exp}); llama.cpp "
-                              "b11434's loader asserts n_expert_used <= n_expert. Use the published config.json.")
-        if n_exp > LLAMA_MAX_EXPERTS:
-            raise UnsupportedModelError(f"{path}: num_local_experts is {n_exp}; llama.cpp b11434 loads at most "
-                                        f"{LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS) and would refuse the file.")
+        check_config_fields(path, hp, ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                       "num_local_experts", "num_experts_per_tok", "intermediate_size", "rotary_dim"),
+                            "MiniMax-M2")
+        check_expert_counts(path, self.n_experts, int(hp["num_experts_per_tok"]), "num_local_experts")
         score = self.find_hparam(_SCORE_KEYS, optional=True)
         if score is not None and score not in _GATING:
             raise ConfigError(f"{path}: scoring_func is {score!r}; b11434's converter stops on it (sigmoid, softmax "
@@ -280,10 +271,8 @@ class MiniMaxM2Family(TextFamily):
         for i in range(self.block_count):
             b = f"blk.{i}."
             required.update({
-                b + "attn_norm.weight": (h,), b + "attn_q.weight": (nh * hd, h), b + "attn_k.weight": (kv * hd, h),
-                b + "attn_v.weight": (kv * hd, h), b + "attn_output.weight": (h, nh * hd),
-                b + "attn_q_norm.weight": (nh * hd,), b + "attn_k_norm.weight": (kv * hd,),
-                b + "ffn_norm.weight": (h,), b + "ffn_gate_inp.weight": (e, h), b + "exp_probs_b.bias": (e,),
+                **attention_shapes(b, h, nh, kv, hd, nh * hd, kv * hd),  # full-width q/k norms
+                b + "ffn_gate_inp.weight": (e, h), b + "exp_probs_b.bias": (e,),
                 **expert_shapes(i, e, {"gate": (mf, h), "up": (mf, h), "down": (h, mf)}),
             })
         return required, {}

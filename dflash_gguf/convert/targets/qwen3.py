@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import UnsupportedModelError
 from ...hf_configs import qwen3_hparams
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
-from .base import TextFamily
+from .base import TextFamily, attention_shapes
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 
@@ -54,12 +54,9 @@ class Qwen3Family(TextFamily):
         optional: dict[str, tuple[int, ...]] = {"output.weight": (v, h)}
         for i in range(self.block_count):
             b = f"blk.{i}."
-            required.update({
-                b + "attn_norm.weight": (h,), b + "attn_q.weight": (nh * hd, h), b + "attn_k.weight": (kv * hd, h),
-                b + "attn_v.weight": (kv * hd, h), b + "attn_output.weight": (h, nh * hd),
-                b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,), b + "ffn_norm.weight": (h,),
-                b + "ffn_gate.weight": (ff, h), b + "ffn_up.weight": (ff, h), b + "ffn_down.weight": (h, ff),
-            })
+            required.update(attention_shapes(b, h, nh, kv, hd, hd, hd))
+            required.update({b + "ffn_gate.weight": (ff, h), b + "ffn_up.weight": (ff, h),
+                             b + "ffn_down.weight": (h, ff)})
         if not hp.get("tie_word_embeddings", False):
             required["output.weight"] = optional.pop("output.weight")
         return required, optional

@@ -30,8 +30,15 @@ from ...errors import ConfigError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...hf_configs import qwen3moe_hparams
 from ...tensor_names import DECODER_BLOCK, QK_NORM, QWEN_MOE_MLP, TEXT_MODEL, block_map
-from .base import TensorSpec, TextFamily, add_text_hparams, block_id
-from .experts import PER_EXPERT, ExpertStacks, expert_shapes, split_gate_up
+from .base import TensorSpec, TextFamily, add_text_hparams, attention_shapes, block_id
+from .experts import (
+    PER_EXPERT,
+    ExpertStacks,
+    check_config_fields,
+    check_expert_counts,
+    expert_shapes,
+    split_gate_up,
+)
 
 ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 
@@ -42,7 +49,6 @@ TENSOR_MAP = {
     **block_map({k: v for k, v in DECODER_BLOCK.items() if not k.startswith("mlp.")} | QK_NORM),
     **block_map({k: QWEN_MOE_MLP[k] for k in ("mlp.gate", "mlp.experts.down_proj", "mlp.experts.gate_up_proj")}),
 }
-LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h of b11434: the loader asserts n_expert <= this
 _FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 
@@ -75,11 +81,8 @@ class Qwen3MoeFamily(TextFamily):
         if hp.get("attention_bias"):
             raise UnsupportedModelError(f"{path}: attention_bias is true; the Qwen3-MoE releases have no attention "
                                         f"biases and the built-in converter does not write them. {fallback}")
-        for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size", "num_experts",
-                    "num_experts_per_tok", "moe_intermediate_size"):
-            if hp.get(key) is None:  # null in config.json: Qwen3MoeConfig keeps it, and nothing can size the model
-                raise ConfigError(f"{path}: field '{key}' is null; a Qwen3-MoE model needs it. Use the config.json "
-                                  "published with the model.")
+        check_config_fields(path, hp, ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                       "num_experts", "num_experts_per_tok", "moe_intermediate_size"), "Qwen3-MoE")
         step = hp.get("decoder_sparse_step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             raise ConfigError(f"{path}: decoder_sparse_step is {step!r}; it must be a whole number of at least 1 "
@@ -94,14 +97,7 @@ class Qwen3MoeFamily(TextFamily):
                 f"{list(only)[:8]}). llama.cpp b11434's qwen3moe models every layer as a mixture of experts: its "
                 "converter stops with 'Can not map tensor' on a dense layer's mlp.gate_proj and its loader has no "
                 "dense FFN. Only checkpoints with decoder_sparse_step 1 and mlp_only_layers [] can be converted.")
-        n_exp, n_used = self.n_experts, int(hp["num_experts_per_tok"])
-        if n_used > n_exp:
-            raise ConfigError(f"{path}: num_experts_per_tok ({n_used}) is above num_experts ({n_exp}); llama.cpp "
-                              "b11434's loader asserts n_expert_used <= n_expert. Use the config.json published "
-                              "with the model.")
-        if n_exp > LLAMA_MAX_EXPERTS:
-            raise UnsupportedModelError(f"{path}: num_experts is {n_exp}; llama.cpp b11434 loads at most "
-                                        f"{LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS) and would refuse the file.")
+        check_expert_counts(path, self.n_experts, int(hp["num_experts_per_tok"]), "num_experts")
         if not hp.get("norm_topk_prob"):
             self.notes.append("norm_topk_prob is false, but llama.cpp's qwen3moe graph always renormalises the "
                               "chosen experts' weights: outputs will differ from transformers'")
@@ -139,12 +135,7 @@ class Qwen3MoeFamily(TextFamily):
         optional: dict[str, tuple[int, ...]] = {"output.weight": (v, h)}
         for i in range(self.block_count):
             b = f"blk.{i}."
-            required.update({
-                b + "attn_norm.weight": (h,), b + "attn_q.weight": (nh * hd, h), b + "attn_k.weight": (kv * hd, h),
-                b + "attn_v.weight": (kv * hd, h), b + "attn_output.weight": (h, nh * hd),
-                b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,), b + "ffn_norm.weight": (h,),
-                b + "ffn_gate_inp.weight": (e, h),
-            })
+            required.update({**attention_shapes(b, h, nh, kv, hd, hd, hd), b + "ffn_gate_inp.weight": (e, h)})
             if self.experts:
                 required.update(expert_shapes(i, e, {"gate": (mf, h), "up": (mf, h), "down": (h, mf)}))
             else:

@@ -15,7 +15,7 @@ from gguf import GGUFValueType as VT
 from gguf import Keys as GKeys
 
 from ...ggufio.layout import type_name
-from ...ggufio.reader import GGUFMeta, read_i64
+from ...ggufio.reader import GGUFMeta, int_key, read_i64
 from ...verify.report import Report
 from ...vocab_hash import VOCAB_HASH_KEYS
 from .rules import _OUTPUT_TAP_ARCHS, GGUF_ARCH, N_TAPS, SPEC_TYPE
@@ -28,7 +28,6 @@ REQUIRED_TENSORS = ("fc.weight", "output_norm.weight", *(f"blk.0.{n}.weight" for
     "attn_norm", "attn_norm_2", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
     "ffn_down")))
 OPTIONAL_TENSORS = ("output.weight", "token_embd.weight", "rope_freqs.weight", "d2t")
-_INTS = (VT.UINT32, VT.INT32, VT.UINT64, VT.INT64, VT.UINT16, VT.UINT8)
 # key -> accepted value type, required first (llama_model_loader get_key / get_arr)
 REQUIRED_KEYS = {f"{ARCH}.block_count": VT.UINT32, f"{ARCH}.context_length": VT.UINT32,
                  f"{ARCH}.embedding_length": VT.UINT32, f"{ARCH}.attention.layer_norm_rms_epsilon": VT.FLOAT32,
@@ -40,11 +39,6 @@ OPTIONAL_KEYS = {f"{ARCH}.norm_before_residual": VT.BOOL, f"{ARCH}.norm_before_f
                  f"{ARCH}.rope.dimension_count": VT.UINT32}
 SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "eot_token_id",
                 "add_bos_token")
-
-
-def _int(meta: GGUFMeta, key: str) -> int | None:
-    kv = meta.kv.get(key)
-    return int(kv.value) if kv is not None and kv.vtype in _INTS else None
 
 
 def eagle3_taps(meta: GGUFMeta) -> list[int] | None:
@@ -107,15 +101,15 @@ def check_format(d: GGUFMeta) -> Report:
 
 def _check_shapes(d: GGUFMeta, r: Report, nbf: bool) -> None:
     """format.shapes and format.d2t: llama_model_eagle3::load_arch_tensors' create_tensor shapes (ggml ne)."""
-    h, ff = _int(d, f"{ARCH}.embedding_length"), _int(d, f"{ARCH}.feed_forward_length")
-    nh, nkv = _int(d, f"{ARCH}.attention.head_count"), _int(d, f"{ARCH}.attention.head_count_kv")
-    th = _int(d, f"{ARCH}.target_hidden_size")
+    h, ff = int_key(d, f"{ARCH}.embedding_length"), int_key(d, f"{ARCH}.feed_forward_length")
+    nh, nkv = int_key(d, f"{ARCH}.attention.head_count"), int_key(d, f"{ARCH}.attention.head_count_kv")
+    th = int_key(d, f"{ARCH}.target_hidden_size")
     if h is None or ff is None or nh is None or th is None:
         r.skip("format.shapes", "embedding_length, feed_forward_length, head_count or target_hidden_size missing "
                "(see format.key_types)", "error")
         return
     nkv = nkv or nh
-    hd = _int(d, f"{ARCH}.attention.key_length") or h // nh
+    hd = int_key(d, f"{ARCH}.attention.key_length") or h // nh
     n_vocab = len(d.get(GKeys.Tokenizer.LIST) or [])
     d2t = d.tensors.get("d2t")
     n_draft = int(d2t.ne[0]) if d2t is not None and d2t.ne else n_vocab
@@ -155,8 +149,8 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     """pair.*: the vocabulary, target_hidden_size, taps and d2t against the target GGUF."""
     r = Report()
     tarch = t.arch or "?"
-    h_t, n_layer = _int(t, f"{tarch}.embedding_length"), _int(t, f"{tarch}.block_count")
-    th = _int(d, f"{ARCH}.target_hidden_size")
+    h_t, n_layer = int_key(t, f"{tarch}.embedding_length"), int_key(t, f"{tarch}.block_count")
+    th = int_key(d, f"{ARCH}.target_hidden_size")
     if h_t is None or th is None:
         r.skip("pair.hidden", "target embedding_length or drafter target_hidden_size missing", "error")
     elif th != h_t:
