@@ -80,10 +80,6 @@ class QuantizeError(DflashGgufError):
     exit_code = 8
 
 
-# A file under verification that cannot be read is an input error like any other (exit 2).
-VerifyError = InputError
-
-
 class ResolveError(DflashGgufError):
     """A repo id or revision cannot be resolved or fetched."""
 
@@ -170,3 +166,19 @@ class TuneError(DflashGgufError):
 # and the drafter's tokens are almost never kept: a drafter trained on another model). ``tune`` and
 # ``dflash-convert --tune`` exit with it.
 ACCEPTANCE_COLLAPSED = 15
+
+
+class UnsafePickleError(InputError):
+    """The pickle names a global outside the tensor-rebuild set."""
+
+
+class ServerFailed(DflashGgufError):
+    """One configuration's server crashed, refused its model, or hung; the message quotes its log."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "crashed" | "timeout" | "refused"
+
+
+class PlotUnavailable(DflashGgufError):
+    """Matplotlib is not installed; the message says how to get the picture."""

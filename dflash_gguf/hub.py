@@ -17,6 +17,21 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import unquote
+
+import httpx2
+from huggingface_hub import (
+    CommitOperationAdd,
+    HfApi,
+    constants,
+    get_cached_repo_tree,
+    get_token,
+    hf_hub_download,
+    snapshot_download,
+)
+from huggingface_hub import errors as hf
+from huggingface_hub.hf_api import RepoFile as HfRepoFile
+from huggingface_hub.utils import tqdm as hf_tqdm
 
 from .drafters import FAMILIES
 from .errors import (
@@ -166,34 +181,23 @@ def _literal(name: str) -> str:
 # --- errors ---------------------------------------------------------------------------------------------------
 
 def _endpoint() -> str:
-    from huggingface_hub import constants
-
     return constants.ENDPOINT
 
 
 def _cache_dir() -> str:
-    from huggingface_hub import constants
-
     return constants.HF_HUB_CACHE
 
 
 def _offline() -> bool:
-    from huggingface_hub import constants
-
     return constants.is_offline_mode()
 
 
 def _has_token() -> bool:
-    from huggingface_hub import get_token
-
     return bool(get_token())
 
 
 def _raise_translated(e: BaseException, repo: str, revision: str, file: str | None = None) -> NoReturn:
     """One paragraph per failure, naming the repo, the revision and what to do."""
-    import httpx2
-    from huggingface_hub import errors as hf
-
     cause = e.__cause__
     if isinstance(e, hf.LocalEntryNotFoundError) and isinstance(cause, (hf.HfHubHTTPError, hf.FileMetadataError)):
         e = cause  # the client wraps an HTTP refusal it could not serve from the cache: report the refusal
@@ -273,7 +277,6 @@ def _url_file(e: BaseException) -> str | None:
         url = e.request.url  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):
         return None
-    from urllib.parse import unquote
 
     name = unquote(str(getattr(url, "path", "") or "")).rsplit("/", 1)[-1]
     return name or None
@@ -285,8 +288,6 @@ def _one_line(e: BaseException) -> str:
 
 @contextmanager
 def _translated(repo: str, revision: str, file: str | None = None) -> Iterator[None]:
-    from huggingface_hub import errors as hf
-
     try:
         yield
     except (ResolveError, UnsupportedModelError):
@@ -295,8 +296,6 @@ def _translated(repo: str, revision: str, file: str | None = None) -> Iterator[N
             hf.CachedRepoTreeNotFoundError, OSError) as e:
         _raise_translated(e, repo, revision, file)
     except Exception as e:
-        import httpx2
-
         if isinstance(e, httpx2.HTTPError):
             _raise_translated(e, repo, revision, file)
         raise
@@ -314,7 +313,6 @@ def repo_exists(repo: str) -> bool:
     cannot be confirmed is never suggested)."""
     if _offline() or not is_repo_id(repo):
         return False
-    from huggingface_hub import HfApi
 
     try:
         return bool(HfApi().repo_exists(repo))
@@ -326,8 +324,6 @@ def _pin(repo: str, revision: str) -> str:
     """The commit ``revision`` names, asked once per process (offline: the commit the cache recorded)."""
     key = (_endpoint(), repo, revision)
     if key not in _PINS:
-        from huggingface_hub import HfApi
-
         with _translated(repo, revision):
             _PINS[key] = HfApi().resolve_revision(repo, revision=revision).resolved
     return _PINS[key]
@@ -343,9 +339,6 @@ def _listing(repo: str, commit: str, revision: str) -> dict[str, int | None]:
     key = (_endpoint(), repo, commit)
     if key in _LISTINGS:
         return _LISTINGS[key]
-    from huggingface_hub import HfApi, get_cached_repo_tree
-    from huggingface_hub import errors as hf
-    from huggingface_hub.hf_api import RepoFile as HfRepoFile
 
     files: dict[str, int | None] | None = None
     try:
@@ -398,8 +391,6 @@ def _folder_choice(folder: Path, patterns: tuple[str, ...]) -> list[RepoFile]:
 
 
 def _quiet_class() -> type:
-    from huggingface_hub.utils import tqdm as hf_tqdm
-
     class Quiet(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
@@ -409,8 +400,6 @@ def _quiet_class() -> type:
 
 
 def _download_one(repo: str, commit: str, revision: str, name: str, *, progress: bool) -> str:
-    from huggingface_hub import hf_hub_download
-
     with _translated(repo, revision, name):
         return hf_hub_download(repo, name, revision=commit, tqdm_class=None if progress else _quiet_class())
 
@@ -433,8 +422,6 @@ class RemoteFile:
 @contextmanager
 def _writing(repo: str, revision: str) -> Iterator[None]:
     """Hub write failures as one paragraph each: no token or an invalid one, no write permission, no network."""
-    from huggingface_hub import errors as hf
-
     try:
         yield
     except (ResolveError, UnsupportedModelError):
@@ -459,8 +446,6 @@ def _writing(repo: str, revision: str) -> Iterator[None]:
         raise UploadError(f"Uploading to {at} failed: {type(e).__name__}: {_one_line(e)}. Re-run the same command: "
                           "files the Hub already holds are not sent again.", repo=repo, revision=revision) from None
     except Exception as e:
-        import httpx2
-
         if isinstance(e, httpx2.HTTPError | OSError):
             raise UploadError(f"Cannot reach the Hub at {_endpoint()} to write {repo} ({type(e).__name__}: "
                               f"{_one_line(e)}). Check your network, proxy and HF_ENDPOINT, then re-run: files "
@@ -474,17 +459,13 @@ def remote_files(repo: str, revision: str, paths: Iterable[str]) -> dict[str, Re
     Raises:
         RepoAccessError, UploadError: the Hub refused or could not be reached.
     """
-    from huggingface_hub import HfApi
-    from huggingface_hub import errors as hf
-    from huggingface_hub.hf_api import RepoFile
-
     with _writing(repo, revision):
         try:
             infos = HfApi().get_paths_info(repo, list(paths), revision=revision)
         except (hf.RepositoryNotFoundError, hf.RevisionNotFoundError):
             return {}
     return {i.path: RemoteFile(i.path, i.size, i.lfs.sha256 if i.lfs else None, i.blob_id)
-            for i in infos if isinstance(i, RepoFile)}
+            for i in infos if isinstance(i, HfRepoFile)}
 
 
 def create_repo(repo: str, *, private: bool, revision: str) -> None:
@@ -493,8 +474,6 @@ def create_repo(repo: str, *, private: bool, revision: str) -> None:
     Raises:
         RepoAccessError, RepoNotFoundError, UploadError: as :func:`remote_files`.
     """
-    from huggingface_hub import HfApi
-
     api = HfApi()
     with _writing(repo, revision):
         api.create_repo(repo, private=private, exist_ok=True)
@@ -509,8 +488,6 @@ def commit_files(repo: str, revision: str, files: Sequence[tuple[str, Path | byt
     Raises:
         RepoAccessError, RepoNotFoundError, UploadError: as :func:`remote_files`.
     """
-    from huggingface_hub import CommitOperationAdd, HfApi
-
     ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(src) if isinstance(src, Path) else src)
            for name, src in files]
     with _writing(repo, revision):
@@ -566,8 +543,6 @@ def fetch(resolved: Resolved, patterns: tuple[str, ...], *, progress: bool = Tru
     resolved = Resolved(_storage(repo) / "snapshots" / commit, repo, commit, revision)
     chosen = [f.path for f in _hub_choice(resolved, patterns)]
     if chosen:
-        from huggingface_hub import snapshot_download
-
         with _translated(repo, revision):
             local = Path(snapshot_download(repo, revision=commit, allow_patterns=[_literal(p) for p in chosen],
                                            tqdm_class=None if progress else _quiet_class()))

@@ -25,6 +25,7 @@ from typing import Any
 
 from . import __version__, hub
 from .drafters import family_of_gguf
+from .drafters.findings import Report
 from .errors import PublishRefused
 from .ggufio.reader import read_gguf
 from .jsonfile import load_json
@@ -40,7 +41,6 @@ from .pipeline.manifest import (
 )
 from .sidecar import PRESET_NAME
 from .tune.plot import PLOT_NAME
-from .verify.report import Report
 
 log = logging.getLogger(__name__)
 

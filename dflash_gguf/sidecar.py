@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import drafters
-from .drafters.dflash import FAMILY as DFLASH
 from .errors import DflashGgufError
 from .ggufio.reader import GGUFMeta
 
@@ -31,7 +30,7 @@ def drafter_kind(meta: GGUFMeta) -> str:
     """The sidecar kind of a drafter GGUF (``dflash``, ``dspark``, ``mtp``, ``eagle3``), from its family; a
     dflash-like file no family claims (a fork's layout) is named as a DFlash one."""
     family = drafters.family_of_gguf(meta)
-    return family.sidecar_kind if family is not None else DFLASH.sidecar_kind
+    return family.sidecar_kind if family is not None else drafters.DEFAULT_FAMILY.sidecar_kind
 
 
 def drafter_kind_of_checkpoint(drafter_dir: Path) -> str:
@@ -40,10 +39,10 @@ def drafter_kind_of_checkpoint(drafter_dir: Path) -> str:
         name = drafters.interpret_folder(Path(drafter_dir)).family
     except DflashGgufError:
         name = None
-    return drafters.family_named(name).sidecar_kind if name else DFLASH.sidecar_kind
+    return drafters.family_named(name).sidecar_kind if name else drafters.DEFAULT_FAMILY.sidecar_kind
 
 
-def sidecar_name(target_model: str, type_name: str, kind: str = DFLASH.sidecar_kind) -> str:
+def sidecar_name(target_model: str, type_name: str, kind: str = drafters.DEFAULT_FAMILY.sidecar_kind) -> str:
     """``dflash-gemma-4-12B-it-Q8_0.gguf``: the prefix, the target's model name and the drafter's encoding."""
     return f"{kind}-{target_model}-{type_name.upper()}.gguf"
 

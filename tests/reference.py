@@ -720,7 +720,7 @@ def assert_drafter_parity(drafter: Path, target: Path, work: Path, outtype: str 
     """Our drafter converter and b11434's (``--target-model-dir``) write the same file; returns ours."""
     from gguf_compare import diff
 
-    from dflash_gguf.convert.drafter import convert_drafter
+    from dflash_gguf.drafters import convert_drafter
 
     ours, ref = work / f"drafter-ours-{outtype}.gguf", work / f"drafter-ref-{outtype}.gguf"
     convert_drafter(drafter, target, ours, outtype)

@@ -13,8 +13,8 @@ import reference
 from conftest import REFERENCE_COMPARISONS
 from fixtures.acceptance import AcceptanceFixture
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ from gguf_compare import diff, read_kv
 
 from dflash_gguf.cli import convert as cli_mod
 from dflash_gguf.cli import main
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.errors import (
     ConfigError,
     IncompatiblePairError,

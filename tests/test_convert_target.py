@@ -17,10 +17,10 @@ from fixtures.safetensors_io import _pack_safetensors
 from gguf_compare import diff, read_kv
 
 from dflash_gguf.cli import main
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.safetensors import index_checkpoint
 from dflash_gguf.convert.targets import SUPPORTED_ARCHITECTURES, TensorSpec, builtin_family, convert_target
 from dflash_gguf.convert.targets.writers import spec_writer
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.errors import UnsupportedModelError
 from dflash_gguf.verify import verify_files
 

@@ -18,8 +18,8 @@ from fixtures.llama import LLAMA3_MASK_TOKEN_ID
 from gguf_compare import diff
 
 from dflash_gguf.cli import main
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import builtin_family, convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf, tensor_nbytes
 
 UNTIED, TIED = "llama-3.1-tiny-instruct", "llama-3.2-tiny-instruct"

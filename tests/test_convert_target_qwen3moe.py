@@ -306,7 +306,7 @@ def test_precheck_and_pipeline_take_the_built_in_path(tmp_path: Path, moe_dirs: 
 def test_llama_server_drafts_on_our_target(tmp_path: Path, moe_dirs: dict[str, Path]) -> None:
     """b11434's qwen3moe graph publishes its layer inputs: our target and our drafter make a working pair."""
     reference.require_or_skip(reference.llama_cpp_available())
-    from dflash_gguf.convert.drafter import convert_drafter
+    from dflash_gguf.drafters import convert_drafter
 
     target = moe_dirs["untied"]
     target_gguf, drafter_gguf = tmp_path / "qwen3moe-tiny-Q4_0.gguf", tmp_path / "drafter-BF16.gguf"

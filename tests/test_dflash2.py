@@ -20,8 +20,8 @@ from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from fixtures.drafters import make_dflash2_drafter, write_mask_embedding
 from gguf_compare import diff
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.verify import verify_files
 

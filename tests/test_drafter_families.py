@@ -4,7 +4,6 @@ fact (architecture, marker tensor, spec type) is written twice in the package.""
 
 from __future__ import annotations
 
-import ast
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +12,11 @@ import fixtures as mf
 import pytest
 import reference
 from fixtures.drafters import make_dflash2_drafter, make_dspark_drafter, make_eagle3_drafter, make_gemma4_dspark_drafter
+from package_strings import string_constants
 
 import dflash_gguf
 from dflash_gguf import drafters
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.sidecar import drafter_kind, drafter_kind_of_checkpoint, is_sidecar, sidecar_name
 from dflash_gguf.verify.precheck import precheck
@@ -105,18 +105,7 @@ def _config_arch(drafter: Path) -> str:
     return json.loads((drafter / "config.json").read_text())["architectures"][0]
 
 
-def _string_constants(path: Path) -> list[str]:
-    """Every whole string literal of a module, docstrings and f-string pieces left out."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-                  and node.body and isinstance(node.body[0], ast.Expr)}
-    pieces = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
-    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and id(node) not in docstrings and id(node) not in pieces]
-
-
 def test_each_family_fact_is_written_once_in_the_package() -> None:
-    counts = Counter(s for path in PACKAGE.rglob("*.py") for s in _string_constants(path))
+    counts = Counter(s for path in PACKAGE.rglob("*.py") for s in string_constants(path))
     facts = {fact for f in drafters.FAMILIES for fact in (f.gguf_arch, f.spec_type, f.marker_tensor) if fact}
     assert {fact: counts[fact] for fact in facts} == dict.fromkeys(facts, 1)

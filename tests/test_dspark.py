@@ -18,8 +18,8 @@ from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from fixtures.drafters import DSPARK_BLOCK_SIZE, DSPARK_DRAFT_VOCAB, make_dspark_drafter
 from gguf_compare import diff
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.drafters.dspark import DSparkDrafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan

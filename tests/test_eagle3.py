@@ -18,9 +18,8 @@ from fixtures.drafters import EAGLE3_DRAFT_VOCAB, EAGLE3_TAPS, make_eagle3_draft
 from fixtures.llama import LLAMA3_VOCAB
 from gguf_compare import diff
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
-from dflash_gguf.drafters import TargetFacts, interpret_folder, pair_findings
+from dflash_gguf.drafters import TargetFacts, convert_drafter, interpret_folder, pair_findings
 from dflash_gguf.drafters.eagle3 import EAGLE3_MAX_N_MAX, Eagle3Drafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan

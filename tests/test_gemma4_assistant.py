@@ -17,8 +17,8 @@ from conftest import REFERENCE_COMPARISONS, run_cli
 from fixtures.gemma4_assistant import ASSISTANT_LAYERS, make_gemma4_assistant
 from gguf_compare import diff
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.drafters.gemma4_assistant import MTP_MAX_N_MAX
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan

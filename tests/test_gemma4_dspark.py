@@ -19,8 +19,8 @@ from conftest import REFERENCE_COMPARISONS, run_cli
 from fixtures.drafters import DSPARK_BLOCK_SIZE, make_gemma4_dspark_drafter
 from gguf_compare import diff
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.serve import serve_plan
 from dflash_gguf.sidecar import drafter_kind_of_checkpoint

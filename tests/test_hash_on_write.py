@@ -12,8 +12,8 @@ from pathlib import Path
 import fixtures as mf
 import pytest
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.hashing import FollowingHasher
 from dflash_gguf.quantize import quantize_gguf
 

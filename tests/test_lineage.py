@@ -217,8 +217,8 @@ def test_judge_on_published_names(intended: str | None, target: ModelIdentity, k
 
 @pytest.mark.parametrize("allow", [False, True])
 def test_a_qat_drafter_on_the_original_target_is_refused_with_the_same_check(allow: bool) -> None:
+    from dflash_gguf.drafters.findings import Report
     from dflash_gguf.verify.lineage import report_lineage
-    from dflash_gguf.verify.report import Report
 
     intended = "google/gemma-4-12B-it-qat-q4_0-unquantized"
     report = Report()

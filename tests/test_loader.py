@@ -9,7 +9,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS
 
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.errors import DflashGgufError
 
 LOADABLE = [("gemma4", "default", "auto"), ("qwen3", "default", "auto"), ("gemma4", "more_taps_than_layers", "auto"),

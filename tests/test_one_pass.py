@@ -13,7 +13,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS
 
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.quantize import quantize_gguf
 
 

@@ -21,8 +21,8 @@ import reference
 from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType as Q
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.quantize import quantize_gguf
 from dflash_gguf.quantize.builtin import read_input

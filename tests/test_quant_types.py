@@ -93,8 +93,8 @@ def test_a_k_quant_pipeline_converts_and_quantizes_in_one_pass(tmp_path: Path, q
     reference.require_or_skip(reference.llama_cpp_available())
     from gguf_compare import diff
 
-    from dflash_gguf.convert.drafter import convert_drafter
     from dflash_gguf.convert.targets import convert_target
+    from dflash_gguf.drafters import convert_drafter
 
     target, drafter = _pair(tmp_path)
     out = tmp_path / "pair"

@@ -19,7 +19,7 @@ from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType, GGUFReader
 
 from dflash_gguf.cli import main
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.errors import QuantizeError
 from dflash_gguf.ggufio.layout import row_bytes
 from dflash_gguf.ggufio.writer import GGUFPlan, TensorOut

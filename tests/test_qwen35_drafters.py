@@ -21,8 +21,8 @@ import reference
 from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from gguf_compare import diff
 
-from dflash_gguf.convert.drafter import convert_drafter
 from dflash_gguf.convert.pre_tokenizers import PRE_TOKENIZERS
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf
 
 BIN = Path(sys.executable).parent
@@ -165,7 +165,7 @@ def test_a_qwen3_moe_target_converts_where_b11434_stops(qwen2_vocab_pair: tuple[
 # --------------------------------------------------------------------------------------- one verdict
 
 # A target class b11434 converts a drafter for (Qwen2MoeModel inherits TextModel.set_vocab), but whose path the
-# table of dflash_gguf.target_archs does not vouch for: every command must say so the same way.
+# rows of dflash_gguf.convert.targets do not vouch for: every command must say so the same way.
 NOT_COVERED = "Qwen2MoeForCausalLM"
 
 

@@ -12,7 +12,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, run_cli
 
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ import reference
 from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from fixtures.glm import GLM_SIZES
 
+from dflash_gguf.convert.targets import TARGET_ARCHS, TargetArch, by_gguf, by_hf
+from dflash_gguf.drafters import check_target_arch
+from dflash_gguf.drafters.findings import Report
 from dflash_gguf.errors import TuneError
 from dflash_gguf.ggufio.reader import read_gguf
-from dflash_gguf.target_archs import TARGET_ARCHS, TargetArch, by_gguf, by_hf
 from dflash_gguf.tune import TuneOptions, applicable_methods, check_target, plan_tune
-from dflash_gguf.verify.pair_checks import check_target_arch
-from dflash_gguf.verify.report import Report
 
 # llama-graph.cpp's llm_graph_result::set_outputs, when a drafter asks for the input of a layer the graph never set
 LAYER_INP_ASSERT = 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'

@@ -21,7 +21,7 @@ from gguf_compare import diff, read_kv
 from sentencepiece import sentencepiece_model_pb2 as pb
 
 from dflash_gguf.cli import main
-from dflash_gguf.convert.drafter import convert_drafter
+from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.errors import InputError, OutputError, TokenizerError
 from dflash_gguf.provenance import PROVENANCE_PREFIX
 from dflash_gguf.tokenizer_fixups import fix_tokenizer, read_tokenizer_json, synthesize_tokenizer_model

@@ -210,8 +210,8 @@ def test_inputs_that_name_no_pair(demo_pair: Path, tmp_path: Path) -> None:
 def acceptance(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """GGUFs of the hand-built pair (acceptance ~1), its perturbed target (~0), by the built-in converters."""
     reference.require_or_skip(reference.llama_cpp_available())
-    from dflash_gguf.convert.drafter import convert_drafter
     from dflash_gguf.convert.targets import convert_target
+    from dflash_gguf.drafters import convert_drafter
 
     root = tmp_path_factory.mktemp("acceptance")
     fx = mf.make_acceptance_fixture(root / "hf")
@@ -293,7 +293,7 @@ def _drafter_llama_cpp_refuses(acceptance: dict[str, Path], out: Path) -> None:
     (GGML_ASSERT lid <= n_layer in llama-context.cpp)."""
     import shutil
 
-    from dflash_gguf.convert.drafter import convert_drafter
+    from dflash_gguf.drafters import convert_drafter
 
     deep = out.parent / "deep-target"
     deep.mkdir()

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from dflash_gguf import fingerprint as efp
 from dflash_gguf.cli.verify import verify_cmd
-from dflash_gguf.convert.drafter import convert_drafter
-from dflash_gguf.errors import VerifyError
+from dflash_gguf.drafters import convert_drafter
+from dflash_gguf.errors import InputError
 from dflash_gguf.ggufio.reader import GGUFMeta, tensor_nbytes
 from dflash_gguf.ggufio.writer import GGUFPlan, TensorOut
 from dflash_gguf.verify import precheck, read_gguf, verify_files
@@ -330,7 +330,7 @@ def _header(n_tensors: int, n_kv: int) -> bytes:
 def test_hostile_headers_exit_2(tmp_path: Path, data: bytes, needle: str) -> None:
     path = tmp_path / "bad.gguf"
     path.write_bytes(data)
-    with pytest.raises(VerifyError, match=needle):
+    with pytest.raises(InputError, match=needle):
         read_gguf(path)
     res = CliRunner().invoke(verify_cmd, [str(path)])
     assert res.exit_code == 2 and "Traceback" not in res.output
@@ -363,7 +363,7 @@ def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> bytes:
        cut=st.integers(0, 600), widen=st.sampled_from([None, 0xFF, 0x7F]))
 def test_fuzz_mutated_headers(small_gguf: bytes, tmp_path_factory: pytest.TempPathFactory,
                               edits: list[tuple[int, int]], cut: int, widen: int | None) -> None:
-    """Any byte edits/truncation: a GGUFMeta or a VerifyError, never another exception."""
+    """Any byte edits/truncation: a GGUFMeta or an InputError, never another exception."""
     buf = bytearray(small_gguf)
     for pos, val in edits:
         if pos < len(buf):
@@ -374,7 +374,7 @@ def test_fuzz_mutated_headers(small_gguf: bytes, tmp_path_factory: pytest.TempPa
     path.write_bytes(bytes(buf[:cut] if cut < len(buf) else buf))
     try:
         meta = read_gguf(path)
-    except VerifyError:
+    except InputError:
         return
     verify_files(path)  # checks on whatever parsed must not raise either
     assert isinstance(meta, GGUFMeta)
@@ -430,7 +430,7 @@ def test_drafter_converted_against_qat_target_is_refused_alone(tmp_path: Path) -
     """Lineage with no target file: the published pair vs the target recorded at conversion."""
     import fixtures as mf
 
-    from dflash_gguf.convert.drafter import convert_drafter
+    from dflash_gguf.drafters import convert_drafter
 
     drafter = mf.make_drafter(tmp_path / "d", target="gemma4")
     qat = mf.make_gemma4_target(tmp_path / "t", qat=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
+from tqdm import tqdm
 
 from ..errors import DflashGgufError
 
@@ -81,8 +82,6 @@ class Progress:
     """A byte progress bar on stderr (hidden when stderr is not a terminal)."""
 
     def __init__(self, desc: str) -> None:
-        from tqdm import tqdm
-
         self.bar = tqdm(desc=desc, total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False)
 
     def __call__(self, done: int, total: int) -> None:

@@ -3,22 +3,30 @@ with ``--outfile`` one drafter checkpoint folder to a GGUF, mirroring llama.cpp'
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ..drafters import convert_drafter
+from ..errors import QuantizeError
+from ..pipeline import PipelineOptions, run_pipeline
 from ..provenance import Provenance
+from ..quantize import Overrides
+from ..quantize.types import quant_type
+from ..tokenizer_fixups import overlay_provenance
+from ..tune import TuneOptions
 from ._common import Progress, echo_conversion, echo_json, handle_errors, json_option, setup_logging, verbose_option
+from .tune import parse_methods, render_report
+from .verify import render
 
 
 def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Any type llama-quantize b11434 makes, any case (Q4_K_M, q8_0, IQ4_XS), as its lower-case name."""
     if value is None:
         return None
-    from ..errors import QuantizeError
-    from ..quantize.types import quant_type
 
     try:
         return quant_type(value, f"--{param.name.replace('_', '-')}").key
@@ -145,14 +153,10 @@ def convert_cmd(drafter: tuple[str, ...], target: str, outfile: Path | None, dry
 def _drafter_only(drafter: Path, target: Path, outfile: Path, outtype: str, tokenizer_dir: Path | None,
                   pair_with: str | None, drafter_repo: str | None, target_repo: str | None, quant: str | None,
                   dry_run: bool, json_: bool) -> None:
-    from ..convert.drafter import convert_drafter
-
     progress = Progress("convert")
     try:
         tokenizer = {}
         if tokenizer_dir is not None:
-            from ..tokenizer_fixups import overlay_provenance
-
             tokenizer = overlay_provenance(tokenizer_dir)
         provenance = Provenance(drafter_repo, target_repo, pair_with, tokenizer).keys()
         result = convert_drafter(drafter, target, outfile, outtype, dry_run=dry_run, on_progress=progress,
@@ -179,14 +183,6 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
               no_mtp: bool, imatrix: Path | None, pure: bool, token_embedding_type: str | None,
               output_tensor_type: str | None) -> None:
-    import shlex
-
-    from ..pipeline import PipelineOptions, run_pipeline
-    from ..quantize import Overrides
-    from ..tune import TuneOptions
-    from .tune import parse_methods
-    from .verify import render
-
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
         raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
     if no_mtp and target_gguf:
@@ -251,8 +247,6 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
         click.echo(f"verify: can be served ({len(report.results)} checks, no error or warning; 'dflash-verify "
                    f"{result.outdir / 'pair.json'}' prints them)")
     if result.tuning is not None:
-        from .tune import render_report
-
         click.echo(render_report(result.tuning))
         click.echo(f"picture: {result.plot}" if result.plot else result.plot_skipped)
     elif result.tuning_skipped:

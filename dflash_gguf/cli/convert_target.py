@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
+from ..convert.targets import convert_target
 from ..provenance import Provenance
 from ..quantize.rules import ONE_PASS_TYPES
+from ..tokenizer_fixups import overlay_provenance
 from ._common import Progress, echo_conversion, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -35,13 +37,9 @@ def convert_target_cmd(target_dir: Path, outfile: Path, outtype: str, quant: str
     Example:
       dflash-gguf convert-target ./gemma-4-12B-it --outfile gemma-4-12B-it-BF16.gguf
     """
-    from ..convert.targets import convert_target
-
     setup_logging(verbose)
     tokenizer = {}
     if tokenizer_dir is not None:
-        from ..tokenizer_fixups import overlay_provenance
-
         tokenizer = overlay_provenance(tokenizer_dir)
     progress = Progress("convert-target")
     try:

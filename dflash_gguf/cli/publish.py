@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..publish import plan_publish, publish
 from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -37,8 +38,6 @@ def publish_cmd(folder: Path, repo_id: str, private: bool, revision: str, all_dr
     Example:
       dflash-gguf publish gemma4-12B-it-DFlash-pair me/gemma-4-12B-it-DFlash-GGUF --license gemma
     """
-    from ..publish import plan_publish, publish
-
     setup_logging(verbose)
     plan = plan_publish(folder, repo_id, revision=revision, private=private, all_drafters=all_drafters,
                         license=license_, allow_unverified=allow_unverified)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..quantize import Overrides, quantize_gguf
 from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -48,8 +49,6 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     Example:
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
-    from ..quantize import Overrides, quantize_gguf
-
     setup_logging(verbose)
     progress = Progress("quantize")
     try:

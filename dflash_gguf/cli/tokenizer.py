@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..tokenizer_fixups import fix_tokenizer
 from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -34,8 +35,6 @@ def fix_tokenizer_cmd(target: Path, donor: str | None, force_donor: bool, repair
     Example:
       dflash-gguf fix-tokenizer ./gemma-4-12B-it --out ./gemma-4-12B-it-tokfix
     """
-    from ..tokenizer_fixups import fix_tokenizer
-
     if force_donor and donor is None:
         raise click.UsageError("--force-donor needs --donor.")
     setup_logging(verbose)

@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from tqdm import tqdm
 
-from ..errors import ACCEPTANCE_COLLAPSED, TuneError
+from ..errors import ACCEPTANCE_COLLAPSED, PlotUnavailable, TuneError
+from ..pipeline import MANIFEST_NAME, read_manifest
+from ..pipeline.serve import record_tuning
+from ..sidecar import is_sidecar
+from ..tune import METHODS, TuneOptions, Workload, plan_tune, tune
+from ..tune.plot import PLOT_NAME, write_plot
+from ..tune.workload import BUILTIN_PROMPTS, load_prompt_file
 
 if TYPE_CHECKING:  # the tuner is imported when the command runs, not at every CLI start
     from ..tune import TuneReport
@@ -26,9 +33,6 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
         TuneError: the arguments name no pair.
         InputError: a pair.json cannot be read.
     """
-    from ..pipeline import MANIFEST_NAME, read_manifest
-    from ..sidecar import is_sidecar
-
     if len(paths) == 1:
         only = paths[0]
         if only.is_dir() and (only / MANIFEST_NAME).is_file():
@@ -60,8 +64,6 @@ def parse_methods(values: tuple[str, ...]) -> frozenset[str]:
     Raises:
         click.BadParameter: a name that is not a method.
     """
-    from ..tune import METHODS
-
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown:
@@ -175,9 +177,6 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
       dflash-gguf tune gemma-4-12B-it-Q4_0.gguf dflash-gemma-4-12B-it-Q8_0.gguf \\
           dflash-gemma-4-12B-it-Q4_0.gguf --budget 900
     """
-    from ..tune import TuneOptions, Workload, tune
-    from ..tune.workload import BUILTIN_PROMPTS, load_prompt_file
-
     setup_logging(verbose)
     # Click drops the `--`: the pair is every argument before the first one that looks like a flag.
     first_flag = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
@@ -193,8 +192,6 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
                           llama_server=llama_server, methods=parse_methods(methods),
                           serve_changed_output=allow_changed_output)
     if dry_run:
-        from ..tune import plan_tune
-
         plan = plan_tune(target, drafters, options)
         if json_:
             echo_json(plan.to_dict())
@@ -214,7 +211,6 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         click.echo(f"then: {plan.later}")
         click.echo("dry run: no server was started.")
         return
-    from tqdm import tqdm
 
     bar = tqdm(desc="tune", total=0, unit="config", file=sys.stderr, disable=None, leave=False)
 
@@ -228,13 +224,9 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
     finally:
         bar.close()
     if manifest is not None and not no_record:
-        from ..pipeline.serve import record_tuning
-
         record_tuning(manifest, report)
     picture, why_not = None, None
     if plot:
-        from ..tune.plot import PLOT_NAME, PlotUnavailable, write_plot
-
         try:
             picture = write_plot(report, (manifest.parent if manifest else Path.cwd()) / PLOT_NAME)
         except PlotUnavailable as e:

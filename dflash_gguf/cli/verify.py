@@ -8,7 +8,11 @@ from pathlib import Path
 
 import click
 
-from ..verify import Report, verify_files
+from ..errors import InputError
+from ..hub import resolve
+from ..pipeline import MANIFEST_NAME
+from ..pipeline.manifest import verify_manifest
+from ..verify import Report, precheck, verify_files
 from ._common import echo_json, handle_errors, json_option
 
 _MARK = {("pass", "error"): "ok", ("pass", "warning"): "ok", ("pass", "info"): "info", ("skip", "error"): "skip",
@@ -57,16 +61,11 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
       dflash-verify pair/pair.json
     """
     if drafter.is_dir() and target is None:
-        from ..errors import InputError
-        from ..pipeline import MANIFEST_NAME
-
         if not (drafter / MANIFEST_NAME).is_file():
             raise InputError(f"{drafter} is a folder without {MANIFEST_NAME}. Pass the folder dflash-convert wrote, "
                              "its pair.json, or DRAFTER.gguf [TARGET.gguf].")
         drafter = drafter / MANIFEST_NAME
     if drafter.suffix == ".json" and target is None:
-        from ..pipeline.manifest import verify_manifest
-
         report = verify_manifest(drafter, allow_derived_target=allow_derived_target)
     else:
         report = verify_files(drafter, target, allow_derived_target=allow_derived_target)
@@ -95,9 +94,6 @@ def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_ta
     Example:
       dflash-gguf precheck z-lab/gemma4-12B-it-DFlash google/gemma-4-12B-it-qat-q4_0-unquantized
     """
-    from ..hub import resolve
-    from ..verify import precheck
-
     d, t = resolve(drafter), resolve(target)
     card = lambda r: (r.path / "README.md").read_text(encoding="utf-8") if (r.path / "README.md").is_file() \
         else None  # noqa: E731

@@ -22,6 +22,7 @@ from ..atomic import atomic_output, check_free_space
 from ..errors import InputError, TensorError
 from ..ggufio import GGUFPlan, TensorOut, Written
 from ..model_card import base_models
+from ..quantize.builtin import quantize_plan
 from .safetensors import index_checkpoint
 from .tensor_io import to_f32
 from .vocab import VocabInfo
@@ -140,8 +141,6 @@ def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes:
     outfile = Path(outfile)
     sha256 = None
     if quant is not None:
-        from ..quantize.builtin import quantize_plan
-
         outcome = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress)
         size, sha256 = outcome.n_bytes, outcome.sha256
         outtype = quant

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, UnsafePickleError
 
 # torch storage class -> (numpy dtype of its raw elements, the tensor's dtype name)
 _STORAGES: dict[str, tuple[np.dtype, str]] = {
@@ -53,10 +53,6 @@ def _rebuild_tensor_v2(storage: tuple[np.ndarray, str], offset: int, size: tuple
     view = np.lib.stride_tricks.as_strided(data[offset:], shape=tuple(size),
                                            strides=tuple(s * data.itemsize for s in stride), writeable=False)
     return Tensor(np.array(view), name)
-
-
-class UnsafePickleError(InputError):
-    """The pickle names a global outside the tensor-rebuild set."""
 
 
 class _TensorUnpickler(pickle.Unpickler):

@@ -2,13 +2,13 @@
 
 b11434's DFlash converter runs the *target* architecture's ``set_vocab`` on the target dir with
 the *drafter's* hparams (convert_hf_to_gguf.py DFlashModel.set_vocab). Which path an architecture takes is
-``target_archs``'s table; the paths are mirrored here without transformers:
+the target families' rows (``convert.targets``); the paths are mirrored here without transformers:
 
 * Gemma-4 (``Gemma4Model.set_vocab``): tokenizer.json only (BPE + byte fallback), model
   ``gemma4``, scores -1000, CONTROL for the tokenizer's declared special tokens, BYTE for
   ``<0xNN>``, seven chat/tool markers forced USER_DEFINED, no padding.
 * GPT-2 BPE (``_set_vocab_gpt2``, for Qwen2/Qwen3/Qwen3.5/Llama-3 and the other ``TextModel.set_vocab``
-  targets of ``target_archs``): model ``gpt2``, ``pre`` from b11434's whole fingerprint table
+  targets of those rows): model ``gpt2``, ``pre`` from b11434's whole fingerprint table
   (``pre_tokenizers``), ``[PAD{i}]`` rows up to the drafter's ``vocab_size``.
 * SentencePiece (``_set_vocab_sentencepiece``) when a Qwen2/Qwen3/Llama target ships a tokenizer.model.
 """
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gguf import GGUFValueType, TokenType
+from sentencepiece import SentencePieceProcessor
+from tokenizers import Tokenizer
 
 from ..errors import NotCoveredError, TokenizerError
 from ..ggufio import GGUFPlan, StringArray
@@ -213,8 +215,6 @@ def add_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
 
 
 def _build_bpe_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
-    from tokenizers import Tokenizer  # Rust tokenizers only: no torch, no transformers
-
     tj = _load_tokenizer_json(tok_dir)
     try:
         tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -280,8 +280,6 @@ _SP_NORMAL, _SP_UNKNOWN, _SP_CONTROL, _SP_USER_DEFINED, _SP_UNUSED, _SP_BYTE = 1
 
 def add_sentencepiece_vocab(plan: GGUFPlan, tok_dir: Path, vocab_size: int) -> VocabInfo:
     """b11434 ``_set_vocab_sentencepiece``: tokenizer.model pieces, added tokens, [PAD] rows to vocab_size."""
-    from sentencepiece import SentencePieceProcessor
-
     path = tok_dir / "tokenizer.model"
     sp = SentencePieceProcessor()
     try:
@@ -336,14 +334,15 @@ def add_target_vocab(plan: GGUFPlan, tok_dir: Path, target: TargetConfig, drafte
                               "way llama.cpp b11434 reads its vocabulary. Use llama.cpp's own converter.")
     if path == "gemma4":
         return add_gemma4_vocab(plan, tok_dir)  # reads tokenizer.json only, whatever else is there
-    if target.arch == "LlamaForCausalLM":
+    llama = target.arch_facts is not None and target.arch_facts.gguf == "llama"
+    if llama:
         cfg = tok_dir / "tokenizer_config.json"
         if cfg.is_file() and (prefix := read_json(cfg).get("add_prefix_space")) \
                 is not None:
             plan.add_bool("tokenizer.ggml.add_space_prefix", bool(prefix))
     if path == "sentencepiece-or-gpt2" and (tok_dir / "tokenizer.model").is_file():
         return add_sentencepiece_vocab(plan, tok_dir, drafter_vocab_size)
-    if target.arch == "LlamaForCausalLM":
+    if llama:
         model = _load_tokenizer_json(tok_dir)["model"]
         if not (model.get("type") == "BPE" and model.get("ignore_merges") and not model.get("byte_fallback", True)):
             raise NotCoveredError(

@@ -18,8 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, Literal, TypeVar
 
+from ..convert.configs import TargetFacts
 from ..ggufio.reader import GGUFMeta
-from .findings import DrafterSpec, Finding, Interpretation, TargetFacts
+from .findings import DrafterSpec, Finding, Interpretation
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,14 @@ class DrafterFamily(Generic[SpecT]):
     served_as: ServedAs
     checks_module: str  # check_drafter(d, t) -> Report
     converter_module: str  # convert(reading, drafter_dir, target_dir, outfile, outtype, **options) -> ConvertResult
+    # The one default family: it judges headers that only look like a drafter (``claims``), and names a sidecar of
+    # an unknown kind.
+    default: bool = False
+    claims: Callable[[GGUFMeta], bool] | None = None  # headers it judges beyond its own files (forks, old layouts)
+    target_weight_files: tuple[str, ...] = ()  # checkpoint files whose presence means conversion reads target weights
+    # Its spec type also runs a target's own MTP head (no drafter file); the longest draft tune tries for one.
+    own_mtp_max_n_max: int | None = None
+    published_with_target: bool = False  # the target's publisher releases one per target (verify.lineage names it)
 
     @property
     def sidecar_prefix(self) -> str:

@@ -1,5 +1,5 @@
-"""The records every drafter family's rules speak in: a finding (one rule's verdict), a family's reading of a
-config (spec plus findings), and what the rules need to know of the target.
+"""The records every drafter family's rules and checks speak in: a finding (one rule's verdict), a family's reading
+of a config (spec plus findings), and the check results and report verify collects from the families' checks.
 
 Apart from the registry so that family modules can import them while the registry imports the families.
 """
@@ -7,15 +7,16 @@ Apart from the registry so that family modules can import them while the registr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from ..errors import ConfigError, DflashGgufError
-from ..hf_configs import section
 
 Status = Literal["pass", "fail", "skip"]
 Severity = Literal["error", "warning", "info"]
+# What a check's failure asks of the user (shared by the lineage checks and every family's pair checks).
+PICK = "Pick the drafter made for this target (or the target the drafter was made for)."
 
 
 @dataclass(frozen=True)
@@ -102,42 +103,70 @@ class Interpretation(Generic[SpecT]):
         return self.spec
 
 
-@dataclass(frozen=True)
-class TargetFacts:
-    """What drafter rules need to know of the target, from its config.json (``text_config`` merged in)."""
-
-    arch: str | None
-    hidden_size: int | None
-    n_layers: int | None
-    vocab_size: int | None
-    path: Path | None = None
-    # attention geometry (Gemma-4: sliding layers' head_dim / num_key_value_heads, full layers' global_*), for
-    # drafters that attend over the target's own KV cache
-    head_dim: int | None = None
-    kv_heads: int | None = None
-    global_head_dim: int | None = None
-    global_kv_heads: int | None = None
-    layer_types: tuple[str, ...] | None = None
-
-    @classmethod
-    def from_config(cls, raw: dict[str, Any], path: Path | None = None) -> TargetFacts:
-        text = section(raw, "text_config")
-        merged = {**raw, **text}
-        archs = text.get("architectures") or raw.get("architectures") or [None]
-        types = merged.get("layer_types")
-        return cls(archs[0] if isinstance(archs[0], str) else None, _int(merged.get("hidden_size")),
-                   _int(merged.get("num_hidden_layers")), _int(merged.get("vocab_size")), path,
-                   _int(merged.get("head_dim")), _int(merged.get("num_key_value_heads")),
-                   _int(merged.get("global_head_dim")), _int(merged.get("num_global_key_value_heads")),
-                   tuple(str(t) for t in types) if isinstance(types, list) else None)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def first_error(findings: Iterable[Finding]) -> None:
     """Raise the first blocking finding as its exception (the converter's way of reading findings)."""
     for f in findings:
         if f.blocking:
             raise f.exception()
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check (verify's): a stable ``id``, the severity it has when it fails, what was found and what to do."""
+
+    id: str
+    severity: Severity
+    status: Status
+    message: str
+    fix: str = ""
+
+    @property
+    def blocking(self) -> bool:
+        return self.status == "fail" and self.severity == "error"
+
+
+@dataclass
+class Report:
+    """Results in check order, plus the inputs they judged."""
+
+    inputs: dict[str, str] = field(default_factory=dict)
+    results: list[CheckResult] = field(default_factory=list)
+
+    def ok(self, id: str, message: str, severity: Severity = "error") -> None:
+        self.results.append(CheckResult(id, severity, "pass", message))
+
+    def fail(self, id: str, severity: Severity, message: str, fix: str) -> None:
+        self.results.append(CheckResult(id, severity, "fail", message, fix))
+
+    def skip(self, id: str, message: str, severity: Severity = "info") -> None:
+        self.results.append(CheckResult(id, severity, "skip", message))
+
+    def info(self, id: str, message: str, fix: str = "") -> None:
+        self.results.append(CheckResult(id, "info", "pass", message, fix))
+
+    def add(self, finding: Finding) -> None:
+        """A drafter family's finding, under its own id."""
+        self.results.append(CheckResult(finding.id, finding.severity, finding.status, finding.message, finding.fix))
+
+    def extend(self, other: Report) -> None:
+        self.results += other.results
+
+    @property
+    def errors(self) -> list[CheckResult]:
+        return [r for r in self.results if r.blocking]
+
+    @property
+    def warnings(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "fail" and r.severity == "warning"]
+
+    @property
+    def exit_code(self) -> int:
+        """0 servable, 1 must not be served (unreadable inputs raise InputError, exit 2, before this)."""
+        return 1 if self.errors else 0
+
+    def result(self, id: str) -> CheckResult | None:
+        return next((r for r in self.results if r.id == id), None)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"inputs": self.inputs, "servable": not self.errors, "errors": len(self.errors),
+                "warnings": len(self.warnings), "checks": [asdict(r) for r in self.results]}

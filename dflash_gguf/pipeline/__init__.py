@@ -7,7 +7,6 @@ Stages are plain functions (``stages``); ``run.run_pipeline`` runs them in order
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .plan import Plan
 from .run import PipelineOptions, PipelineResult, run_pipeline
-from .stages import PairRefused
 
-__all__ = ["MANIFEST_NAME", "Manifest", "PairRefused", "PipelineOptions", "PipelineResult", "Plan",
+__all__ = ["MANIFEST_NAME", "Manifest", "PipelineOptions", "PipelineResult", "Plan",
            "read_manifest", "run_pipeline"]

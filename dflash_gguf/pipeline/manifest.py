@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_output
-from ..drafters.dflash.rules import SPEC_TYPE as DFLASH_SPEC_TYPE
+from ..drafters import DEFAULT_FAMILY
+from ..drafters.findings import Report
 from ..errors import InputError
 from ..jsonfile import load_json
 from ..relpath import name_problem
-from ..verify.report import Report
+from ..verify import verify_files
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class ServePlan:
 
     command: tuple[str, ...]
     shell: str
-    method: str = DFLASH_SPEC_TYPE  # what drafts: tune's method name ("target alone", "ngram-mod", ...)
+    method: str = DEFAULT_FAMILY.spec_type  # what drafts: tune's method name ("target alone", "ngram-mod", ...)
     n_max: int | None = None
     p_min: float | None = None
     spec_type: str | None = None
@@ -221,7 +222,8 @@ class ServePlan:
         p_min = d.get("p_min")
         preset = d.get("preset")
         return cls(tuple(str(a) for a in d.get("command") or ()), str(d.get("shell", "")),
-                   str(d.get("method") or (DFLASH_SPEC_TYPE if uses else "target alone")), _opt_int(d.get("n_max")),
+                   str(d.get("method") or (DEFAULT_FAMILY.spec_type if uses else "target alone")),
+                   _opt_int(d.get("n_max")),
                    float(p_min) if isinstance(p_min, int | float) and not isinstance(p_min, bool) else None,
                    _opt_str(d.get("spec_type")), bool(d.get("measured")), uses, str(d.get("note", "")),
                    _opt_str(d.get("with_drafter")),
@@ -495,8 +497,6 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
     Raises:
         InputError: the manifest or a GGUF cannot be read.
     """
-    from ..verify import verify_files
-
     record = read_manifest(path)
     folder = record.folder
     files = {side: record.file(side) for side in ("drafter", "target")}

@@ -11,18 +11,16 @@ from pathlib import Path
 
 from ..convert.outtype import resolve_outtype
 from ..convert.safetensors import index_checkpoint
+from ..quantize.types import quant_type
 
 # Inside --outdir: every drafter of a run that makes several, and a run's one drafter while it is not what is
 # served (llama-server's --models-dir router attaches any dflash-/dspark-/mtp- file beside the target).
 DRAFTERS_DIR = "drafters"
-UNQUANTIZED = ("bf16", "f16", "f32")
 
 
 def size_ratio(type_name: str) -> float:
     """Bytes per weight of ``type_name`` relative to a 16-bit checkpoint (its bits per weight / 16); used only for
     the plan's size estimates."""
-    from ..quantize.types import quant_type
-
     return quant_type(type_name).bits / 16.0
 
 

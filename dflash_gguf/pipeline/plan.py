@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import constants as hf_constants
+
 from ..errors import OutputError
 from .naming import size_ratio
 
@@ -111,9 +113,8 @@ def estimate_outputs(sides: list[SideFiles], *, keep_intermediate: bool) -> tupl
 def make_plan(outdir: Path, downloads: list[Download], outputs: list[Output], peak: int) -> Plan:
     """Bytes needed per filesystem (downloads not yet cached on the Hub cache's, outputs not yet written on
     the output folder's) against what is free there."""
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    out_fs, cache_fs = _existing(outdir), _existing(Path(HF_HUB_CACHE))
+    # the Hub cache read at call time, as HF_HOME may be set after import
+    out_fs, cache_fs = _existing(outdir), _existing(Path(hf_constants.HF_HUB_CACHE))
     present = sum((outdir / o.file).stat().st_size for o in outputs if (outdir / o.file).is_file())
     to_download = sum(max((d.size or 0) - d.cached, 0) for d in downloads)
     out_need = max(peak - present, 0)

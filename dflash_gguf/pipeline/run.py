@@ -19,15 +19,17 @@ from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..convert.vocab import forget_built
-from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, QuantizeError
+from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
 from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance
+from ..quantize import check_makeable, quant_type
 from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..quantize.rules import ONE_PASS_TYPES
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
+from ..tune.plot import PLOT_NAME, write_plot
 from ..verify import Report, read_gguf
 from . import stages
 from .manifest import (
@@ -131,8 +133,6 @@ class PipelineResult:
 
 def _draw(tuning: TuneReport, outdir: Path) -> tuple[Path | None, str | None]:
     """tune.png beside pair.json, or why it was not drawn (matplotlib is an optional extra)."""
-    from ..tune.plot import PLOT_NAME, PlotUnavailable, write_plot
-
     try:
         return write_plot(tuning, outdir / PLOT_NAME), None
     except PlotUnavailable as e:
@@ -194,8 +194,6 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     Raises:
         QuantizeError: as above, naming the flag and the way out.
     """
-    from ..quantize import check_makeable, quant_type
-
     drafter = quant_type(opts.draft_quant, "--draft-quant")
     check_makeable(drafter, opts.quantizer, flag="--draft-quant")
     if opts.quant is None:  # settled by target_quant once the target's config.json is here
@@ -213,8 +211,6 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
     Raises:
         QuantizeError: a block type other than MXFP4_MOE asked of an MXFP4 checkpoint.
     """
-    from ..quantize import check_makeable, quant_type
-
     mxfp4 = opts.target_gguf is None and stages.has_mxfp4_experts(target)
     if opts.quant is None:
         settled = replace(opts, quant=MXFP4_MOE if mxfp4 else DEFAULT_QUANT)
@@ -308,7 +304,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     """Make, quantize, verify and describe a servable drafter/target GGUF pair.
 
     Raises:
-        PairRefused (IncompatiblePairError): the precheck or the --target-gguf judgment refused the pair.
+        IncompatiblePairError: the precheck or the --target-gguf judgment refused the pair.
         UnsupportedModelError: no way to make the target GGUF.
         ResolveError, InputError, ConfigError, TensorError, TokenizerError, QuantizeError, OutputError: from
             the stage that failed; outputs of finished stages stay and the next run resumes after them.

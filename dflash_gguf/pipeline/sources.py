@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import try_to_load_from_cache
+
 from .. import hub
 from ..hub import CARD_AND_CONFIG, RepoFile, Resolved
 from .manifest import SourceRecord
@@ -93,7 +95,6 @@ def cached_size(source: Source, name: str) -> int:
     """Bytes of ``name`` already in the local Hugging Face cache at the pinned commit (0 when absent)."""
     if source.repo is None:
         return 0
-    from huggingface_hub import try_to_load_from_cache
 
     hit = try_to_load_from_cache(source.repo, name, revision=source.commit)
     return os.path.getsize(hit) if isinstance(hit, str) and os.path.isfile(hit) else 0

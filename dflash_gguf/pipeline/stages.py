@@ -13,32 +13,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from gguf import GGMLQuantizationType
+
 from .. import drafters, hub
 from .. import provenance as prov
-from ..convert.targets import SUPPORTED_ARCHITECTURES, builtin_family, family_for, plan_tensors, working_ahead
-from ..drafters.dflash.rules import MASK_EMBEDDING
-from ..drafters.gemma4_assistant.rules import ARCHITECTURES as ASSISTANT_ARCHITECTURES
+from ..convert.targets import (
+    SUPPORTED_ARCHITECTURES,
+    builtin_family,
+    convert_target,
+    family_for,
+    plan_tensors,
+    working_ahead,
+)
+from ..drafters import convert_drafter
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
 from ..hf_configs import read_config
 from ..jsonfile import read_json
 from ..provenance import Provenance
+from ..quantize import choose_quantizer, quantize_gguf
 from ..quantize.builtin import NO_OVERRIDES, Overrides
+from ..quantize.rules import is_quantized
+from ..tokenizer_fixups import fix_tokenizer, overlay_provenance
 from ..verify import Report, precheck, read_gguf, verify_files
+from ..verify.lineage import assistant_repo_for, identity_from_card
+from .llama_cpp import converter_script, llama_cpp_version, run_converter
 from .naming import checkpoint_type
 from .sources import Source
 
 log = logging.getLogger(__name__)
 
 OnProgress = Callable[[int, int], None] | None
-
-
-class PairRefused(IncompatiblePairError):
-    """The pair cannot work; ``report`` holds the checks that said so."""
-
-    def __init__(self, message: str, report: Report) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 def _failures(report: Report) -> str:
@@ -69,8 +74,6 @@ def qat_advice(target: Source, quant: str, overrides: Overrides) -> str | None:
     """What ggml-org does with a quantization-aware trained target, when the run does not already do it: QAT
     checkpoints are trained for Q4_0 and published as llama-quantize ``--pure`` Q4_0 with a Q8_0 token embedding
     (every other tensor Q4_0 too, the output included), not through the default mixture rules."""
-    from ..verify.lineage import identity_from_card
-
     card = target.path / "README.md"
     text = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else None
     if "qat" not in identity_from_card(target.repo or target.path.name, text).derivations():
@@ -92,7 +95,8 @@ def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: b
     Raises:
         ConfigError, UnsupportedModelError, NotCoveredError: the drafter's config or the target's architecture
             is refused, with the converter's error and exit code.
-        PairRefused: a blocking pair or lineage check failed (nothing but configs and cards has been downloaded).
+        IncompatiblePairError: a blocking pair or lineage check failed (nothing but configs and cards has been
+            downloaded).
     """
     drafters.interpret_folder(drafter.path).require()  # the drafter's own rules: the converter's error and code
     facts = drafters.TargetFacts.from_config(drafters.read_config(target.path / "config.json", "Target config"),
@@ -109,22 +113,21 @@ def precheck_sources(drafter: Source, target: Source, *, allow_derived_target: b
                       drafter_card=card(drafter), target_card=card(target), allow_derived_target=allow_derived_target,
                       drafter_by_llama_cpp=drafter_by_llama_cpp)
     if report.errors:
-        raise PairRefused(
+        raise IncompatiblePairError(
             f"Precheck refused drafter {drafter.label} with target {target.label} before any weights were "
             f"downloaded: {_failures(report)}{matching_assistant_hint(drafter, target, report)} ('dflash-gguf "
-            f"precheck {drafter.spec} {target.spec}' prints the full report.)", report)
+            f"precheck {drafter.spec} {target.spec}' prints the full report.)")
     return report
 
 
 def matching_assistant_hint(drafter: Source, target: Source, report: Report) -> str:
     """For a Gemma-4 MTP assistant refused for lineage (a QAT one on the original target, or the reverse): the
     assistant Google publishes for this target, when the Hub has it; else nothing."""
-    from ..verify.lineage import assistant_repo_for
-
     if target.repo is None or not any(r.id.startswith("lineage.") for r in report.errors):
         return ""
     config = drafters.read_config(drafter.path / "config.json", "Drafter config")
-    if not set(config.get("architectures") or ()) & set(ASSISTANT_ARCHITECTURES):
+    family = drafters.family_of_config((config.get("architectures") or [None])[0])
+    if family is None or not family.published_with_target:
         return ""
     wanted = assistant_repo_for(target.repo)
     if drafter.repo is not None and wanted.lower() == drafter.repo.lower():
@@ -180,8 +183,6 @@ def choose_target_method(target: Source, target_gguf: str | None, llama_cpp: Pat
     if target_gguf:
         return ExistingGguf(target_gguf)
     if llama_cpp is not None:
-        from .llama_cpp import converter_script, llama_cpp_version
-
         converter_script(llama_cpp)
         return LlamaCppConverter(llama_cpp_version(llama_cpp))
     family = builtin_family(target.path)
@@ -241,7 +242,6 @@ def prepare_tokenizer(target_dir: Path, overlay: Path) -> TokenizerStage:
     if not needs_overlay(target_dir):
         origin = "original" if (target_dir / "tokenizer.model").exists() else "tokenizer.json only"
         return TokenizerStage(target_dir, origin, None, None)
-    from ..tokenizer_fixups import fix_tokenizer
 
     overlay.parent.mkdir(parents=True, exist_ok=True)
     result = fix_tokenizer(target_dir, out=overlay)
@@ -251,8 +251,6 @@ def prepare_tokenizer(target_dir: Path, overlay: Path) -> TokenizerStage:
 
 def existing_overlay(overlay: Path) -> TokenizerStage | None:
     """An overlay a previous run wrote (for resume), else None."""
-    from ..tokenizer_fixups import overlay_provenance
-
     record = overlay_provenance(overlay)
     if not record or not (overlay / "tokenizer.model").is_file():
         return None
@@ -277,10 +275,6 @@ def obtain_target_gguf(spec: str) -> Path:
 
 def gguf_type(path: Path) -> str:
     """``quantized`` when any 2-D tensor is quantized, else the (lower-case) type of the matrices."""
-    from gguf import GGMLQuantizationType
-
-    from ..quantize.rules import is_quantized
-
     meta = read_gguf(path)
     kinds = [GGMLQuantizationType(t.qtype) for t in meta.tensors.values() if len(t.ne) >= 2]
     if any(is_quantized(k) for k in kinds):
@@ -292,12 +286,12 @@ def judge_target_gguf(path: Path, *, allow_derived_target: bool = False) -> Repo
     """``dflash-verify TARGET.gguf``: the target alone (architecture, QAT/derived names).
 
     Raises:
-        PairRefused: it cannot feed a DFlash drafter, or it is a derived (QAT...) model.
-        VerifyError: it is not a readable GGUF.
+        IncompatiblePairError: it cannot feed a DFlash drafter, or it is a derived (QAT...) model.
+        InputError: it is not a readable GGUF.
     """
     report = verify_files(path, allow_derived_target=allow_derived_target)
     if report.errors:
-        raise PairRefused(f"--target-gguf {path} was refused by dflash-verify: {_failures(report)}", report)
+        raise IncompatiblePairError(f"--target-gguf {path} was refused by dflash-verify: {_failures(report)}")
     return report
 
 
@@ -343,8 +337,6 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
     are already read ahead, or its head start made (:func:`working_ahead_of_target`, entered by the run before its
     first stage)."""
-    from ..convert.targets import convert_target
-
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
                           quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress).sha256
 
@@ -352,7 +344,7 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
 def drafter_reads_target_weights(drafter: Source) -> bool:
     """A drafter shipping ``mask_embedding.pt`` takes the target's token embeddings and output head into its GGUF
     (b11434 DFlashModel.generate_extra_tensors), so its conversion needs the target's weights."""
-    return (drafter.path / MASK_EMBEDDING).is_file()
+    return drafters.reads_target_weights(drafter.path)
 
 
 def check_drafter(drafter: Source, target: Source) -> None:
@@ -362,8 +354,6 @@ def check_drafter(drafter: Source, target: Source) -> None:
     Raises:
         ConfigError, UnsupportedModelError, TensorError, IncompatiblePairError, TokenizerError: as the converter.
     """
-    from ..convert.drafter import convert_drafter
-
     convert_drafter(drafter.path, target.path, target.path / "check.gguf", dry_run=True)
 
 
@@ -371,8 +361,6 @@ def convert_drafter_llama_cpp(llama_cpp: Path, drafter: Source, tokenizer: Token
                               outfile: Path, outtype: str, workdir: Path) -> None:
     """llama.cpp's converter on the drafter, ``--target-model-dir`` the overlay or the target itself: for targets
     whose vocabulary path the built-in drafter converter does not mirror."""
-    from .llama_cpp import run_converter
-
     run_converter(llama_cpp, drafter.path, outfile, outtype, workdir,
                   ("--target-model-dir", str(Path(tokenizer.overlay or target.path).resolve())))
 
@@ -380,8 +368,6 @@ def convert_drafter_llama_cpp(llama_cpp: Path, drafter: Source, tokenizer: Token
 def convert_target_llama_cpp(llama_cpp: Path, tokenizer: TokenizerStage, model_dir: Path, outfile: Path,
                              outtype: str, workdir: Path, drop_mtp: bool = False) -> None:
     """llama.cpp's converter on the overlay (it mirrors the target, weights symlinked) or the target itself."""
-    from .llama_cpp import run_converter
-
     run_converter(llama_cpp, tokenizer.overlay or model_dir, outfile, outtype, workdir,
                   ("--no-mtp",) if drop_mtp else ())
 
@@ -392,8 +378,6 @@ def convert_drafter_stage(drafter: Source, target: Source, tokenizer: TokenizerS
     """The drafter against the target folder (tokenizer from the overlay), recording both sources at their
     commits and the target GGUF's file name so ``dflash-verify DRAFTER.gguf`` finds the pair; with
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing."""
-    from ..convert.drafter import convert_drafter
-
     sources = Provenance(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance())
     return convert_drafter(drafter.path, target.path, outfile, outtype, tokenizer_dir=tokenizer.dir,
                            provenance=sources.keys(), quant=quant, on_progress=on_progress).sha256
@@ -410,8 +394,6 @@ def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, qu
                    on_progress: OnProgress = None, *, imatrix: Path | None = None,
                    overrides: Overrides = NO_OVERRIDES) -> Quantized:
     """``quantizer`` as ``dflash-gguf quantize --quantizer`` (see ``quantize.choose_quantizer``)."""
-    from ..quantize import quantize_gguf
-
     result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads, imatrix=imatrix,
                            overrides=overrides, on_progress=on_progress)
     return Quantized(result.quantizer, result.quantizer_version, result.sha256)
@@ -419,8 +401,6 @@ def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, qu
 
 def quantizer_choice(type_name: str, quantizer: str = "auto", *, imatrix: bool = False) -> str:
     """Which quantizer ``quantize_gguf`` will take for ``type_name`` (part of a stage's key)."""
-    from ..quantize import choose_quantizer
-
     found = choose_quantizer(type_name, quantizer, imatrix=imatrix)
     return f"llama-quantize {found.path}" if found else "builtin"
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gguf import Keys as GgufKeys
+from gguf import LlamaFileType
 
-from ..drafters import DRAFTER_GGUF_ARCHS, Drafter, family_of_gguf
-from ..drafters.gemma4_assistant import MTP_MAX_N_MAX
-from ..errors import TuneError
+from ..convert.targets import by_gguf
+from ..drafters import DRAFTER_GGUF_ARCHS, OWN_MTP_FAMILY, Drafter, family_of_gguf
+from ..errors import DflashGgufError, ServerFailed, TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
-from ..target_archs import by_gguf
+from ..verify import verify_files
 from .report import (
     NGRAM_FLAGS,
     OWN_MTP_METHOD,
@@ -39,7 +40,7 @@ from .report import (
     compare_greedy,
     device_memory_from_log,
 )
-from .server import Server, ServerFailed, find_llama_server, serve
+from .server import Server, find_llama_server, serve
 from .workload import Rendered, Workload, render
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ METHODS: tuple[str, ...] = (METHOD_OWN_MTP, *NGRAM_FLAGS, METHOD_DRAFTERS, METHO
 COMBINED_NGRAM = "ngram-mod"
 # The longest draft tried for the target's own head: an MTP assistant's, for the same reason (it runs once per
 # drafted token on its own predicted hidden state, so acceptance falls with every step).
-OWN_MTP_MAX_N_MAX = MTP_MAX_N_MAX
+OWN_MTP_MAX_N_MAX: int = OWN_MTP_FAMILY.own_mtp_max_n_max or 1
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,6 @@ def inspect_drafter(path: Path) -> Drafter:
 
 def file_type_name(ftype: object) -> str:
     """``general.file_type`` as llama.cpp names it in file names (7 -> Q8_0, 32 -> BF16)."""
-    from gguf import LlamaFileType
-
     try:
         return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")  # type: ignore[call-overload]
     except (TypeError, ValueError):
@@ -496,9 +495,6 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
 def _lineage_of(drafter: Drafter, target: Path) -> tuple[str, str]:
     """(file name, what verify's lineage checks say about this drafter and target; "" when they see nothing): the
     names often show why acceptance collapsed (a drafter trained for a QAT checkpoint, served with the original)."""
-    from ..errors import DflashGgufError
-    from ..verify import verify_files
-
     try:
         checks = verify_files(drafter.path, target, allow_derived_target=False).results
     except DflashGgufError:

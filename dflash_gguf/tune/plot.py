@@ -11,15 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..atomic import atomic_output
-from ..errors import DflashGgufError
+from ..errors import PlotUnavailable
 from .report import Measurement, TuneReport
 
 PLOT_NAME = "tune.png"
 INSTALL_HINT = "pip install 'dflash-gguf[plot]'"
-
-
-class PlotUnavailable(DflashGgufError):
-    """Matplotlib is not installed; the message says how to get the picture."""
 
 
 def _series(report: TuneReport) -> dict[str, list[Measurement]]:

@@ -14,8 +14,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Literal
 
-from ..drafters import Drafter
-from ..drafters.gemma4_assistant.rules import SPEC_TYPE as MTP_SPEC_TYPE
+from ..drafters import OWN_MTP_FAMILY, Drafter
 from .workload import Workload
 
 # Acceptance below this, over enough drafts, is a collapse: the field report's QAT target drafted 7844 tokens
@@ -29,7 +28,8 @@ Status = Literal["ok", "crashed", "timeout", "refused", "skipped"]
 # The target's own multi-token-prediction head: llama-server b11434 builds a second context of type
 # LLAMA_CONTEXT_TYPE_MTP over the target's weights when --spec-type draft-mtp is given without -md
 # (common_speculative_init_result), and loads the nextn tensors only then (mparams.load_mtp).
-OWN_MTP_SPEC_TYPE = MTP_SPEC_TYPE  # the spec type that runs an MTP head, an assistant's or the target's own
+# the spec type that runs an MTP head, an assistant's or the target's own
+OWN_MTP_SPEC_TYPE = OWN_MTP_FAMILY.spec_type
 OWN_MTP_METHOD = "draft-mtp (target's own head)"
 # Model-free n-gram drafting (common/speculative.cpp). ngram-mod is served with --spec-default's settings
 # (common/arg.cpp: n_match 24, n_min 48, n_max 64); ngram-simple with its own defaults.

@@ -23,21 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DflashGgufError, LlamaServerNotFound
+from ..errors import LlamaServerNotFound, ServerFailed
 from ..llama_bin import FoundBinary, find_binary
 
 ENV_VAR = "LLAMA_SERVER"
 BINARY = "llama-server"
 HOST = "127.0.0.1"
 _TAIL_LINES = 12
-
-
-class ServerFailed(DflashGgufError):
-    """One configuration's server crashed, refused its model, or hung; the message quotes its log."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind  # "crashed" | "timeout" | "refused"
 
 
 def find_llama_server(explicit: Path | None = None) -> FoundBinary:

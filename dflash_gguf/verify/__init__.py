@@ -9,14 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import drafters
-from ..drafters.dflash import FAMILY as DFLASH
-from ..drafters.dflash.gguf_format import is_drafter_like
+from ..drafters.findings import CheckResult, Report
 from ..ggufio.reader import GGUFMeta, read_gguf
 from ..provenance import TARGET_FILE, key
 from ..sidecar import is_sidecar, sidecars_beside, target_beside
 from .pair_checks import check_lineage, check_target_alone
 from .precheck import precheck
-from .report import CheckResult, Report
 
 TARGET_FILE_KEY = key(TARGET_FILE)
 
@@ -29,7 +27,7 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
     do its names mark it as a QAT, abliterated or merged derivative.
 
     Raises:
-        VerifyError: an input cannot be read (exit 2).
+        InputError: an input cannot be read (exit 2).
     """
     d = read_gguf(Path(drafter))
     family = _family(d)
@@ -54,7 +52,7 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
     report = Report(inputs={"drafter": str(drafter), "target": str(target) if target else ""})
     if found:
         report.info("pair.found", found)
-    report.extend((family or DFLASH).checks().check_drafter(d, t))
+    report.extend((family or drafters.DEFAULT_FAMILY).checks().check_drafter(d, t))
     arch = report.result("format.arch")
     if arch is None or arch.status == "pass":
         report.extend(check_lineage(d, t, allow_derived_target))
@@ -62,9 +60,8 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
 
 
 def _family(d: GGUFMeta) -> drafters.DrafterFamily | None:
-    """The drafter family of a header; a file that only looks like a DFlash drafter (a fork's layout, an older
-    converter's, no architecture) is judged by the DFlash checks, which say what is wrong with it."""
-    return drafters.family_of_gguf(d) or (DFLASH if is_drafter_like(d) else None)
+    """The drafter family whose checks judge a header (``drafters.family_judging``)."""
+    return drafters.family_judging(d)
 
 
 __all__ = ["CheckResult", "Report", "precheck", "read_gguf", "verify_files"]

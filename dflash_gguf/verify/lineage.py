@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePath
 
+from ..drafters.findings import PICK, Report
 from ..ggufio import GGUFMeta, StringArray
 from ..model_card import front_matter, str_list
-from .report import Report
 
 # Name fragments that mark a model derived from another one (lower-case, matched per name token).
 DERIVED_MARKERS: dict[str, str] = {
@@ -53,7 +53,6 @@ _ENCODING_SUFFIX = re.compile(r"([-_. ](gguf|bf16|f16|f32|fp16|fp32|i?q\d(_[a-z0
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([bm])$", re.IGNORECASE)
 _SPLIT_RE = re.compile(r"[-_ ./:]+")
 HF_URL = "huggingface.co/"
-PICK = "Pick the drafter made for this target (or the target the drafter was made for)."
 
 
 @dataclass(frozen=True)

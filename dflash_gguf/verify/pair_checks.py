@@ -12,9 +12,9 @@ from pathlib import Path
 
 from .. import fingerprint as efp
 from .. import provenance as prov
-from ..drafters import DRAFTER_GGUF_ARCHS
+from ..drafters import check_target_arch
+from ..drafters.findings import Report
 from ..ggufio.reader import GGUFMeta, read_rows
-from ..target_archs import by_gguf, what_serves_instead
 from ..vocab_hash import vocab_sha256
 from .lineage import (
     PICK,
@@ -25,24 +25,8 @@ from .lineage import (
     judge,
     report_lineage,
 )
-from .report import Report
 
 FP_KEY = prov.key(prov.TARGET_EMBD_FINGERPRINT)
-
-
-def check_target_arch(r: Report, tarch: str) -> None:
-    """pair.target_arch: can this target's b11434 graph feed a drafter at all (does it publish layer inputs)?"""
-    known = by_gguf(tarch)
-    if known is not None and known.tappable:
-        r.ok("pair.target_arch", f"target architecture {tarch!r} publishes layer inputs in b11434")
-    elif (known is not None and known.tappable is False) or tarch in DRAFTER_GGUF_ARCHS:
-        r.fail("pair.target_arch", "error", f"target architecture {tarch!r} cannot feed a DFlash drafter in b11434 "
-               "(its graph publishes no layer inputs: 'layer input tensor is null').",
-               "Pass the target model GGUF second." if tarch in DRAFTER_GGUF_ARCHS or known is None
-               else f"{PICK} {what_serves_instead(known)}")
-    else:
-        r.fail("pair.target_arch", "warning", f"target architecture {tarch!r} is not known to publish layer inputs "
-               "in llama.cpp b11434.", "Try a short llama-server run with --spec-type draft-dflash before serving.")
 
 
 def intended_target(d: GGUFMeta) -> tuple[str | None, str]:

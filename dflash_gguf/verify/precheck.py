@@ -13,8 +13,8 @@ from typing import Any
 
 from .. import drafters
 from ..drafters import TargetFacts
+from ..drafters.findings import Report
 from .lineage import card_paired_target, identity_from_card, intended_from_identity, judge, report_lineage
-from .report import Report
 
 
 def _load(cfg: dict[str, Any] | Path | str, what: str) -> tuple[dict[str, Any], Path]:

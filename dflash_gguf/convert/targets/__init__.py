@@ -6,11 +6,16 @@ tensor (names, order, types, shapes, b11434's ``modify_tensors`` transformations
 checkpoint, and only then streams the tensors into ``<out>.partial`` and renames it. Unchanged tensors
 are copied file to file; type changes and transformations go through bounded chunks.
 
-Family-module contract (one module per family; add its name to ``_FAMILY_MODULES`` below):
+This package is also the registry of target architectures: every module in it that declares ``ARCHS`` is a target
+family, found by :data:`TARGET_ARCHS`, :func:`by_hf` and :func:`by_gguf`; nothing else lists them. A new family is a
+module with these parts:
 
-* ``ARCHITECTURES: tuple[str, ...]``: the HF ``architectures[0]`` values it converts.
-* ``FAMILY``: a :class:`~.base.TextFamily` subclass mirroring the b11434 class (``conversion/<family>.py``).
-  Set ``gguf_arch`` (general.architecture) and ``tensor_map`` (normalised HF name with ``{bid}`` ->
+* ``ARCHS: tuple[TargetArch, ...]``: its architectures' rows of facts (``configs.TargetArch``: the GGUF name, the
+  HF ``architectures[0]`` values, the b11434 graph, whether a drafter can tap it, its MTP graph, the vocabulary
+  path). A module with ``ARCHS`` alone describes targets the built-in converter does not convert.
+* ``FAMILY`` (optional): a :class:`~.base.TextFamily` subclass mirroring the b11434 class
+  (``conversion/<family>.py``); it converts every HF class of its ``ARCHS``.
+  Set ``gguf_arch`` (general.architecture, from its row) and ``tensor_map`` (normalised HF name with ``{bid}`` ->
   GGUF name, no ``.weight``). Override only what the b11434 class overrides:
 
   - ``load_hparams(raw)`` (classmethod): ``self.hparams`` as b11434 sees them (e.g. transformers
@@ -37,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import pkgutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,8 +57,7 @@ from ...hf_configs import read_config
 from ...quantize.ahead import HeadStart
 from ...quantize.builtin import TensorJob, ahead_jobs, input_from_plan
 from ...quantize.builtin import plan_tensors as quant_plan
-from ...registry import by_architecture
-from ..configs import read_target_config
+from ..configs import TargetArch, TargetConfig, parse_target_config
 from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
 from ..result import ConvertResult, finish, target_record
@@ -63,14 +68,40 @@ from .writers import spec_writer
 
 log = logging.getLogger(__name__)
 
-# Family modules of this package. A new family: write ``<name>.py`` (contract above), add its name here.
-_FAMILY_MODULES: tuple[str, ...] = ("gemma4", "qwen3", "llama", "qwen35", "qwen3moe", "minimax_m2",
-                                    "gpt_oss")
+# Every module of this package that declares ARCHS is a target family (the shared machinery declares none).
+_FAMILY_MODULES = {name: module for name, module in (
+    (m.name, importlib.import_module(f"{__name__}.{m.name}")) for m in pkgutil.iter_modules(__path__))
+    if hasattr(module, "ARCHS")}
+TARGET_ARCHS: tuple[TargetArch, ...] = tuple(arch for module in _FAMILY_MODULES.values() for arch in module.ARCHS)
+_BY_GGUF = {arch.gguf: arch for arch in TARGET_ARCHS}
+_BY_HF = {hf: arch for arch in TARGET_ARCHS for hf in arch.hf}
+# HF architectures[0] -> the family module whose FAMILY converts it
+SUPPORTED_ARCHITECTURES: dict[str, str] = {hf: name for name, module in _FAMILY_MODULES.items()
+                                           if hasattr(module, "FAMILY") for arch in module.ARCHS for hf in arch.hf}
 
 
-# HF architectures[0] -> family name
-SUPPORTED_ARCHITECTURES: dict[str, str] = {arch: mod.__name__.rsplit(".", 1)[-1]
-                                           for arch, mod in by_architecture(__name__, _FAMILY_MODULES).items()}
+def by_gguf(name: str | None) -> TargetArch | None:
+    """The row of a ``general.architecture``."""
+    return _BY_GGUF.get(name or "")
+
+
+def by_hf(name: str | None) -> TargetArch | None:
+    """The row of a config.json ``architectures[0]``."""
+    return _BY_HF.get(name or "")
+
+
+def drafter_vocab_archs() -> tuple[str, ...]:
+    """HF class names whose vocabulary the drafter converter embeds."""
+    return tuple(hf for arch in TARGET_ARCHS if arch.drafter_vocab for hf in arch.hf)
+
+
+def read_target_config(target_dir: Path) -> TargetConfig:
+    """The target's config.json, with its architecture's row of facts.
+
+    Raises:
+        ConfigError: missing or unparsable config, no architecture or hidden size.
+    """
+    return parse_target_config(Path(target_dir), by_hf)
 
 
 def _architecture(model_dir: Path) -> tuple[str | None, dict[str, Any]]:
@@ -117,7 +148,7 @@ def family_for(model_dir: Path, tokenizer_dir: Path | None = None, cls: type[Tex
         family_name = SUPPORTED_ARCHITECTURES.get(arch)
         if family_name is None:
             raise NotCoveredError(unsupported_message(model_dir / "config.json", arch))
-        cls = importlib.import_module(f"{__name__}.{family_name}").FAMILY
+        cls = _FAMILY_MODULES[family_name].FAMILY
     config = read_target_config(model_dir)
     hparams = cls.load_hparams(raw)
     src = TargetSource(model_dir, Path(tokenizer_dir or model_dir), config, hparams, index_checkpoint(model_dir))
@@ -284,6 +315,7 @@ def build_plan(fam: TextFamily, outtype: str, name: str, specs: list[TensorSpec]
     return plan, fam.add_vocab(plan), outtype
 
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ConvertResult", "TargetSource", "TensorSpec", "TextFamily",
+__all__ = ["SUPPORTED_ARCHITECTURES", "TARGET_ARCHS", "ConvertResult", "TargetArch", "TargetConfig", "by_gguf",
+           "by_hf", "drafter_vocab_archs", "read_target_config", "TargetSource", "TensorSpec", "TextFamily",
            "add_text_hparams", "block_id", "build_plan", "builtin_family", "convert_target", "family_for",
            "plan_tensors", "trimmed_rows", "unsupported_message", "working_ahead"]

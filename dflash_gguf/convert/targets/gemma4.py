@@ -22,15 +22,20 @@ from typing import Any
 
 import numpy as np
 from gguf import Keys, LlamaFileType
+from sentencepiece import SentencePieceProcessor
 
 from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...jsonfile import read_json
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
+from ..configs import TargetArch
 from ..vocab import VocabInfo, add_gemma4_vocab
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
 
-ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration", "Gemma4ForCausalLM")
+UNIFIED = "Gemma4UnifiedForConditionalGeneration"  # b11434's Gemma4UnifiedModel: writes suppress_tokens too
+ARCH = TargetArch("gemma4", ("Gemma4ForConditionalGeneration", UNIFIED, "Gemma4ForCausalLM"), True, "gemma4",
+                  graph="gemma4.cpp")
+ARCHS = (ARCH,)
 SUPPRESS_TOKENS = "tokenizer.ggml.suppress_tokens"  # gguf-py Keys.Tokenizer.SUPPRESS_TOKENS (b11434; not in 0.19.0)
 
 # Normalised HF name (``language_model.`` dropped) -> GGUF name; b11434 gguf-py tensor_mapping.py, GEMMA4.
@@ -62,7 +67,7 @@ SCALE_TENSORS = {"router.scale": "blk.{bid}.ffn_gate_inp.scale",
 
 
 class Gemma4Family(TextFamily):
-    gguf_arch = "gemma4"
+    gguf_arch = ARCH.gguf
     tensor_map = TENSOR_MAP
 
     # -- config ---------------------------------------------------------------------------------
@@ -160,8 +165,6 @@ class Gemma4Family(TextFamily):
         """Gemma3Model.modify_tensors: rows of token_embd kept (the tokenizer's real size)."""
         tok = self.src.tok_dir
         if (tok / "tokenizer.model").is_file():
-            from sentencepiece import SentencePieceProcessor
-
             sp = SentencePieceProcessor()
             sp.LoadFromFile(str(tok / "tokenizer.model"))
             return int(self.find_hparam(("vocab_size_per_layer_input", "vocab_size"), True) or sp.vocab_size())
@@ -271,7 +274,7 @@ class Gemma4Family(TextFamily):
         prf_swa = rope.get("partial_rotary_factor", 1.0)
         plan.add_uint32(k(Keys.Rope.DIMENSION_COUNT), int(hd_full))
         plan.add_uint32(k(Keys.Rope.DIMENSION_COUNT_SWA), int(hd_swa * prf_swa))
-        if self.src.config.arch == "Gemma4UnifiedForConditionalGeneration":
+        if self.src.config.arch == UNIFIED:
             gen = self.src.model_dir / "generation_config.json"
             if gen.is_file() and (suppress := read_json(gen).get("suppress_tokens")) is not None:
                 plan.add_array(SUPPRESS_TOKENS, suppress)

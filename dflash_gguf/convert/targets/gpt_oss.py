@@ -38,12 +38,15 @@ from gguf import GGMLQuantizationType, Keys, LlamaFileType
 from ...errors import TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import TEXT_MODEL, block_map
+from ..configs import TargetArch
 from ..safetensors import TensorRef
 from ..tensor_io import read_tensor_bytes
 from .base import TensorSpec, TextFamily, add_text_hparams
 from .experts import check_config_fields, check_expert_counts
 
-ARCHITECTURES = ("GptOssForCausalLM",)
+# GptOssModel.set_vocab: _set_vocab_gpt2
+ARCH = TargetArch("gpt-oss", ("GptOssForCausalLM",), True, "gpt2", graph="openai-moe.cpp", output_tap=True)
+ARCHS = (ARCH,)
 
 # transformers 4.57.6 GptOssConfig.__init__ defaults (what AutoConfig(...).to_dict() gives b11434 for a field
 # config.json lacks).
@@ -143,7 +146,7 @@ def _transposed(rows: int, cols: int, start: int = 0, step: int = 1) -> Callable
 
 
 class GptOssFamily(TextFamily):
-    gguf_arch = "gpt-oss"
+    gguf_arch = ARCH.gguf
     tensor_map = TENSOR_MAP
 
     @classmethod

@@ -24,9 +24,11 @@ from gguf import Keys, LlamaFileType
 from ...errors import ConfigError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import DECODER_BLOCK, TEXT_MODEL, block_map
+from ..configs import TargetArch
 from .base import TensorSpec, TextFamily, add_text_hparams
 
-ARCHITECTURES = ("LlamaForCausalLM",)
+ARCH = TargetArch("llama", ("LlamaForCausalLM",), True, "sentencepiece-or-gpt2", graph="llama.cpp")
+ARCHS = (ARCH,)
 
 # Normalised HF name -> GGUF name; b11434 gguf-py tensor_mapping.py for MODEL_ARCH.LLAMA.
 TENSOR_MAP = {**TEXT_MODEL, **block_map(DECODER_BLOCK)}
@@ -88,7 +90,7 @@ def rope_row_order(n_rows: int, n_head: int) -> np.ndarray:
 
 
 class LlamaFamily(TextFamily):
-    gguf_arch = "llama"
+    gguf_arch = ARCH.gguf
     tensor_map = TENSOR_MAP
 
     # -- config ---------------------------------------------------------------------------------

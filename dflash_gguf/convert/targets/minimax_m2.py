@@ -37,13 +37,16 @@ from gguf import GGMLQuantizationType, Keys, LlamaFileType
 from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
+from ..configs import TargetArch
 from ..safetensors import TensorRef
 from ..tensor_io import CHUNK_BYTES, encode, read_tensor_bytes, to_f32
 from ..textmodel import add_textmodel_keys
 from .base import TensorSpec, TextFamily, add_text_hparams, attention_shapes, block_id
 from .experts import check_config_fields, check_expert_counts, expert_part_name, expert_shapes
 
-ARCHITECTURES = ("MiniMaxM2ForCausalLM",)
+# MiniMaxM2Model.set_vocab is TextModel's (GPT-2 BPE)
+ARCH = TargetArch("minimax-m2", ("MiniMaxM2ForCausalLM",), True, "gpt2", graph="minimax-m2.cpp")
+ARCHS = (ARCH,)
 
 # Normalised HF name -> GGUF name (b11434 gguf-py tensor_mapping.py entries used by MODEL_ARCH.MINIMAXM2).
 TENSOR_MAP = {
@@ -123,7 +126,7 @@ def fp8_writer(weights: tuple[TensorRef, ...], scales: tuple[TensorRef, ...], bl
 
 
 class MiniMaxM2Family(TextFamily):
-    gguf_arch = "minimax-m2"
+    gguf_arch = ARCH.gguf
     tensor_map = TENSOR_MAP
 
     @property

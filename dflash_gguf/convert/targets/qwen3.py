@@ -14,16 +14,18 @@ from typing import Any
 from ...errors import UnsupportedModelError
 from ...hf_configs import qwen3_hparams
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
+from ..configs import TargetArch
 from .base import TextFamily, attention_shapes
 
-ARCHITECTURES = ("Qwen3ForCausalLM",)
+ARCH = TargetArch("qwen3", ("Qwen3ForCausalLM",), True, "sentencepiece-or-gpt2", graph="qwen3.cpp")
+ARCHS = (ARCH,)
 
 # HF name -> GGUF name; b11434 gguf-py tensor_mapping.py entries used by MODEL_ARCH.QWEN3.
 TENSOR_MAP = {**TEXT_MODEL, **block_map(DECODER_BLOCK | QK_NORM)}
 
 
 class Qwen3Family(TextFamily):
-    gguf_arch = "qwen3"
+    gguf_arch = ARCH.gguf
     tensor_map = TENSOR_MAP
 
     @classmethod

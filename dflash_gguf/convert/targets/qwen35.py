@@ -36,12 +36,16 @@ from gguf import Keys, LlamaFileType
 from ...errors import ConfigError, NotCoveredError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import DECODER_BLOCK, GATED_DELTA_NET, NEXTN, QK_NORM, QWEN_MOE_MLP, TEXT_MODEL, block_map
+from ..configs import TargetArch
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id
 from .experts import split_gate_up
 
-DENSE_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
-MOE_ARCHITECTURES = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM")
-ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
+# Qwen3_5TextModel / Qwen3_5MoeTextModel inherit TextModel.set_vocab (conversion/qwen.py)
+DENSE = TargetArch("qwen35", ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"), True, "gpt2",
+                   graph="qwen35.cpp", mtp_graph=True, output_tap=True)
+MOE = TargetArch("qwen35moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), True, "gpt2",
+                 graph="qwen35moe.cpp", mtp_graph=True, output_tap=True)
+ARCHS = (DENSE, MOE)
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # gguf-py Keys.Attention.RECURRENT_LAYERS (b11434)
 DEFAULT_MROPE_SECTION = [11, 11, 10, 0]  # _Qwen35MRopeMixin: written when rope_parameters has none
@@ -89,10 +93,10 @@ class Qwen35Family(TextFamily):
     # -- config ---------------------------------------------------------------------------------
     @property
     def gguf_arch(self) -> str:  # type: ignore[override]  # one module, two b11434 classes: the architecture picks the GGUF arch
-        return "qwen35moe" if self.src.config.arch in MOE_ARCHITECTURES else "qwen35"
+        return (MOE if self.src.config.arch in MOE.hf else DENSE).gguf
 
     def is_moe(self) -> bool:
-        return self.src.config.arch in MOE_ARCHITECTURES
+        return self.src.config.arch in MOE.hf
 
     def _require(self, key: str) -> Any:
         if self.hp.get(key) is None:

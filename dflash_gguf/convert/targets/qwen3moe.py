@@ -30,6 +30,7 @@ from ...errors import ConfigError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...hf_configs import qwen3moe_hparams
 from ...tensor_names import DECODER_BLOCK, QK_NORM, QWEN_MOE_MLP, TEXT_MODEL, block_map
+from ..configs import TargetArch
 from .base import TensorSpec, TextFamily, add_text_hparams, attention_shapes, block_id
 from .experts import (
     PER_EXPERT,
@@ -40,7 +41,11 @@ from .experts import (
     split_gate_up,
 )
 
-ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+ARCH = TargetArch("qwen3moe", ("Qwen3MoeForCausalLM",), True, "gpt2", (
+    "llama.cpp b11434's converter cannot convert a DFlash drafter for a Qwen3-MoE target: Qwen3MoeModel.set_vocab "
+    "calls super().set_vocab() on the drafter's converter object, which is no Qwen3MoeModel (TypeError). This "
+    "file embeds what the GPT-2 path that call leads to (TextModel.set_vocab) writes."), graph="qwen3moe.cpp")
+ARCHS = (ARCH,)
 
 # Normalised HF name -> GGUF name; b11434 gguf-py tensor_mapping.py entries used by MODEL_ARCH.QWEN3MOE (no dense
 # FFN, no shared expert). ``gate_up_exps`` is a planning name only: it is split before anything is written.
@@ -53,7 +58,7 @@ _FUSED = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 
 class Qwen3MoeFamily(TextFamily):
-    gguf_arch = "qwen3moe"
+    gguf_arch = ARCH.gguf
     tensor_map = TENSOR_MAP
 
     @classmethod

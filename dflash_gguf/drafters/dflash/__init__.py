@@ -11,7 +11,7 @@ from pathlib import Path
 from ...ggufio.reader import GGUFMeta
 from ..family import Drafter, DrafterFamily
 from . import rules
-from .gguf_format import ARCH, DEFAULT_BLOCK_SIZE, Keys
+from .gguf_format import ARCH, DEFAULT_BLOCK_SIZE, Keys, is_drafter_like
 
 
 def block_size(meta: GGUFMeta) -> int:
@@ -42,4 +42,7 @@ FAMILY = DrafterFamily(
     served_as=_served,
     checks_module=f"{__name__}.checks",
     converter_module=f"{__name__}.convert",
+    default=True,
+    claims=is_drafter_like,
+    target_weight_files=(rules.MASK_EMBEDDING,),
 )

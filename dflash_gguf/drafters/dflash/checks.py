@@ -17,11 +17,10 @@ from gguf import Keys as GKeys
 from ... import provenance as prov
 from ...ggufio.layout import type_name
 from ...ggufio.reader import GGUFMeta, int_key, read_i64
-from ...verify.lineage import PICK
-from ...verify.pair_checks import check_target_arch
-from ...verify.report import Report
 from ...vocab_hash import VOCAB_HASH_KEYS
+from .. import check_target_arch
 from ..dspark import FAMILY as DSPARK
+from ..findings import PICK, Report
 from . import FAMILY as DFLASH
 from .gguf_format import (
     ARCH,

@@ -20,18 +20,18 @@ from gguf import GGMLQuantizationType, LlamaFileType
 from ... import drafters
 from ... import provenance as prov
 from ...convert import torch_zip
-from ...convert.configs import TargetConfig, read_target_config
+from ...convert.configs import TargetConfig
 from ...convert.general import add_general
 from ...convert.outtype import OUTTYPES, resolve_outtype, tensor_type
 from ...convert.result import ConvertResult, drafter_card_record, finish, target_embedding_fingerprint, target_record
 from ...convert.safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
+from ...convert.targets import read_target_config
 from ...convert.tensor_io import byte_source, f32_to_bf16, patched_writer, tensor_writer, to_f32
 from ...convert.textmodel import add_textmodel_keys, rope_parameters
 from ...convert.vocab import add_target_vocab
 from ...errors import ConfigError, IncompatiblePairError, InputError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan, TensorOut
 from ...ggufio.layout import GGML_QUANT_VERSION
-from ..dspark.rules import Gemma4Params
 from ..findings import Interpretation
 from .gguf_format import (
     ARCH,
@@ -50,7 +50,7 @@ from .gguf_format import (
     gguf_taps,
     shape_key,
 )
-from .rules import MASK_EMBEDDING, DFlashSpec
+from .rules import MASK_EMBEDDING, DFlashSpec, Gemma4Params
 
 log = logging.getLogger(__name__)
 

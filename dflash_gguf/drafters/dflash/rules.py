@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ...convert.configs import TargetFacts
 from ...errors import ConfigError, IncompatiblePairError, UnsupportedModelError
 from ...hf_configs import qwen3_hparams
-from ..findings import Finding, Interpretation, TargetFacts, failed, noted, passed
+from ..findings import Finding, Interpretation, failed, noted, passed
 from .gguf_format import ARCH, DEFAULT_BLOCK_SIZE, hf_taps_outside
-
-if TYPE_CHECKING:
-    from ..dspark.rules import DSparkParams
 
 NAME = ARCH  # the family is named after its architecture
 SPEC_TYPE = "draft-dflash"  # inferred from a dflash file without a Markov head (common_speculative_types_from_gguf)
@@ -41,6 +39,44 @@ class DFlash2Params:
     conv_group_size: int
     selector_rank: int
     selector_top_k: int
+
+
+# The DSpark parts of a DFlash spec (a DSpark drafter is a DFlash backbone with a Markov head): here, so that
+# the DFlash converter and checks, which write and judge DSpark files too, need not import the DSpark family.
+@dataclass(frozen=True)
+class Gemma4Params:
+    """What Gemma4DSparkModel writes beyond DFlashModel's keys and tensors (conversion/gemma.py)."""
+
+    head_count_kv: int  # num_global_key_value_heads
+    head_dim: int  # global_head_dim: key/value length and rope dimension count
+    embedding_scale: float  # sqrt(hidden_size)
+    rope: dict[str, Any]  # the full-attention rope parameters, all its keys are read from
+    rope_freqs: tuple[float, ...] | None  # the generated rope_freqs of a proportional rope
+    tied: bool  # tie_word_embeddings is true: no lm_head needed
+
+
+@dataclass(frozen=True)
+class DSparkParams:
+    """The DSpark part of a drafter spec: what b11434's converter writes for the Markov head."""
+
+    arch: str
+    sample_from_anchor: bool
+    vocab_size: int  # markov_w1 rows: the target vocabulary
+    draft_vocab_size: int  # markov_w2 / output rows; < vocab_size needs a d2t table
+    gemma4: Gemma4Params | None = None
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size < self.vocab_size
+
+    def n_max_limit(self, block_size: int) -> int:
+        return n_max_limit(block_size, self.sample_from_anchor)
+
+
+def n_max_limit(block_size: int, sample_from_anchor: bool) -> int:
+    """The largest --spec-draft-n-max draft-dspark keeps (common_speculative_state_dflash: block_size with
+    sample_from_anchor, else block_size - 1)."""
+    return max(1, block_size if sample_from_anchor else block_size - 1)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class DSparkDrafter(Drafter):
 
     @property
     def max_n_max(self) -> int:
-        return rules.n_max_limit(self.block_size or 1, self.sample_from_anchor)
+        return dflash_rules.n_max_limit(self.block_size or 1, self.sample_from_anchor)
 
     @property
     def required_p_min(self) -> float | None:

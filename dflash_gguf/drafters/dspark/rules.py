@@ -14,15 +14,15 @@ generated ``rope_freqs``, and keeps its own ``lm_head``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...convert.configs import TargetFacts
 from ...errors import ConfigError, IncompatiblePairError, NotCoveredError, UnsupportedModelError
 from ...hf_configs import qwen3_hparams, section
 from ..dflash import rules as _dflash
-from ..dflash.rules import DFlashSpec
-from ..findings import Finding, Interpretation, TargetFacts, failed, passed
+from ..dflash.rules import DFlashSpec, DSparkParams, Gemma4Params
+from ..findings import Finding, Interpretation, failed, passed
 
 NAME = "dspark"
 SPEC_TYPE = "draft-dspark"  # inferred from the Markov head's tensor (common_speculative_types_from_gguf)
@@ -39,42 +39,6 @@ _RAW_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num
 
 # Gemma4TextConfig's full-attention rope, which Gemma4DSparkModel assumes when a config has no rope_parameters
 GEMMA4_DEFAULT_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}
-
-
-@dataclass(frozen=True)
-class Gemma4Params:
-    """What Gemma4DSparkModel writes beyond DFlashModel's keys and tensors (conversion/gemma.py)."""
-
-    head_count_kv: int  # num_global_key_value_heads
-    head_dim: int  # global_head_dim: key/value length and rope dimension count
-    embedding_scale: float  # sqrt(hidden_size)
-    rope: dict[str, Any]  # the full-attention rope parameters, all its keys are read from
-    rope_freqs: tuple[float, ...] | None  # the generated rope_freqs of a proportional rope
-    tied: bool  # tie_word_embeddings is true: no lm_head needed
-
-
-@dataclass(frozen=True)
-class DSparkParams:
-    """The DSpark part of a drafter spec: what b11434's converter writes for the Markov head."""
-
-    arch: str
-    sample_from_anchor: bool
-    vocab_size: int  # markov_w1 rows: the target vocabulary
-    draft_vocab_size: int  # markov_w2 / output rows; < vocab_size needs a d2t table
-    gemma4: Gemma4Params | None = None
-
-    @property
-    def reduced_vocab(self) -> bool:
-        return self.draft_vocab_size < self.vocab_size
-
-    def n_max_limit(self, block_size: int) -> int:
-        return n_max_limit(block_size, self.sample_from_anchor)
-
-
-def n_max_limit(block_size: int, sample_from_anchor: bool) -> int:
-    """The largest --spec-draft-n-max draft-dspark keeps (common_speculative_state_dflash: block_size with
-    sample_from_anchor, else block_size - 1)."""
-    return max(1, block_size if sample_from_anchor else block_size - 1)
 
 
 def interpret(raw: dict[str, Any], path: Path) -> Interpretation[DFlashSpec]:

@@ -14,11 +14,12 @@ from gguf import GGMLQuantizationType
 from gguf import GGUFValueType as VT
 from gguf import Keys as GKeys
 
+from ...convert.targets import by_gguf
 from ...ggufio.layout import type_name
 from ...ggufio.reader import GGUFMeta, int_key, read_i64
-from ...verify.report import Report
 from ...vocab_hash import VOCAB_HASH_KEYS
-from .rules import _OUTPUT_TAP_ARCHS, GGUF_ARCH, N_TAPS, SPEC_TYPE
+from ..findings import Report
+from .rules import GGUF_ARCH, N_TAPS, SPEC_TYPE
 
 ARCH = GGUF_ARCH
 RECONVERT = "Reconvert the EAGLE-3 head from its Hugging Face checkpoint with dflash-convert --target TARGET."
@@ -165,7 +166,7 @@ def check_pair(d: GGUFMeta, t: GGUFMeta) -> Report:
     elif max(taps) > n_layer:
         r.fail("pair.taps", "error", f"taps {taps} go past the target's {n_layer} layers: llama-server b11434 aborts "
                f"at start-up with \"EAGLE3: target layer id {max(taps)} exceeds target n_layer {n_layer}\".", PICK)
-    elif max(taps) == n_layer and tarch not in _OUTPUT_TAP_ARCHS:
+    elif max(taps) == n_layer and ((known := by_gguf(tarch)) is None or not known.output_tap):
         r.fail("pair.taps", "error", f"tap {n_layer} is the target's output, which the {tarch} graph does not publish: "
                f"the first request aborts with \"EAGLE3: target layer {n_layer} input not extracted.\"", PICK)
     elif len(set(taps)) != len(taps):

@@ -28,11 +28,11 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from ... import drafters
 from ... import provenance as prov
-from ...convert.configs import read_target_config
 from ...convert.general import add_general
 from ...convert.outtype import OUTTYPES, resolve_outtype, tensor_type
 from ...convert.result import ConvertResult, drafter_card_record, finish, target_record
 from ...convert.safetensors import IGNORED_SUFFIXES, TensorRef, index_checkpoint
+from ...convert.targets import read_target_config
 from ...convert.targets.base import TensorSpec
 from ...convert.targets.llama import llama3_rope_factors, rope_row_order
 from ...convert.targets.writers import spec_writer

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from ...convert.configs import TargetFacts
+from ...convert.targets import by_hf
 from ...errors import ConfigError, IncompatiblePairError, UnsupportedModelError
 from ...hf_configs import section
-from ...target_archs import by_hf
-from ..findings import Finding, Interpretation, TargetFacts, failed, passed
+from ..findings import Finding, Interpretation, failed, passed
 
 GGUF_ARCH = "eagle3"  # general.architecture of its GGUF (llm_arch_from_string "eagle3")
 NAME = GGUF_ARCH  # the family is named after it
@@ -36,9 +37,6 @@ _LLAMA_DEFAULTS: dict[str, Any] = {
     "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
     "tie_word_embeddings": False, "num_hidden_layers": 32,
 }
-# Target graphs of b11434 that publish the hidden state after their last layer (``t_h_nextn``), so a tap equal to
-# the layer count can be read (common_speculative_impl_draft_eagle3 uses llama_get_embeddings_nextn for it).
-_OUTPUT_TAP_ARCHS = frozenset({"gpt-oss", "qwen35", "qwen35moe", "qwen3next", "nemotron_h", "deepseek4"})
 _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -201,7 +199,7 @@ def pair_findings(spec: Eagle3Spec, target: TargetFacts) -> tuple[Finding, ...]:
                 f"{list(taps)}, which repeat a layer (or are negative): the target is too shallow for the default "
                 "EAGLE-3 taps. The head was not trained for this target.", "Give the taps the head was trained on in "
                 "eagle_aux_hidden_state_layer_ids, or " + PICK[0].lower() + PICK[1:], IncompatiblePairError))
-        elif max(taps) == n and ((known := by_hf(target.arch)) is None or known.gguf not in _OUTPUT_TAP_ARCHS):
+        elif max(taps) == n and ((known := by_hf(target.arch)) is None or not known.output_tap):
             out.append(failed(
                 "pair.taps", f"Drafter {s.path}: tap {n} ({how}) is the output of the {n}-layer target "
                 f"{target.path}, which llama.cpp b11434 reads from the target's next-token hidden state; the "

@@ -51,4 +51,6 @@ FAMILY = DrafterFamily(
     served_as=_served,
     checks_module=f"{__name__}.checks",
     converter_module=f"{__name__}.convert",
+    own_mtp_max_n_max=MTP_MAX_N_MAX,
+    published_with_target=True,
 )

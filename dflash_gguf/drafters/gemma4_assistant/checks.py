@@ -15,7 +15,7 @@ from typing import Any
 from gguf import GGUFValueType as VT
 
 from ...ggufio.reader import GGUFMeta, int_key
-from ...verify.report import Report
+from ..findings import Report
 from .rules import GGUF_ARCH, SPEC_TYPE
 
 RECONVERT = "Reconvert the assistant with dflash-convert --drafter ASSISTANT --target TARGET."

@@ -24,13 +24,14 @@ from gguf import Keys, LlamaFileType
 
 from ... import drafters
 from ... import provenance as prov
+from ...convert.configs import TargetFacts
 from ...convert.result import ConvertResult, finish, target_record
 from ...convert.targets import build_plan, family_for
 from ...convert.targets.gemma4 import TENSOR_MAP, Gemma4Family
 from ...errors import UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...hf_configs import read_config
-from ..findings import Interpretation, TargetFacts
+from ..findings import Interpretation
 from . import rules
 
 ASSISTANT_TENSORS = {"pre_projection": "nextn.pre_projection", "post_projection": "nextn.post_projection"}

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from ...convert.configs import TargetFacts
+from ...convert.targets.gemma4 import ARCH as GEMMA4
 from ...errors import ConfigError, IncompatiblePairError, TokenizerError, UnsupportedModelError
 from ...hf_configs import section
 from ...jsonfile import load_json
-from ..findings import Finding, Interpretation, TargetFacts, failed, passed
+from ..findings import Finding, Interpretation, failed, passed
 
 NAME = "gemma4_assistant"
 ARCHITECTURES = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 GGUF_ARCH = "gemma4-assistant"
 SPEC_TYPE = "draft-mtp"
-# Target architectures whose KV cache and hidden state b11434's assistant graph reads (Gemma-4 text targets).
-TARGET_ARCHS = ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration", "Gemma4ForCausalLM")
 PUBLISHED = "Use the config.json published with the assistant (e.g. google/gemma-4-31B-it-assistant)."
 PICK = "Pick the assistant published for this target (google/gemma-4-<size>-it-assistant for google/gemma-4-<size>-it)."
 
@@ -174,7 +174,7 @@ def pair_findings(spec: AssistantSpec, target: TargetFacts) -> tuple[Finding, ..
     """The assistant against its target: b11434 reads the target's hidden state, embeddings and KV cache."""
     out: list[Finding] = []
     where = f"Assistant {spec.path}"
-    if target.arch is not None and target.arch not in TARGET_ARCHS:
+    if target.arch is not None and target.arch not in GEMMA4.hf:  # the targets whose KV cache b11434's assistant reads
         out.append(failed("pair.assistant_target", f"{where} drafts for a Gemma-4 target, but the target is "
                           f"{target.arch}; llama.cpp b11434's assistant graph reads a Gemma-4 target's KV cache "
                           "and hidden state.", PICK, IncompatiblePairError))
