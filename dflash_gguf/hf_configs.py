@@ -15,26 +15,6 @@ from typing import Any, TypeGuard
 from .errors import ConfigError, TokenizerError
 from .jsonfile import read_json
 
-# transformers 4.57.6 Qwen3Config.__init__ defaults (models/qwen3/configuration_qwen3.py).
-QWEN3_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
-    "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
-}
-
-# transformers 4.57.6 Qwen3MoeConfig.__init__ defaults (models/qwen3_moe/configuration_qwen3_moe.py). Unlike Qwen3Config
-# it has no head_dim (the attention falls back to hidden_size // num_attention_heads, and b11434 then writes no
-# key_length) and no layer_types; num_key_value_heads defaults to 4, not to the head count.
-QWEN3MOE_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0, "rope_scaling": None,
-    "attention_bias": False, "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
-    "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128, "norm_topk_prob": False,
-    "output_router_logits": False, "router_aux_loss_coef": 0.001, "mlp_only_layers": None,
-}
-
 
 def read_config(path: Path, what: str) -> dict[str, Any]:
     """A config.json (or the one in folder ``path``) as a dict; one message for every way it can be unreadable.
@@ -124,32 +104,3 @@ def parse_tokenizer_json(path: Path, *, missing: str) -> dict[str, Any]:
                              "Re-download it (huggingface-cli download REPO tokenizer.json --force-download).") \
             from None
     return data
-
-
-def qwen3_hparams(raw: dict[str, Any]) -> dict[str, Any]:
-    """A Qwen3 config.json as transformers 4.57.6's ``Qwen3Config(...).to_dict()`` gives it to b11434."""
-    hp = {**QWEN3_DEFAULTS, **raw}
-    if raw.get("num_key_value_heads") is None:
-        hp["num_key_value_heads"] = hp["num_attention_heads"]
-    if not hp.get("use_sliding_window"):
-        hp["sliding_window"] = None
-    if hp.get("layer_types") is None:
-        hp["layer_types"] = [
-            "sliding_attention" if hp["sliding_window"] is not None and i >= hp["max_window_layers"]
-            else "full_attention" for i in range(hp["num_hidden_layers"])
-        ]
-    if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
-        hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
-    return hp
-
-
-def qwen3moe_hparams(raw: dict[str, Any]) -> dict[str, Any]:
-    """A Qwen3-MoE config.json as transformers 4.57.6's ``Qwen3MoeConfig(...).to_dict()`` gives it to b11434."""
-    hp = {**QWEN3MOE_DEFAULTS, **raw}
-    if not hp.get("use_sliding_window"):
-        hp["sliding_window"] = None
-    if hp.get("mlp_only_layers") is None:
-        hp["mlp_only_layers"] = []
-    if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
-        hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
-    return hp

@@ -1,7 +1,7 @@
 """Qwen3 dense targets, as b11434's ``Qwen3Model`` (conversion/qwen.py, via ``Qwen2Model``) writes them.
 
 b11434 reads the config through transformers' ``Qwen3Config`` (defaults filled in, see
-``hf_configs.qwen3_hparams``) and writes ``TextModel``'s generic keys only. Tensors map one to one;
+``qwen3_hparams`` below) and writes ``TextModel``'s generic keys only. Tensors map one to one;
 ``lm_head`` is absent when the embeddings are tied. The vocabulary takes the GPT-2 BPE path (or the
 SentencePiece one when a ``tokenizer.model`` is present), exactly as for a Qwen3 drafter's target.
 Rerankers and sentence-transformers exports (extra pooling/classifier keys) are refused.
@@ -12,10 +12,35 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import UnsupportedModelError
-from ...hf_configs import qwen3_hparams
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
 from ..configs import TargetArch
 from .base import TextFamily, attention_shapes
+
+# transformers 4.57.6 Qwen3Config.__init__ defaults (models/qwen3/configuration_qwen3.py).
+QWEN3_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+    "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+}
+
+
+def qwen3_hparams(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3 config.json as transformers 4.57.6's ``Qwen3Config(...).to_dict()`` gives it to b11434."""
+    hp = {**QWEN3_DEFAULTS, **raw}
+    if raw.get("num_key_value_heads") is None:
+        hp["num_key_value_heads"] = hp["num_attention_heads"]
+    if not hp.get("use_sliding_window"):
+        hp["sliding_window"] = None
+    if hp.get("layer_types") is None:
+        hp["layer_types"] = [
+            "sliding_attention" if hp["sliding_window"] is not None and i >= hp["max_window_layers"]
+            else "full_attention" for i in range(hp["num_hidden_layers"])
+        ]
+    if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
+        hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
+    return hp
+
 
 ARCH = TargetArch("qwen3", ("Qwen3ForCausalLM",), True, "sentencepiece-or-gpt2", graph="qwen3.cpp")
 ARCHS = (ARCH,)

@@ -1,7 +1,7 @@
 """Qwen3-MoE targets (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B, Qwen3-235B-A22B), as b11434's ``Qwen3MoeModel``
 (conversion/qwen.py, via ``Qwen2MoeModel``) writes them.
 
-Keys: b11434 reads the config through transformers' ``Qwen3MoeConfig`` (``hf_configs.qwen3moe_hparams``) and
+Keys: b11434 reads the config through transformers' ``Qwen3MoeConfig`` (``qwen3moe_hparams`` below) and
 writes ``TextModel.set_gguf_parameters``' generic keys (``expert_count`` from num_experts and
 ``expert_used_count`` from num_experts_per_tok among them; ``key_length``/``value_length`` only when config.json
 has head_dim, which Qwen3MoeConfig does not default), then ``Qwen2MoeModel.set_gguf_parameters``'
@@ -28,7 +28,6 @@ from gguf import Keys, LlamaFileType
 
 from ...errors import ConfigError, UnsupportedModelError
 from ...ggufio import GGUFPlan
-from ...hf_configs import qwen3moe_hparams
 from ...tensor_names import DECODER_BLOCK, QK_NORM, QWEN_MOE_MLP, TEXT_MODEL, block_map
 from ..configs import TargetArch
 from .base import TensorSpec, TextFamily, add_text_hparams, attention_shapes, block_id
@@ -40,6 +39,31 @@ from .experts import (
     expert_shapes,
     split_gate_up,
 )
+
+# transformers 4.57.6 Qwen3MoeConfig.__init__ defaults (models/qwen3_moe/configuration_qwen3_moe.py). Unlike Qwen3Config
+# it has no head_dim (the attention falls back to hidden_size // num_attention_heads, and b11434 then writes no
+# key_length) and no layer_types; num_key_value_heads defaults to 4, not to the head count.
+QWEN3MOE_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0, "rope_scaling": None,
+    "attention_bias": False, "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
+    "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128, "norm_topk_prob": False,
+    "output_router_logits": False, "router_aux_loss_coef": 0.001, "mlp_only_layers": None,
+}
+
+
+def qwen3moe_hparams(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3-MoE config.json as transformers 4.57.6's ``Qwen3MoeConfig(...).to_dict()`` gives it to b11434."""
+    hp = {**QWEN3MOE_DEFAULTS, **raw}
+    if not hp.get("use_sliding_window"):
+        hp["sliding_window"] = None
+    if hp.get("mlp_only_layers") is None:
+        hp["mlp_only_layers"] = []
+    if isinstance(hp.get("rope_scaling"), dict) and "type" in hp["rope_scaling"]:
+        hp["rope_scaling"] = {**hp["rope_scaling"], "rope_type": hp["rope_scaling"]["type"]}
+    return hp
+
 
 ARCH = TargetArch("qwen3moe", ("Qwen3MoeForCausalLM",), True, "gpt2", (
     "llama.cpp b11434's converter cannot convert a DFlash drafter for a Qwen3-MoE target: Qwen3MoeModel.set_vocab "

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ...convert.configs import TargetFacts
+from ...convert.targets.qwen3 import qwen3_hparams
 from ...errors import ConfigError, IncompatiblePairError, UnsupportedModelError
-from ...hf_configs import qwen3_hparams
 from ..findings import Finding, Interpretation, failed, noted, passed
 from .gguf_format import ARCH, DEFAULT_BLOCK_SIZE, hf_taps_outside
 

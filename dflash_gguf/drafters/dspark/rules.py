@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ...convert.configs import TargetFacts
+from ...convert.targets.qwen3 import qwen3_hparams
 from ...errors import ConfigError, IncompatiblePairError, NotCoveredError, UnsupportedModelError
-from ...hf_configs import qwen3_hparams, section
+from ...hf_configs import section
 from ..dflash import rules as _dflash
 from ..dflash.rules import DFlashSpec, DSparkParams, Gemma4Params
 from ..findings import Finding, Interpretation, failed, passed
