@@ -28,13 +28,13 @@ from .drafters import family_of_gguf
 from .drafters.findings import Report
 from .errors import PublishRefused
 from .ggufio.reader import read_gguf
-from .jsonfile import load_json
 from .model_card import CARD, front_matter, read_card, str_list
 from .pipeline.manifest import (
     MANIFEST_NAME,
     PairRecord,
     SourceRecord,
     Sources,
+    ToolVersions,
     read_manifest,
     sha256_file,
     verify_manifest,
@@ -122,10 +122,9 @@ def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private:
         raise PublishRefused(f"verify refuses the pair in {record.folder}: {listed}. A pair that cannot be served is "
                              "not published; fix it (the messages say how), or pass --allow-unverified to publish it "
                              "anyway with the refusal stated on the card.")
-    doc = load_json(manifest)
-    chosen_license = license or _license_of_sources(doc)
+    chosen_license = license or _license_of_sources(record)
     files = _files(record, all_drafters)
-    card = render_card(record, doc, repo_id, chosen_license, files, report)
+    card = render_card(record, repo_id, chosen_license, files, report)
     card_bytes = card.encode("utf-8")
     files.append(UploadFile(CARD, None, len(card_bytes), hashlib.sha256(card_bytes).hexdigest(), "model card"))
     return PublishPlan(record.folder, repo_id, revision, private, tuple(files), card, chosen_license, report,
@@ -193,10 +192,10 @@ def _drafter_role(path: Path) -> tuple[str, str | None]:
     return (f"{family.title} ({family.spec_type})", family.sidecar_kind) if family else ("a drafter", None)
 
 
-def _license_of_sources(doc: dict[str, Any]) -> str:
+def _license_of_sources(record: PairRecord) -> str:
     """The license every source's card states; refused when one states none or they differ."""
     found: dict[str, list[str]] = {}
-    for side, src in _sources(doc):
+    for side, src in _sources(record):
         card = _source_card(src)
         found[f"{side} {src.repo or src.path}"] = str_list(front_matter(card).get("license"))
     licenses = {tuple(v) for v in found.values()}
@@ -208,8 +207,8 @@ def _license_of_sources(doc: dict[str, Any]) -> str:
                          "--license gemma, --license apache-2.0, --license other).")
 
 
-def _sources(doc: dict[str, Any]) -> Iterable[tuple[str, SourceRecord]]:
-    sources = Sources.from_json(doc.get("sources"))
+def _sources(record: PairRecord) -> Iterable[tuple[str, SourceRecord]]:
+    sources = record.sources or Sources.from_json(None)
     yield "target", sources.target
     for d in sources.drafters:
         yield "drafter", d
@@ -226,11 +225,10 @@ def _source_card(src: SourceRecord) -> str | None:
 # ------------------------------------------------------------------------------------------------------ the card
 
 
-def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: str, files: list[UploadFile],
-                report: Report) -> str:
+def render_card(record: PairRecord, repo_id: str, license: str, files: list[UploadFile], report: Report) -> str:
     """README.md for the repo, from pair.json: what is in it, how to run it, how it was made, how it was checked,
     and what was measured (with the hardware, flags and workload), or that nothing was."""
-    sources = list(_sources(doc))
+    sources = list(_sources(record))
     bases = [s.repo for _, s in sources if s.repo]
     kinds = sorted({f.kind for f in files if f.kind})
     tags = ["gguf", "llama.cpp", "speculative-decoding", *kinds]
@@ -269,13 +267,12 @@ def render_card(record: PairRecord, doc: dict[str, Any], repo_id: str, license: 
         where = f"[{s.repo}](https://huggingface.co/{s.repo}) at commit `{s.commit}`" if s.repo \
             else f"a local folder ({Path(str(s.path)).name})"
         lines.append(f"- {side}: {where}")
-    tools = doc.get("tools") or {}
-    lines += [f"- made by dflash-gguf {tools.get('dflash_gguf', __version__)} (gguf {tools.get('gguf', '?')}), "
-              f"byte for byte what llama.cpp {tools.get('llama_cpp_build', 'b11434')}'s convert_hf_to_gguf.py and "
-              f"llama-quantize write; quantizer: {tools.get('quantizer', '?')}",
+    tools = record.tools or ToolVersions.from_json({"dflash_gguf": __version__, "llama_cpp_build": "b11434"})
+    lines += [f"- made by dflash-gguf {tools.dflash_gguf} (gguf {tools.gguf}), byte for byte what llama.cpp "
+              f"{tools.llama_cpp_build}'s convert_hf_to_gguf.py and llama-quantize write; quantizer: {tools.quantizer}",
               f"- target: {record.target.type}, {record.target.made_by}",
               f"- drafter: {record.drafter.type}, {record.drafter.made_by}", ""]
-    lines += _measured(doc.get("tuning"), serve is not None and serve.measured)
+    lines += _measured(record.tuning, serve is not None and serve.measured)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,32 @@ class RunOptions:
                    bool(d.get("allow_derived_target")), bool(d.get("drop_mtp")))
 
 
+@dataclass(frozen=True)
+class ToolVersions:
+    """What made the files: pair.json's ``tools`` (``llama_cpp_converter`` only when llama.cpp's converter ran)."""
+
+    dflash_gguf: str
+    gguf: str
+    huggingface_hub: str
+    llama_cpp_build: str
+    python: str
+    quantizer: str
+    llama_cpp_converter: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_none(asdict(self))
+
+    @classmethod
+    def from_json(cls, d: Any) -> ToolVersions:
+        """Any version's record (a field it lacks reads as "?")."""
+        d = d if isinstance(d, dict) else {}
+        def text(key: str) -> str:
+            return str(d.get(key, "?"))
+
+        return cls(text("dflash_gguf"), text("gguf"), text("huggingface_hub"), text("llama_cpp_build"),
+                   text("python"), text("quantizer"), _opt_str(d.get("llama_cpp_converter")))
+
+
 class Manifest:
     """The manifest of one output folder: typed outputs, serve plan and stage records (what resume reads), and
     the run's other sections (sources, options, precheck, tokenizer, tools, verify, tuning) as written."""
@@ -415,6 +442,9 @@ class PairRecord:
     outputs: Outputs
     target_method: str | None = None
     serve: ServePlan | None = None
+    sources: Sources | None = None
+    tools: ToolVersions | None = None
+    tuning: Mapping[str, Any] | None = None  # tune's report as written (``status``: measured, skipped, ...)
 
     @property
     def target(self) -> OutputRecord:
@@ -483,11 +513,13 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
                              "(or drafters/ inside it); re-run dflash-convert to write a new pair.json rather than "
                              "editing it.")
-    serve = data.get("serve")
-    options = data.get("options")
+    serve, options, sources, tools, tuning = (data.get(k) for k in ("serve", "options", "sources", "tools", "tuning"))
     return PairRecord(Path(path), str(data.get("status", "")), typed,
                       RunOptions.from_json(options).target_method if isinstance(options, dict) else None,
-                      ServePlan.from_json(serve) if isinstance(serve, dict) else None)
+                      ServePlan.from_json(serve) if isinstance(serve, dict) else None,
+                      Sources.from_json(sources) if isinstance(sources, dict) else None,
+                      ToolVersions.from_json(tools) if isinstance(tools, dict) else None,
+                      tuning if isinstance(tuning, dict) else None)
 
 
 def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:

@@ -43,6 +43,7 @@ from .manifest import (
     RunOptions,
     SourceRecord,
     Sources,
+    ToolVersions,
     file_record,
     sha256_file,
 )
@@ -168,19 +169,16 @@ def _config_type(cfg_path: Path) -> str:
     return "bf16" if dtype == "bfloat16" else "f16"
 
 
-def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> dict[str, str]:
+def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> ToolVersions:
     def version(dist: str) -> str:
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    out = {"dflash_gguf": __version__, "gguf": version("gguf"), "huggingface_hub": version("huggingface_hub"),
-           "llama_cpp_build": LLAMA_CPP_BUILD, "python": sys.version.split()[0],
-           "quantizer": stages.quantizer_choice(opts.target_type, opts.quantizer)}
-    if isinstance(method, stages.LlamaCppConverter):
-        out["llama_cpp_converter"] = method.version
-    return out
+    return ToolVersions(__version__, version("gguf"), version("huggingface_hub"), LLAMA_CPP_BUILD,
+                        sys.version.split()[0], stages.quantizer_choice(opts.target_type, opts.quantizer),
+                        method.version if isinstance(method, stages.LlamaCppConverter) else None)
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -423,7 +421,7 @@ class _Run:
             replace(self._output(f, info), kind=drafter_kind(read_gguf(f)), source=d.label,
                     verdict=DrafterVerdict(not r.errors, len(r.errors), len(r.warnings)))
             for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None)
-        m.data["tools"] = _tool_versions(self.method, self.opts)
+        m.data["tools"] = _tool_versions(self.method, self.opts).to_json()
         m.data["verify"] = report.to_dict()
         m.data["status"] = "verify-failed" if report.errors else "complete"
         self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made)})
