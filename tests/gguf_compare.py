@@ -1,4 +1,4 @@
-"""Compare two GGUF files the way the parity tests define "identical" (docs/parity.md: 'What "identical to b11434" means').
+"""Compare two GGUF files the way the parity tests define "identical" (docs/parity.md, 'What "identical" means').
 
 Identical means, after dropping the ignored keys below and nothing else:
 - the same GGUF version;

@@ -22,6 +22,7 @@ from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli
 from gguf_compare import diff
 
 from dflash_gguf.convert.pre_tokenizers import PRE_TOKENIZERS
+from dflash_gguf.convert.targets import TARGET_ARCHS
 from dflash_gguf.drafters import convert_drafter
 from dflash_gguf.ggufio.reader import read_gguf
 
@@ -115,10 +116,11 @@ def _fingerprint(target: Path) -> str:
     return hashlib.sha256(str(tok.encode(CHKTXT).ids).encode()).hexdigest()
 
 
-# Target classes whose set_vocab is TextModel's GPT-2 path: on the Qwen2-tokenizer fixture, b11434 embeds the
-# same vocabulary for each, and so do we.
-GPT2_TARGETS = ["Qwen3NextForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM", "Lfm2ForCausalLM",
-                "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]
+# Target classes whose set_vocab is TextModel's GPT-2 path, from the target families' rows: on the Qwen2-tokenizer
+# fixture, b11434 embeds the same vocabulary for each, and so do we. Left out: the rows where b11434's drafter
+# conversion differs (their note says how) and the image-text classes, whose config nests a text_config.
+GPT2_TARGETS = [hf for arch in TARGET_ARCHS if arch.drafter_vocab == "gpt2" and not arch.drafter_note
+                for hf in arch.hf if not hf.endswith("ForConditionalGeneration")]
 
 
 @pytest.fixture(scope="module")
