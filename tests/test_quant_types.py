@@ -9,13 +9,19 @@ import json
 from pathlib import Path
 
 import fixtures as mf
+import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, run_cli
+from conftest import REFERENCE_COMPARISONS, run_cli, use_kernels
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from dflash_gguf.errors import QuantizeError
 from dflash_gguf.pipeline.naming import gguf_name, size_ratio
-from dflash_gguf.quantize.types import NAMES, quant_type
+from dflash_gguf.quantize import kernels, native
+from dflash_gguf.quantize.rules import OVERRIDE_TYPES, SUPPORTED_TYPES
+from dflash_gguf.quantize.types import NAMES, TENSOR_TYPES, TYPES, ggml_type, quant_type
+
+Q = GGMLQuantizationType
 
 
 def test_the_names_are_llama_quantizes_in_any_case() -> None:
@@ -30,6 +36,85 @@ def test_the_names_are_llama_quantizes_in_any_case() -> None:
     assert gguf_name("gemma-4-12B-it", "q4_k_m") == "gemma-4-12B-it-Q4_K_M.gguf"
     assert size_ratio("q4_0") == pytest.approx(18 / 64) and size_ratio("q8_0") == pytest.approx(34 / 64)
     assert 0.28 < size_ratio("q4_k_m") < 0.29  # 4.58 GB for Llama-3-8B's 8.03 B weights
+
+
+def test_one_record_per_tensor_type_and_the_file_types_follow_them() -> None:
+    """Each tensor type has one record, with ggml's block geometry; a file type's facts come from its default tensor
+    type's: the built-in makes exactly the file types whose tensor type it makes, and needs an importance matrix
+    where b11434's tensor_requires_imatrix does (the IQ1/IQ2/IQ3_XXS types, and Q2_K in a Q2_K_S file)."""
+    assert len({t.qtype for t in TENSOR_TYPES}) == len(TENSOR_TYPES)
+    for t in TENSOR_TYPES:
+        assert (t.block_size, t.type_size) == GGML_QUANT_SIZES[t.qtype], t.name
+        assert ggml_type(int(t.qtype)) is t
+        if t.kernel is not None:  # a kernel implies the rest of the built-in's facts
+            assert t.builtin and t.scales is not None and t.compiled, t.name
+        if t.fallback is not None:  # a 256-block type falls back to a 32-block one
+            assert t.block_size == 256 and ggml_type(t.fallback).block_size == 32, t.name
+    for f in TYPES:
+        if f.tensor is not None:
+            ggml_type(f.tensor)
+    assert set(SUPPORTED_TYPES) == {f.key for f in TYPES if f.tensor is not None and ggml_type(f.tensor).builtin}
+    assert {f.name for f in TYPES if f.needs_imatrix} == {
+        "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "Q2_K_S"}
+    assert {f.name for f in TYPES if f.unquantized} == {"F16", "BF16", "F32"}
+    assert list(OVERRIDE_TYPES) == ["q4_0", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32"]
+
+
+def test_the_compiled_dispatch_takes_exactly_the_recorded_types() -> None:
+    """The extension's own type switch (``_kernels.c``) against the records, for every id up to 63: it quantizes to
+    exactly the types with a kernel (by their c_id, in blocks of their size), reads exactly the types with a source
+    dtype, and checks exactly the types with a scale layout."""
+    for _ in use_kernels("compiled"):  # skips (fails on CI) without the extension
+        lib = native.compiled()
+        assert lib is not None
+        by_id = {t.c_id: t for t in TENSOR_TYPES if t.c_id is not None}
+        for c_id in range(64):
+            t = by_id.get(c_id)
+            src = np.zeros(3 * (t.block_size if t is not None else 32), np.float32)
+            if t is not None and t.compiled:
+                lib.quantize(src, int(Q.F32), np.empty(3 * t.type_size, np.uint8), c_id)
+                with pytest.raises(ValueError, match="destination size"):
+                    lib.quantize(src, int(Q.F32), np.empty(3 * t.type_size + 2, np.uint8), c_id)
+            else:
+                with pytest.raises(ValueError, match="destination type"):
+                    lib.quantize(src, int(Q.F32), np.empty(64, np.uint8), c_id)
+            q8 = np.empty(ggml_type(Q.Q8_0).type_size, np.uint8)
+            if t is not None and t.values_dtype is not None:
+                lib.quantize(np.zeros(32, t.values_dtype), c_id, q8, int(Q.Q8_0))
+            else:
+                with pytest.raises(ValueError, match="source type"):
+                    lib.quantize(np.zeros(32, np.float32), c_id, q8, int(Q.Q8_0))
+            if t is not None and t.scales is not None:
+                assert lib.count_nonfinite(np.zeros(4 * t.type_size, np.uint8), c_id) == 0
+            else:
+                with pytest.raises(ValueError, match="type must be"):
+                    lib.count_nonfinite(np.zeros(64, np.uint8), c_id)
+
+
+def test_count_nonfinite_reads_where_each_record_says(kernel_path: str) -> None:
+    """An infinite fp16 scale or value, or an E8M0 exponent 0xFF, at each place a record's scale layout names is
+    counted once, by both kernel paths."""
+    inf16 = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    for t in TENSOR_TYPES:
+        if t.scales is None:
+            continue
+        if t.block_size == 1:  # a float type: one infinite value among finite ones
+            assert t.values_dtype is not None
+            bits = np.zeros(8, t.values_dtype).view(np.uint8).copy()
+            mask = t.scales.exponent_mask.to_bytes(t.type_size, "little")
+            bits[t.type_size:2 * t.type_size] = np.frombuffer(mask, np.uint8)
+            assert kernels.count_nonfinite(bits, t.qtype) == 1, t.name
+            continue
+        data = kernels.quantize_rows(np.zeros(4 * t.block_size, np.float32), Q.F32, t.qtype)
+        assert kernels.count_nonfinite(data, t.qtype) == 0, t.name
+        for at in t.scales.fp16_at:
+            bad = data.copy()
+            bad[t.type_size + at:t.type_size + at + 2] = inf16
+            assert kernels.count_nonfinite(bad, t.qtype) == 1, (t.name, at)
+        for at in t.scales.e8m0_at:
+            bad = data.copy()
+            bad[t.type_size + at] = 0xFF
+            assert kernels.count_nonfinite(bad, t.qtype) == 1, (t.name, at)
 
 
 def _pair(tmp_path: Path) -> tuple[Path, Path]:

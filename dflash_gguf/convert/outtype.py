@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from gguf import GGMLQuantizationType, LlamaFileType
 
+from ..quantize.types import ggml_type
 from .safetensors import TensorRef
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ OUTTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
     "q8_0": (LlamaFileType.MOSTLY_Q8_0, GGMLQuantizationType.Q8_0),
 }
 OUTTYPE_CHOICES = ("auto", *OUTTYPES)
-_Q8_BLOCK = 32
+_Q8_BLOCK = ggml_type(GGMLQuantizationType.Q8_0).block_size
 
 
 def resolve_outtype(outtype: str, refs: Iterable[TensorRef]) -> str:
@@ -44,6 +45,7 @@ def tensor_type(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType,
     if force_f32 or len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
         return GGMLQuantizationType.F32
     if qtype == GGMLQuantizationType.Q8_0 and shape[-1] % _Q8_BLOCK:
-        log.warning("%s: row length %d is not a multiple of 32, writing F16 as llama.cpp does", name, shape[-1])
+        log.warning("%s: row length %d is not a multiple of %d, writing F16 as llama.cpp does", name, shape[-1],
+                    _Q8_BLOCK)
         return GGMLQuantizationType.F16
     return qtype

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import QuantizeError
+from gguf import GGMLQuantizationType
+
+from ..errors import OutputError, QuantizeError
 from ..llama_bin import FoundBinary
 from .builtin import (
     BUILTIN_VERSION,
@@ -26,7 +28,7 @@ from .builtin import (
     run_builtin,
 )
 from .kernels import kernel_path
-from .rules import SUPPORTED_TYPES
+from .rules import SUPPORTED_TYPES, is_quantized
 from .runner import find_llama_quantize, run_llama_quantize
 from .types import QuantType, quant_type
 
@@ -129,8 +131,6 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         InputError: the input is missing or not a readable GGUF.
         OutputError: no space, output folder missing, or output equals input.
     """
-    from ..errors import OutputError
-
     infile, outfile = Path(infile), Path(outfile)
     qtype = quant_type(type_name)
     type_name = qtype.key
@@ -169,10 +169,6 @@ def _refuse_quantized(gguf: Any, type_name: str, overrides: Overrides, allow_req
     """Refuse quantized input up front with our message rather than llama-quantize's terse one. llama-quantize keeps
     a tensor already in the type its rules pick (MXFP4 experts under MXFP4_MOE); where those rules are known here,
     only the tensors they would quantize again are refused, else any quantized tensor is."""
-    from gguf import GGMLQuantizationType
-
-    from .rules import is_quantized
-
     if allow_requantize:
         return
     if type_name in SUPPORTED_TYPES:

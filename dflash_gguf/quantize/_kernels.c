@@ -42,7 +42,9 @@
 #define DISPATCH_AVX2 0
 #endif
 
-/* GGML type ids (ggml.h) */
+/* GGML type ids (ggml.h): the ids Python passes are each type's record's c_id (quantize/types.py, the one place
+ * they are named on that side); tests/test_quant_types.py holds the types and sizes quantize() and
+ * count_nonfinite() accept to those records. */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
        T_Q6_K = 14, T_BF16 = 30, T_MXFP4 = 39 };
 
@@ -918,7 +920,7 @@ __attribute__((target("avx2"))) static void q4_0_q8_0_rows_avx2(const uint8_t *s
 
 /* ---------------------------------------------------------------------------------------------------
  * Q5_0 and Q5_1: quantize_row_q5_0_ref and quantize_row_q5_1_ref (ggml-quants.c), one 32-value block at a
- * time, with the float operations of the C reference in its order (kernels.py's notes on Q5_0/Q5_1 say
+ * time, with the float operations of the C reference in its order (legacy.py's notes on Q5_0/Q5_1 say
  * which edge each step has). The conversions are x86's cvttss2si (trunc_i8): (int8_t) and (uint8_t) of a
  * float both compile to it and keep the low byte.
  * --------------------------------------------------------------------------------------------------- */
@@ -981,7 +983,7 @@ static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
 
 /* ---------------------------------------------------------------------------------------------------
  * Q4_K and Q5_K: quantize_row_q4_K_ref and quantize_row_q5_K_ref (ggml-quants.c), one 256-value super-block
- * of 8 sub-blocks of 32 at a time, make_qkx2_quants fitting each sub-block (kernels.py's notes on Q4_K/Q5_K
+ * of 8 sub-blocks of 32 at a time, make_qkx2_quants fitting each sub-block (kquants.py's notes on Q4_K/Q5_K
  * list every step). Its trials cannot run side by side: a winning trial moves `min`, which every later trial
  * uses. So the 8 sub-blocks run side by side instead, one per vector lane (the super-block transposed, lane j
  * holding sub-block j): each lane performs C's operations on its own sub-block in C's order (every sum in

@@ -16,32 +16,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from ..errors import QuantizeError
+from .types import TENSOR_TYPES, ggml_type, quant_type
 
 Q = GGMLQuantizationType
 F = LlamaFileType
 
-# TYPE argument -> (llama_ftype written to general.file_type, default tensor type); llama_ftype values
-# from include/llama.h, the default types from llama_ftype_get_default_type().
+# The file types whose rules are mirrored here, by TYPE argument -> the llama_ftype written to general.file_type
+# (include/llama.h). MXFP4_MOE: experts MXFP4 (kept as they are when already), the rest Q8_0.
+_MIRRORED = {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q6_k": F.MOSTLY_Q6_K, "q4_k_m": F.MOSTLY_Q4_K_M,
+             "q4_k_s": F.MOSTLY_Q4_K_S, "q5_k_m": F.MOSTLY_Q5_K_M, "q5_k_s": F.MOSTLY_Q5_K_S, "q5_0": F.MOSTLY_Q5_0,
+             "q5_1": F.MOSTLY_Q5_1, "mxfp4_moe": F.MOSTLY_MXFP4_MOE, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16,
+             "f32": F.ALL_F32}
+
+
+def _default_type(key: str) -> GGMLQuantizationType:
+    """The file type's default tensor type (llama_ftype_get_default_type(), in its record)."""
+    tensor = quant_type(key).tensor
+    assert tensor is not None, key
+    return tensor
+
+
+# TYPE argument -> (llama_ftype, default tensor type)
 ALL_FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
-    "q4_0": (F.MOSTLY_Q4_0, Q.Q4_0),
-    "q8_0": (F.MOSTLY_Q8_0, Q.Q8_0),
-    "q6_k": (F.MOSTLY_Q6_K, Q.Q6_K),
-    "q4_k_m": (F.MOSTLY_Q4_K_M, Q.Q4_K),
-    "q4_k_s": (F.MOSTLY_Q4_K_S, Q.Q4_K),
-    "q5_k_m": (F.MOSTLY_Q5_K_M, Q.Q5_K),
-    "q5_k_s": (F.MOSTLY_Q5_K_S, Q.Q5_K),
-    "q5_0": (F.MOSTLY_Q5_0, Q.Q5_0),
-    "q5_1": (F.MOSTLY_Q5_1, Q.Q5_1),
-    "mxfp4_moe": (F.MOSTLY_MXFP4_MOE, Q.MXFP4),  # experts MXFP4 (kept as they are when already), the rest Q8_0
-    "f16": (F.MOSTLY_F16, Q.F16),
-    "bf16": (F.MOSTLY_BF16, Q.BF16),
-    "f32": (F.ALL_F32, Q.F32),
-}
-# The file types the built-in makes: every tensor type their rules pick (mixtures and fallbacks included) has a
-# kernel in quantize/kernels.py.
+    key: (ftype, _default_type(key)) for key, ftype in _MIRRORED.items()}
+# The file types the built-in makes: every tensor type their rules pick (mixtures and fallbacks included) is one
+# the built-in makes (``TensorType.builtin``).
 FTYPES = ALL_FTYPES
 SUPPORTED_TYPES = tuple(FTYPES)
 
@@ -66,8 +68,7 @@ _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 _LAYER_RE = re.compile(r"^blk\.(-?\d+)\.")
 _TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")  # tensor_name_match_token_embd
 # Types the built-in can make for --output-tensor-type / --token-embedding-type (llama-quantize takes any).
-OVERRIDE_TYPES = {"q4_0": Q.Q4_0, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K,
-                  "q6_k": Q.Q6_K, "f16": Q.F16, "bf16": Q.BF16, "f32": Q.F32}
+OVERRIDE_TYPES = {t.name.lower(): t.qtype for t in TENSOR_TYPES if t.override}
 # Architectures and block counts b11434 calls LLM_TYPE_70B (src/models/*.cpp load_arch_hparams); llama's only
 # when its heads do not all have their own K/V (n_head == n_head_kv is 65B there).
 _70B_LAYERS = {"llama": 80, "qwen2": 80, "olmo": 80, "deci": 80, "jais2": 68}
@@ -181,7 +182,7 @@ def _use_more_bits(i_layer: int, n_layers: int) -> bool:
 
 
 # tensor_type_fallback(): a 256-block type whose rows do not divide into 256 -> a 32-block one
-_FALLBACKS = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.IQ4_XS: Q.IQ4_NL}
+_FALLBACKS = {t.qtype: t.fallback for t in TENSOR_TYPES if t.fallback is not None}
 
 
 class Mixture:
@@ -214,10 +215,10 @@ class Mixture:
         new, reason = self.default, ""
         if not self.pure:
             new, reason = self._mixture(name, ne, category)
-        block = GGML_QUANT_SIZES[new][0]
+        block = ggml_type(new).block_size
         if ne[0] % block:  # tensor_type_fallback()
             fb = _FALLBACKS.get(new, new)
-            if ne[0] % GGML_QUANT_SIZES[fb][0]:
+            if ne[0] % ggml_type(fb).block_size:
                 fb = Q.F16
             return TensorChoice(fb, f"row length {ne[0]} is not a multiple of {block}: falls back to {fb.name}", True)
         return TensorChoice(new, reason)
@@ -245,7 +246,7 @@ class Mixture:
                 return self.output_type, "--output-tensor-type (tied embedding)"
             if f == F.MOSTLY_MXFP4_MOE:
                 return Q.Q8_0, "MXFP4_MOE: the output in Q8_0"
-            if facts.arch == "falcon" or ne[0] % GGML_QUANT_SIZES[new][0]:
+            if facts.arch == "falcon" or ne[0] % ggml_type(new).block_size:
                 return Q.Q8_0, "output rule: row not a multiple of the block"
             if new != Q.Q8_0:
                 return Q.Q6_K, "output rule: llama-quantize keeps the output/tied embedding in Q6_K"
