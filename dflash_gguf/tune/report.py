@@ -22,7 +22,7 @@ from .workload import Workload
 COLLAPSE_ACCEPTANCE = 0.05
 MIN_DRAFTS_TO_JUDGE = 32
 
-Status = Literal["ok", "crashed", "timeout", "refused", "skipped"]
+RunStatus = Literal["ok", "crashed", "timeout", "refused", "skipped"]  # how one measured configuration ran
 
 
 # The target's own multi-token-prediction head: llama-server b11434 builds a second context of type
@@ -222,7 +222,7 @@ class Measurement:
     """What one configuration measured (or why it could not)."""
 
     config: Configuration
-    status: Status
+    status: RunStatus
     samples: tuple[Sample, ...] = ()
     repeats: int = 0
     draft_steps: int | None = None  # llamacpp:spec_decode_num_drafts_total over the measured requests
