@@ -33,6 +33,7 @@ from huggingface_hub import errors as hf
 from huggingface_hub.hf_api import RepoFile as HfRepoFile
 from huggingface_hub.utils import tqdm as hf_tqdm
 
+from .convert.targets.projector import PREPROCESSOR_FILES
 from .drafters import FAMILIES
 from .errors import (
     ConfigError,
@@ -59,6 +60,8 @@ CARD_AND_CONFIG = ("config.json", "README.md")
 TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                       "added_tokens.json", "generation_config.json", "chat_template.jinja", "chat_template.json",
                       "vocab.json", "merges.txt")
+# A target's image/audio processor settings, which its projector (mmproj) conversion reads.
+PROCESSOR_PATTERNS = tuple(name for name, _ in PREPROCESSOR_FILES)
 INDEX = "model.safetensors.index.json"
 WEIGHT_PATTERNS = ("*.safetensors", INDEX)
 # A drafter's files beyond its weights: its tokenizer (an MTP assistant converts with its own), and the files its

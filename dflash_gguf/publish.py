@@ -165,6 +165,9 @@ def _files(record: PairRecord, all_drafters: bool) -> list[UploadFile]:
     """The folder's files in llama.cpp's layout; GGUF hashes as pair.json recorded (verify checked them)."""
     out = [UploadFile(record.target.file, record.file("target"), record.target.size or 0, record.target.sha256 or "",
                       "target")]
+    if (projector := record.projector) is not None:  # -hf fetches it by the mmproj in its name
+        out.append(UploadFile(projector.file, record.folder / projector.file, projector.size or 0,
+                              projector.sha256 or "", "vision/audio projector (mmproj), loaded by -hf"))
     served = record.drafter
     names = {record.target.file}
     if "/" not in served.file and (record.serve is None or record.serve.uses_drafter):
@@ -251,14 +254,17 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
                   "pair:", *(f"- `{r.id}`: {r.message}" for r in report.errors), ""]
     lines += ["## Files", "", "| file | what | type | size | sha256 |", "|---|---|---|---|---|"]
     types = {record.target.file: record.target.type, **{d.file: d.type for d in record.drafters},
-             record.drafter.file: record.drafter.type}
+             record.drafter.file: record.drafter.type,
+             **({record.projector.file: record.projector.type} if record.projector else {})}
     for f in files:
         lines.append(f"| `{f.path_in_repo}` | {f.role} | {types.get(f.path_in_repo) or ''} | "
                      f"{f.size / 1e6:,.1f} MB | `{f.sha256}` |")
     lines += ["", "## Run it", ""]
     if serve is not None:
         hub_cmd = (serve.hub or "").replace("USER/REPO", repo_id)
-        lines += ["```", hub_cmd, "```", "", f"{serve.note}.", "",
+        text_only = (["", "The projector (`mmproj-`) lets the model take images (and, for Gemma-4, audio); `-hf` "
+                      "loads it by itself. For text only, add `--no-mmproj`."] if record.projector else [])
+        lines += ["```", hub_cmd, "```", *text_only, "", f"{serve.note}.", "",
                   "Or download the repo into a folder `MODELS/<name>/` and serve llama.cpp's folder layout with the "
                   "preset beside it:", "", "```",
                   f"llama-server --models-dir MODELS --models-preset MODELS/<name>/{PRESET_NAME}", "```", ""]

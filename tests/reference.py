@@ -332,6 +332,27 @@ def run_llama_quantize(
     return subprocess.CompletedProcess(cmd, run.returncode, run.stdout, run.stderr)
 
 
+def run_mtmd_cli(model: str | os.PathLike[str], mmproj: str | os.PathLike[str],
+                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``llama-mtmd-cli -m model --mmproj mmproj`` for one greedy token of a text prompt: libmtmd loads the projector
+    (clip's hparams, every tensor) and runs its warmup graph(s) on dummy inputs before the prompt is decoded."""
+    cmd = [str(llama_bin("llama-mtmd-cli")), "-m", str(model), "--mmproj", str(mmproj), "-p", "hello", "-n", "1",
+           "--temp", "0", "--jinja", "-t", "1"]
+    run = ref_cache.cached_run(
+        "llama-mtmd-cli",
+        root=ref_cache_root(),
+        identity=_binaries_identity("llama-mtmd-cli"),
+        harness=_harness_source(run_mtmd_cli, _bin_env),
+        args=cmd[5:],
+        inputs={"model": Path(model), "mmproj": Path(mmproj)},
+        outputs={},
+        run=lambda: subprocess.run(
+            cmd, env=_bin_env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        ),
+    )
+    return subprocess.CompletedProcess(cmd, run.returncode, run.stdout, run.stderr)
+
+
 # ----------------------------------------------------------------------------- libggml-base's quantizers
 
 # Runs in a child process: a GGML_ASSERT in the library aborts the process, and must not take pytest with it.

@@ -13,6 +13,7 @@ import click
 from ..drafters import convert_drafter
 from ..errors import QuantizeError
 from ..pipeline import PipelineOptions, run_pipeline
+from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES
 from ..provenance import Provenance
 from ..quantize import Overrides
 from ..quantize.types import quant_type
@@ -34,7 +35,7 @@ def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(e)) from None
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
-                  "imatrix", "pure", "token_embedding_type", "output_tensor_type")
+                  "imatrix", "pure", "token_embedding_type", "output_tensor_type", "no_mmproj", "mmproj_type")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -84,6 +85,14 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="Leave the target's own multi-token-prediction head (Qwen3.5/3.6 nextn layer) out of the target "
                    "GGUF, as llama.cpp's converter's --no-mtp does. Kept by default: llama-server drafts with it "
                    "through --spec-type draft-mtp and loads it only then.")
+@click.option("--no-mmproj", "no_mmproj", is_flag=True,
+              help="Leave out the target's vision/audio projector (mmproj-<name>-<TYPE>.gguf), which the pipeline "
+                   "otherwise makes beside the target when its config.json has a vision or audio tower "
+                   "(Gemma-4, Qwen3.5/3.6): the pair then takes text only.")
+@click.option("--mmproj-type", type=click.Choice(PROJECTOR_TYPES), default=None,
+              help=f"Pipeline: the projector's type (default {DEFAULT_PROJECTOR_TYPE}: what ggml-org and unsloth "
+                   "publish, run by every llama.cpp backend; b11434 keeps its patch and position embeddings F32 "
+                   "or F16 whatever the type).")
 @click.option("--outdir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the pair and pair.json (pipeline; default ./<drafter-name>-pair).")
 @click.option("--target-gguf", default=None, metavar="PATH|REPO:FILE",
@@ -182,9 +191,11 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
               no_mtp: bool, imatrix: Path | None, pure: bool, token_embedding_type: str | None,
-              output_tensor_type: str | None) -> None:
+              output_tensor_type: str | None, no_mmproj: bool, mmproj_type: str | None) -> None:
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
         raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
+    if mmproj_type is not None and no_mmproj:
+        raise click.UsageError("--mmproj-type picks the projector's type; --no-mmproj leaves the projector out.")
     if no_mtp and target_gguf:
         raise click.UsageError("--no-mtp applies to a target this run converts; --target-gguf is used as it is.")
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
@@ -194,7 +205,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                            allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
                            quantizer=quantizer or "auto", tune=tune,
                            tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,
-                           target_overrides=Overrides(output_tensor_type, token_embedding_type, pure))
+                           target_overrides=Overrides(output_tensor_type, token_embedding_type, pure),
+                           mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE)
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:
@@ -234,6 +246,9 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     assert record is not None
     for side, out in (("target", record.target), ("drafter", record.drafter)):
         click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
+    if (projector := record.projector) is not None:
+        click.echo(f"projector: {record.folder / projector.file} ({_mb(projector.size)}, {projector.type}, "
+                   f"{projector.made_by})")
     if len(record.drafters) > 1:
         for made in record.drafters:
             verdict = "can be served" if made.verdict is None or made.verdict.servable else \

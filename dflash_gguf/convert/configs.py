@@ -24,6 +24,17 @@ VocabPath = Literal["gemma4", "sentencepiece-or-gpt2", "gpt2"]
 
 
 @dataclass(frozen=True)
+class ProjectorType:
+    """One kind of projector (mmproj) tower b11434's mtmd runs, as a target family's checkpoints make it: the
+    ``clip.projector_type`` value, what it encodes, and the text mtmd wraps each image or clip in (``img_beg`` /
+    ``aud_beg`` and their ends in tools/mtmd/mtmd.cpp), which the target's vocabulary must hold as tokens."""
+
+    name: str
+    modality: Literal["vision", "audio"]
+    markers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TargetArch:
     """One target architecture as llama.cpp b11434 converts and runs it: a drafter needs ``tappable``; where it is
     False, ``mtp_graph`` says whether the target's own MTP head is the way to speculate in llama-server instead.
@@ -44,6 +55,7 @@ class TargetArch:
     # The graph publishes the hidden state after its last layer (``t_h_nextn``), so an EAGLE-3 tap equal to the
     # layer count can be read (common_speculative_impl_draft_eagle3 uses llama_get_embeddings_nextn for it).
     output_tap: bool = False
+    projectors: tuple[ProjectorType, ...] = ()  # the projector towers its image-text checkpoints have
 
     def what_serves_instead(self, hf: str | None = None) -> str:
         """What speculates on a target no drafter can tap, in words: its own MTP head through llama-server where

@@ -22,7 +22,8 @@ from ..drafters.findings import Report
 from ..errors import InputError
 from ..jsonfile import load_json
 from ..relpath import name_problem
-from ..verify import verify_files
+from ..verify import read_gguf, verify_files
+from ..verify.projector import check_projector
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,13 @@ class OutputRecord:
 
 @dataclass(frozen=True)
 class Outputs:
-    """The outputs of a finished run: the target, the drafter served, and every drafter of a run of several."""
+    """The outputs of a finished run: the target, the drafter served, every drafter of a run of several, and the
+    target's projector (mmproj) when it has vision or audio towers."""
 
     target: OutputRecord
     drafter: OutputRecord
     several: tuple[OutputRecord, ...] | None = None  # None: a run of one drafter
+    projector: OutputRecord | None = None
 
     @property
     def drafters(self) -> tuple[OutputRecord, ...]:
@@ -178,14 +181,17 @@ class Outputs:
         out: dict[str, Any] = {"target": self.target.to_json(), "drafter": self.drafter.to_json()}
         if self.several is not None:
             out["drafters"] = [d.to_json() for d in self.several]
+        if self.projector is not None:
+            out["projector"] = self.projector.to_json()
         return out
 
     @classmethod
     def from_json(cls, d: Any) -> Outputs:
         """Raises KeyError/TypeError when ``d`` does not name a target and a drafter file."""
-        several = d.get("drafters")
+        several, projector = d.get("drafters"), d.get("projector")
         return cls(OutputRecord.from_json(d["target"]), OutputRecord.from_json(d["drafter"]),
-                   tuple(OutputRecord.from_json(x) for x in several) if isinstance(several, list) else None)
+                   tuple(OutputRecord.from_json(x) for x in several) if isinstance(several, list) else None,
+                   OutputRecord.from_json(projector) if isinstance(projector, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -467,6 +473,11 @@ class PairRecord:
     def file(self, side: str) -> Path:
         return self.folder / (self.target if side == "target" else self.drafter).file
 
+    @property
+    def projector(self) -> OutputRecord | None:
+        """The target's projector (mmproj), when the run made one."""
+        return self.outputs.projector
+
     def drafter_files(self) -> list[Path]:
         """Every drafter GGUF the run made (for a run of several, where they live: ``drafters/``)."""
         return [self.folder / d.file for d in self.drafters]
@@ -508,6 +519,7 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
                          "Re-run dflash-convert with the same options to complete it.") from None
     named = [("outputs.target.file", typed.target), ("outputs.drafter.file", typed.drafter)]
     named += [(f"outputs.drafters[{i}].file", rec) for i, rec in enumerate(typed.several or ())]
+    named += [("outputs.projector.file", typed.projector)] if typed.projector is not None else []
     for field_name, rec in named:
         if (problem := name_problem(rec.file)) is not None:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
@@ -550,6 +562,13 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
             report.ok(f"pair.drafters.{f.name}", f"{rec.file}, another drafter of this run, can be served with the "
                       f"target ({len(other.results)} checks, {len(other.warnings)} warnings)")
         checked.append((f"manifest.drafters.{f.name}", f, rec))
+    if record.projector is not None:
+        projector = folder / record.projector.file
+        if not projector.is_file():
+            raise InputError(f"{path} names the projector {projector.name}, which is not in {folder}. Keep pair.json "
+                             "beside the GGUF files it names, or re-run dflash-convert to make it again.")
+        report.extend(check_projector(read_gguf(projector), read_gguf(files["target"])))
+        checked.append(("manifest.projector", projector, record.projector))
     for check_id, f, want in checked:
         if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
             report.ok(check_id, f"{f.name}: size and sha256 as recorded in {Path(path).name}")

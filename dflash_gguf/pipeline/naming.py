@@ -33,6 +33,18 @@ def gguf_name(model_name: str, type_name: str) -> str:
     return f"{model_name}-{encoding(type_name)}.gguf"
 
 
+# The projector's type when --mmproj-type is not given: F16, the type ggml-org and unsloth publish projectors in
+# (llama.cpp's CPU and GPU backends run every vision op in it; a BF16 im2col/conv is not implemented everywhere).
+DEFAULT_PROJECTOR_TYPE = "f16"
+PROJECTOR_TYPES = ("f16", "bf16", "f32", "q8_0")  # b11434's --mmproj outtypes that keep the towers servable
+
+
+def projector_name(model_name: str, type_name: str) -> str:
+    """``mmproj-<model>-<TYPE>.gguf``: ``mmproj`` in the name is how llama-server's -hf resolver
+    (``find_best_mmproj``) and its --models-dir router (``is_mmproj_file``) find a target's projector."""
+    return f"mmproj-{gguf_name(model_name, type_name)}"
+
+
 def model_name(repo: str | None, folder: Path) -> str:
     """The repo's basename (``google/gemma-4-12B-it`` -> ``gemma-4-12B-it``), else the folder's name."""
     return repo.rsplit("/", 1)[-1] if repo else Path(folder).resolve().name

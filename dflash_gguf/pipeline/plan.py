@@ -86,6 +86,23 @@ class SideFiles:
     link: str | None = None  # the final is a link to an existing GGUF (--target-gguf)
 
 
+def projector_params(config: dict[str, Any]) -> int:
+    """About how many weights a checkpoint's vision and audio towers hold, from config.json alone (the plan is made
+    before any weight is fetched): each layer's attention (4 h^2) and gated MLP (3 h ff), and the projection into
+    the text model's width."""
+    text = config.get("text_config") or config
+    n_embd = int(text.get("hidden_size") or 0)
+    total = 0
+    for tower in (config.get("vision_config"), config.get("audio_config")):
+        if not isinstance(tower, dict):
+            continue
+        h = int(tower.get("hidden_size") or tower.get("width") or 0)
+        ff = int(tower.get("intermediate_size") or 4 * h)
+        layers = int(tower.get("num_hidden_layers") or tower.get("depth") or tower.get("num_layers") or 0)
+        total += layers * (4 * h * h + 3 * h * ff) + h * n_embd
+    return total
+
+
 def estimate_outputs(sides: list[SideFiles], *, keep_intermediate: bool) -> tuple[list[Output], int]:
     """The output files with estimated sizes, and the peak bytes they occupy at once."""
     outputs: list[Output] = []

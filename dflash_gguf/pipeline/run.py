@@ -20,7 +20,7 @@ from typing import Any
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
-from ..hub import DRAFTER_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
+from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize import check_makeable, quant_type
@@ -31,6 +31,7 @@ from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
 from ..tune.plot import PLOT_NAME, write_plot
 from ..verify import Report, read_gguf
+from ..verify.projector import check_projector
 from . import stages
 from .manifest import (
     DrafterVerdict,
@@ -47,8 +48,16 @@ from .manifest import (
     file_record,
     sha256_file,
 )
-from .naming import DRAFTERS_DIR, checkpoint_type, gguf_name, model_name
-from .plan import Download, Plan, SideFiles, estimate_outputs, make_plan
+from .naming import (
+    DEFAULT_PROJECTOR_TYPE,
+    DRAFTERS_DIR,
+    checkpoint_type,
+    gguf_name,
+    model_name,
+    projector_name,
+    size_ratio,
+)
+from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan, projector_params
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files
 from .sources import resolve_source as resolve_spec
@@ -60,6 +69,7 @@ ProgressFactory = Callable[[str], Callable[[int, int], None]]
 
 
 DEFAULT_QUANT = "q4_0"  # the target's type when --quant is not given
+TARGET_PATTERNS = TOKENIZER_PATTERNS + PROCESSOR_PATTERNS  # a target's files beside its weights
 MXFP4_MOE = "mxfp4_moe"  # ... and for a checkpoint whose experts are MXFP4
 
 
@@ -89,6 +99,8 @@ class PipelineOptions:
     imatrix: Path | None = None  # --imatrix: an importance matrix for llama-quantize (the target's quantization)
     # --pure / --token-embedding-type / --output-tensor-type for the target's quantization
     target_overrides: Overrides = NO_OVERRIDES
+    mmproj: bool = True  # --no-mmproj: leave the target's vision/audio projector out
+    mmproj_type: str = DEFAULT_PROJECTOR_TYPE  # --mmproj-type
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -265,7 +277,7 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
              outdir: Path, drafter_by_llama_cpp: bool = False) -> Plan:
     """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
     name_t = model_name(target.repo, target.path)
-    target_patterns = TOKENIZER_PATTERNS + (() if isinstance(method, stages.ExistingGguf) else WEIGHT_PATTERNS)
+    target_patterns = TARGET_PATTERNS + (() if isinstance(method, stages.ExistingGguf) else WEIGHT_PATTERNS)
     downloads: list[Download] = []
     weights: dict[str, int] = {}
     sides_in = [("target", target, target_patterns)] + [(f"drafter{i}", d, DRAFTER_PATTERNS)
@@ -292,6 +304,10 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
                                weights[f"drafter{i}"], src_d, opts.draft_quant,
                                not drafter_by_llama_cpp and _one_pass(opts, opts.draft_quant)))
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
+    if opts.mmproj and link is None and stages.has_projector(target.path):
+        size = int(projector_params(read_json(target.path / "config.json")) * 2 * size_ratio(opts.mmproj_type))
+        outputs.append(Output(projector_name(name_t, opts.mmproj_type), size, "final"))
+        peak += size
     return make_plan(outdir, downloads, outputs, peak)
 
 
@@ -381,7 +397,7 @@ class _Run:
         # stops the run before the target's weights are fetched, converted or quantized.
         drafters = [fetch_source(d, DRAFTER_PATTERNS) for d in drafters]
         reads_target = any(stages.drafter_reads_target_weights(d) for d in drafters)  # the check needs the weights
-        target = fetch_source(target, TOKENIZER_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
+        target = fetch_source(target, TARGET_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
         with contextlib.ExitStack() as reading:  # the target's first tensors made while the CPU does the work before
             read_ahead = gguf_path is None and isinstance(self.method, stages.BuiltinConverter)
             if read_ahead and (target.repo is None or reads_target):  # the weights are here already
@@ -391,13 +407,15 @@ class _Run:
                     stages.check_drafter(d, target)
                     jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
             if not gguf_path and not reads_target:
-                target = fetch_source(target, TOKENIZER_PATTERNS + WEIGHT_PATTERNS)
+                target = fetch_source(target, TARGET_PATTERNS + WEIGHT_PATTERNS)
                 if read_ahead and target.repo is not None:
                     reading.enter_context(self.working_ahead(target))
             m.sources = replace(sources, target=target.record(), drafter=drafters[0].record(),
                                 several=tuple(d.record() for d in drafters) if several else None)
             m.save()
 
+            if self.makes_projector(target, gguf_path):  # refused now, before anything is written
+                stages.check_projector_source(target.path)
             tok = self.tokenizer(target)
             jsonfile.forget()
             m.data["tokenizer"] = tok.to_dict() | {"overlay": os.path.relpath(tok.overlay, self.outdir)
@@ -406,6 +424,7 @@ class _Run:
 
             final_t, made_t = self.target(target, tok, gguf_path)
             jsonfile.forget()
+            projector = self.projector(target, gguf_path)
         made: list[tuple[Path, Made, Report]] = []
         for i, d in enumerate(drafters):
             with stages.reading_ahead(d.path):  # while its vocabulary is built
@@ -417,14 +436,18 @@ class _Run:
         # served untuned: the first drafter verify takes (the user's order)
         served = next((i for i, (_, _, r) in enumerate(made) if not r.errors), 0)
         final_d, made_d, report = made[served]
+        if projector is not None:  # the pair's verdict covers the projector served with it
+            report.extend(check_projector(read_gguf(projector[0]), read_gguf(final_t)))
         m.outputs = Outputs(self._output(final_t, made_t), self._output(final_d, made_d), tuple(
             replace(self._output(f, info), kind=drafter_kind(read_gguf(f)), source=d.label,
                     verdict=DrafterVerdict(not r.errors, len(r.errors), len(r.warnings)))
-            for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None)
+            for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None,
+            self._output(*projector) if projector is not None else None)
         m.data["tools"] = _tool_versions(self.method, self.opts).to_json()
         m.data["verify"] = report.to_dict()
         m.data["status"] = "verify-failed" if report.errors else "complete"
-        self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made)})
+        self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made),
+                                          *((projector[0].name,) if projector is not None else ())})
         candidates = [f for f, _, r in made if not r.errors]
         if several:  # the one served beside the target, the others in drafters/
             serve_drafter(m, final_t, final_d if not report.errors else None, None)
@@ -521,6 +544,35 @@ class _Run:
         inter = self.outdir / gguf_name(name, src)
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
 
+    def makes_projector(self, target: Source, gguf_path: Path | None) -> bool:
+        """Whether this run makes the target's projector: it has a vision or audio tower, --no-mmproj is not given,
+        and its checkpoint is here (with --target-gguf its weights are not fetched)."""
+        if not self.opts.mmproj or not stages.has_projector(target.path):
+            return False
+        if gguf_path is not None:
+            log.warning("%s has vision/audio towers, but with --target-gguf its weights are not fetched, so no "
+                        "projector is made: serve the mmproj- file published with that GGUF (or leave out "
+                        "--target-gguf).", target.label)
+            return False
+        return True
+
+    def projector(self, target: Source, gguf_path: Path | None) -> tuple[Path, Made] | None:
+        """The target's vision/audio projector (``mmproj-<name>-<TYPE>.gguf``), made from its checkpoint by the
+        built-in projector converter; None when it has no tower, with --no-mmproj, or when the target came as a
+        GGUF (its checkpoint's weights are not fetched: take the projector published beside that GGUF)."""
+        if not self.makes_projector(target, gguf_path):
+            return None
+        kind = self.opts.mmproj_type
+        final = self.outdir / projector_name(model_name(target.repo, target.path), kind)
+        key = {"source": target.identity(), "outtype": kind, "tool": self.tool}
+        if not self.manifest.reusable("projector", key, [final]):
+            log.info("projector: converting to %s", final)
+            with _bar(self.progress, "convert projector") as bar:
+                sha = stages.convert_projector_builtin(target.path, final, kind,
+                                                       Provenance(None, target.repo_spec, None, {}), bar)
+            self.manifest.record("projector", key, [final], hashes={final: sha})
+        return final, Made(kind, "built-in projector converter")
+
     def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage, target_file: str,
                 side: str = "drafter", several: bool = False) -> tuple[Path, Made]:
         name = model_name(drafter.repo, drafter.path)
@@ -553,7 +605,9 @@ class _Run:
         """Delete an earlier run's outputs this run no longer makes (a drafter under its pre-sidecar name, another
         --quant), when they are still the files pair.json recorded: llama-server --models-dir wants exactly one
         target and one sidecar per folder."""
-        for rec in (earlier.target, earlier.drafter) if earlier is not None else ():
+        for rec in (earlier.target, earlier.drafter, earlier.projector) if earlier is not None else ():
+            if rec is None:
+                continue
             name = rec.file
             path = inside(self.outdir, name)  # never a file outside the folder, whatever pair.json says
             if path is None or name in current or not path.is_file() or path.is_symlink():

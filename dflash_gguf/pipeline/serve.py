@@ -45,12 +45,18 @@ def _served_configuration(drafter: Drafter, report: TuneReport | None) -> tuple[
                          f"({report.speedup(best) or 0:.2f}x the target alone)")
 
 
-def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None) -> ServePlan:
+def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
+               projector: Path | None = None) -> ServePlan:
     """The ``serve`` section of pair.json: the command for the fastest method measured (the target alone, its own
-    MTP head, n-gram drafting, the drafter, or n-gram drafting before it), and where it came from."""
+    MTP head, n-gram drafting, the drafter, or n-gram drafting before it), and where it came from. With the
+    target's ``projector``, the command loads it (``--mmproj``): llama-server b11434 speculates with one loaded."""
     info = inspect_drafter(drafter)
     served, own, note = _served_configuration(info, report)
     target_args = ["llama-server", "-m", str(target.absolute())]
+    if projector is not None:
+        target_args += ["--mmproj", str(projector.absolute())]
+        note += ("; the projector is loaded for image and audio input (-hf and the --models-dir router load the "
+                 "mmproj- file by themselves; --no-mmproj serves text only)")
     drafted = target_args + own.server_args()
     cmd = target_args + served.server_args()
     folder = target.absolute().parent
@@ -116,7 +122,9 @@ def record_serving(manifest: Manifest, target: Path, drafter: Path, report: Tune
     what is served; otherwise it waits in ``drafters/``, recorded in pair.json as before."""
     if _outputs(manifest).several is None:
         drafter = _place_single_drafter(manifest, target, drafter, report)
-    manifest.serve = serve_plan(target, drafter, report)
+    projector = _outputs(manifest).projector
+    manifest.serve = serve_plan(target, drafter, report,
+                                manifest.outdir / projector.file if projector is not None else None)
     if report is not None:
         manifest.data["tuning"] = {"status": "measured", **report.to_dict()}
     write_models_preset(manifest.outdir, manifest.serve)

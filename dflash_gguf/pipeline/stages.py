@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType
 
 from .. import drafters, hub
 from .. import provenance as prov
+from ..convert import targets
 from ..convert.targets import (
     SUPPORTED_ARCHITECTURES,
     builtin_family,
@@ -339,6 +340,29 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
     first stage)."""
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
                           quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress).sha256
+
+
+def has_projector(model_dir: Path) -> bool:
+    """Whether the target has vision or audio towers the built-in projector converter makes an mmproj of."""
+    return targets.has_projector(model_dir)
+
+
+def check_projector_source(model_dir: Path) -> None:
+    """The projector's conversion planned (its config, processor settings and tower tensors checked; nothing
+    written), so a checkpoint it cannot be made from stops the run before the target is converted.
+
+    Raises:
+        ConfigError, TensorError, NotCoveredError: as the projector converter.
+    """
+    targets.projector_for(model_dir)
+
+
+def convert_projector_builtin(model_dir: Path, outfile: Path, outtype: str, sources: Provenance,
+                              on_progress: OnProgress = None) -> str | None:
+    """The built-in projector converter (b11434's ``convert_hf_to_gguf.py --mmproj``); returns the output's
+    sha256, hashed while writing."""
+    return targets.convert_projector(model_dir, outfile, outtype, provenance=sources.keys(),
+                                     on_progress=on_progress).sha256
 
 
 def drafter_reads_target_weights(drafter: Source) -> bool:

@@ -1,6 +1,6 @@
 """Verify a DFlash drafter/target pair before it is served: format, pair and lineage checks.
 
-Reads GGUF headers and configs only (never imports ``dflash_gguf.convert``); see ``verify_files`` and
+Reads GGUF headers and configs only (the target families' facts, never a converter); see ``verify_files`` and
 ``precheck``.
 """
 
@@ -15,6 +15,7 @@ from ..provenance import TARGET_FILE, key
 from ..sidecar import is_sidecar, sidecars_beside, target_beside
 from .pair_checks import check_lineage, check_target_alone
 from .precheck import precheck
+from .projector import check_projector, is_projector
 
 TARGET_FILE_KEY = key(TARGET_FILE)
 
@@ -30,6 +31,8 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
         InputError: an input cannot be read (exit 2).
     """
     d = read_gguf(Path(drafter))
+    if is_projector(d):
+        return _projector_report(d, target)
     family = _family(d)
     found = None
     if target is None and family is None and (sidecars := sidecars_beside(Path(drafter))):
@@ -57,6 +60,17 @@ def verify_files(drafter: Path, target: Path | None = None, *, allow_derived_tar
     if arch is None or arch.status == "pass":
         report.extend(check_lineage(d, t, allow_derived_target))
     return report
+
+
+def _projector_report(p: GGUFMeta, target: Path | None) -> Report:
+    """A projector given first: judged with the target given second (a projector alone cannot be judged)."""
+    if target is None:
+        report = Report(inputs={"projector": str(p.path), "target": ""})
+        report.fail("projector.target", "error", f"{p.path.name} is a projector (mmproj): it is judged against "
+                    "the target it is served with.",
+                    f"Pass the target second: dflash-verify {p.path.name} TARGET.gguf.")
+        return report
+    return check_projector(p, read_gguf(Path(target)))
 
 
 def _family(d: GGUFMeta) -> drafters.DrafterFamily | None:

@@ -35,6 +35,10 @@ module with these parts:
 The framework does the rest the same way for every family: the multimodal filter, unknown /
 missing / mis-shaped / non-float tensors refused before writing, the output type of each tensor, the
 ``general.*`` and provenance keys, the atomic write.
+
+A family whose checkpoints carry vision or audio towers may also expose ``PROJECTOR`` (HF class -> a
+:class:`~.projector.ProjectorFamily` subclass mirroring b11434's ``MmprojModel`` subclass): :func:`projector_for`,
+:func:`has_projector` and :func:`convert_projector` write the file ``convert_hf_to_gguf.py --mmproj`` writes.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from ..result import ConvertResult, finish, target_record
 from ..safetensors import TensorRef, index_checkpoint
 from ..vocab import VocabInfo
 from .base import TargetSource, TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
+from .projector import ProjectorFamily, ProjectorSource, build_projector_plan, plan_projector
 from .writers import spec_writer
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,9 @@ _BY_HF = {hf: arch for arch in TARGET_ARCHS for hf in arch.hf}
 # HF architectures[0] -> the family module whose FAMILY converts it
 SUPPORTED_ARCHITECTURES: dict[str, str] = {hf: name for name, module in _FAMILY_MODULES.items()
                                            if hasattr(module, "FAMILY") for arch in module.ARCHS for hf in arch.hf}
+# HF architectures[0] -> the projector class of its family module (PROJECTOR), for --mmproj files
+PROJECTORS: dict[str, type[ProjectorFamily]] = {hf: cls for module in _FAMILY_MODULES.values()
+                                                for hf, cls in getattr(module, "PROJECTOR", {}).items()}
 
 
 def by_gguf(name: str | None) -> TargetArch | None:
@@ -315,7 +323,86 @@ def build_plan(fam: TextFamily, outtype: str, name: str, specs: list[TensorSpec]
     return plan, fam.add_vocab(plan), outtype
 
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "TARGET_ARCHS", "ConvertResult", "TargetArch", "TargetConfig", "by_gguf",
-           "by_hf", "drafter_vocab_archs", "read_target_config", "TargetSource", "TensorSpec", "TextFamily",
-           "add_text_hparams", "block_id", "build_plan", "builtin_family", "convert_target", "family_for",
-           "plan_tensors", "trimmed_rows", "unsupported_message", "working_ahead"]
+# ------------------------------------------------------------------------------------------ projectors (--mmproj)
+def _projector_class(raw: dict[str, Any]) -> tuple[str | None, type[ProjectorFamily] | None]:
+    """(HF class, projector class): b11434 picks an mmproj class by vision_config's ``architectures`` when it has
+    one, else the top level's; None when the config describes no tower (no vision_config, no audio_config)."""
+    vision = raw.get("vision_config")
+    archs = (vision.get("architectures") if isinstance(vision, dict) else None) or raw.get("architectures") or [None]
+    arch = archs[0] if isinstance(archs[0], str) else None
+    if vision is None and raw.get("audio_config") is None:
+        return arch, None
+    return arch, PROJECTORS.get(arch or "")
+
+
+def has_projector(model_dir: Path) -> bool:
+    """Whether the built-in converter writes a projector for this target (its family has one and config.json
+    describes a vision or audio tower); from config.json alone.
+
+    Raises:
+        ConfigError: config.json is missing or unreadable.
+    """
+    return _projector_class(read_config(Path(model_dir) / "config.json", "Target config"))[1] is not None
+
+
+def projector_for(model_dir: Path) -> ProjectorFamily | None:
+    """The projector family of a target dir, with its checkpoint indexed and config checked; None when its family
+    has no projector or config.json has neither vision_config nor audio_config.
+
+    Raises:
+        ConfigError, InputError, TensorError: the config or the preprocessor files cannot be converted (each
+        message names the file, the field and the fix).
+    """
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    raw = read_config(path, "Target config")
+    arch, cls = _projector_class(raw)
+    if cls is None or arch is None:
+        return None
+    fam = cls(ProjectorSource(model_dir, path, arch, raw, index_checkpoint(model_dir)))
+    fam.check_config()
+    return fam
+
+
+def convert_projector(model_dir: Path, outfile: Path, outtype: str = "auto", *,
+                      provenance: dict[str, str] | None = None,
+                      dry_run: bool = False,
+                      on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+    """Convert a target's vision / audio towers into the projector ("mmproj") GGUF llama.cpp b11434's
+    ``convert_hf_to_gguf.py --mmproj`` writes (``outtype`` auto, f16, bf16, q8_0 or f32, as b11434 resolves them).
+
+    The provenance keys are the target's (``provenance`` as for :func:`convert_target` wins), without the
+    vocabulary ones: a projector has none. Output goes to ``<outfile>.partial``, renamed on success.
+
+    Raises:
+        NotCoveredError: the architecture's projector is not one the built-in converter writes.
+        ConfigError, InputError, TensorError, OutputError: each one paragraph naming the file, the field and the
+        fix; nothing is written.
+    """
+    start = time.perf_counter()
+    model_dir = Path(model_dir)
+    fam = projector_for(model_dir)
+    if fam is None:
+        raw = read_config(model_dir / "config.json", "Target config")
+        arch, _ = _projector_class(raw)
+        if raw.get("vision_config") is None and raw.get("audio_config") is None:
+            raise ConfigError(f"{model_dir / 'config.json'}: neither 'vision_config' nor 'audio_config': the model "
+                              "has no vision or audio tower, so there is no projector to convert.")
+        covered = ", ".join(sorted(PROJECTORS))
+        raise NotCoveredError(f"{model_dir / 'config.json'}: the projector of architecture {arch!r} is not one the "
+                              f"built-in converter writes (it writes those of: {covered}). Convert it with llama.cpp's "
+                              "converter: convert_hf_to_gguf.py DIR --mmproj.")
+    planned = plan_projector(fam)
+    name = (provenance or {}).get(prov.TARGET_REPO) or model_dir.name
+    plan, outtype = build_projector_plan(fam, outtype, name, planned)
+    recorded = target_record(model_dir, fam.src.config_path, fam.src.arch, "", None)
+    recorded = {k: v for k, v in recorded.items() if k not in (prov.TARGET_VOCAB_SHA256, prov.TOKENIZER_ORIGIN)}
+    return finish(plan, Path(outfile), outtype, VocabInfo("none", 0, ""), tuple(fam.notes),
+                  {**recorded, **(provenance or {})}, start, dry_run=dry_run, on_progress=on_progress)
+
+
+__all__ = ["PROJECTORS", "SUPPORTED_ARCHITECTURES", "TARGET_ARCHS", "ConvertResult", "ProjectorFamily", "TargetArch",
+           "TargetConfig", "by_gguf", "by_hf", "drafter_vocab_archs", "read_target_config", "TargetSource",
+           "TensorSpec", "TextFamily", "add_text_hparams", "block_id", "build_plan", "builtin_family",
+           "convert_projector", "convert_target", "family_for", "has_projector", "plan_tensors", "projector_for",
+           "trimmed_rows", "unsupported_message", "working_ahead"]

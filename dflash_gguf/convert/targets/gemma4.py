@@ -14,6 +14,10 @@ is a separate mmproj file, not needed to serve text). What is particular to Gemm
 * Unified checkpoints: ``suppress_tokens`` from generation_config.json;
 * mixture-of-experts layers (26B-A4B): router (F32) and its scales, fused gate/up experts;
 * per-layer embeddings (E2B/E4B): the per-layer token table, its projection and norms.
+
+The towers go to the projector file (``--mmproj``), as b11434's ``Gemma4VisionAudioModel`` (a SigLIP-style
+vision encoder and a Conformer audio encoder, audio optional) and ``Gemma4UnifiedVisionAudioModel`` (12B:
+encoder-free, a patch projection and two embedders) write them: see :class:`Gemma4Projector`.
 """
 
 from __future__ import annotations
@@ -21,20 +25,26 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from gguf import Keys, LlamaFileType
+from gguf import GGMLQuantizationType, Keys, LlamaFileType
 from sentencepiece import SentencePieceProcessor
 
 from ...errors import ConfigError, TensorError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...jsonfile import read_json
 from ...tensor_names import DECODER_BLOCK, QK_NORM, TEXT_MODEL, block_map
-from ..configs import TargetArch
+from ..configs import ProjectorType, TargetArch
+from ..safetensors import TensorRef
 from ..vocab import VocabInfo, add_gemma4_vocab
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id, trimmed_rows
+from .projector import Expect, ProjectorFamily, gathered, patch_columns, softplus
 
 UNIFIED = "Gemma4UnifiedForConditionalGeneration"  # b11434's Gemma4UnifiedModel: writes suppress_tokens too
+# The projector towers (tools/mtmd/mtmd.cpp wraps each image in <|image> ... <image|>, each clip in <|audio> ...)
+_IMAGE, _AUDIO = ("<|image>", "<image|>"), ("<|audio>", "<audio|>")
+VISION, AUDIO = ProjectorType("gemma4v", "vision", _IMAGE), ProjectorType("gemma4a", "audio", _AUDIO)
+UNIFIED_VISION, UNIFIED_AUDIO = ProjectorType("gemma4uv", "vision", _IMAGE), ProjectorType("gemma4ua", "audio", _AUDIO)
 ARCH = TargetArch("gemma4", ("Gemma4ForConditionalGeneration", UNIFIED, "Gemma4ForCausalLM"), True, "gemma4",
-                  graph="gemma4.cpp")
+                  graph="gemma4.cpp", projectors=(VISION, AUDIO, UNIFIED_VISION, UNIFIED_AUDIO))
 ARCHS = (ARCH,)
 SUPPRESS_TOKENS = "tokenizer.ggml.suppress_tokens"  # gguf-py Keys.Tokenizer.SUPPRESS_TOKENS (b11434; not in 0.19.0)
 
@@ -284,3 +294,219 @@ class Gemma4Family(TextFamily):
 
 
 FAMILY = Gemma4Family
+
+
+# ---------------------------------------------------------------------------------------------- the projector
+_VT, _AT, _EV, _EA = "model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio."
+_CLAMPS = ("input_min", "input_max", "output_min", "output_max")  # Gemma4ClippableLinear's 0-d bounds, if clipped
+_MAX_BLOCKS = 128  # b11434 maps tower layers 0..127 when a model has vision and audio encoders
+# transformers' Gemma4VisionConfig / Gemma4AudioConfig defaults, for fields a config.json leaves out
+_VISION_DEFAULTS = {"num_key_value_heads": 12, "head_dim": 64, "position_embedding_size": 10 * 1024}
+_AUDIO_DEFAULTS = {"conv_kernel_size": 5, "output_proj_dims": 1536}
+_UNIFIED_AUDIO_FRAME = 640  # samples per audio token; libmtmd's gemma4ua graph is built for this width
+
+
+def _linear(prefix: str, hf: str, gguf: str, shape: tuple[int, ...]) -> dict[str, Expect]:
+    """A Gemma4ClippableLinear: its ``.linear.weight`` and, when clipped, four scalar bounds."""
+    return {f"{prefix}{hf}.linear.weight": Expect(f"{gguf}.weight", shape),
+            **{f"{prefix}{hf}.{c}": Expect(f"{gguf}.{c}", (), False) for c in _CLAMPS}}
+
+
+def _weights(prefix: str, gguf: str, table: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, Expect]:
+    return {f"{prefix}{hf}.weight": Expect(f"{gguf}{name}.weight", shape) for hf, (name, shape) in table.items()}
+
+
+class Gemma4Projector(ProjectorFamily):
+    """b11434's ``Gemma4VisionAudioModel``: projector types gemma4v (+ gemma4a when there is an audio_config)."""
+
+    has_audio = True
+    vision_type, audio_type = VISION.name, AUDIO.name
+
+    def setup(self) -> None:
+        hv, ha = self.hparams_vision, self.hparams_audio
+        if isinstance(hv, dict):
+            hv["image_size"] = 224  # unused by llama.cpp, set by b11434 to satisfy MmprojModel
+        if isinstance(ha, dict) and ha:
+            ha["feat_in"] = ha.get("input_feat_size", 128)
+            if isinstance(ha.get("hidden_size"), int):
+                ha["intermediate_size"] = ha["hidden_size"] * 4
+        else:
+            self.audio = False
+
+    def expected(self) -> dict[str, Expect]:
+        out = self._vision_expected()
+        return {**out, **self._audio_expected()} if self.audio else out
+
+    def _vision_expected(self) -> dict[str, Expect]:
+        hv, w = self.vision_cfg(), "vision_config"
+        h, ff, n, nh, nkv, hd, ps, pos = (self.int_field(hv, (k,), w, _VISION_DEFAULTS.get(k)) for k in (
+            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "patch_size", "position_embedding_size"))
+        if n > _MAX_BLOCKS:
+            raise self.refuse(f"vision_config.num_hidden_layers is {n}, over the {_MAX_BLOCKS} b11434 maps;")
+        if nkv != nh or nh * hd != h:
+            raise UnsupportedModelError(
+                f"{self.src.config_path}: vision_config has num_key_value_heads {nkv}, num_attention_heads {nh}, "
+                f"head_dim {hd}, hidden_size {h}; llama.cpp b11434's gemma4v graph takes as many KV heads as heads, "
+                "each hidden_size / heads wide (b11434 writes neither size), so the projector b11434 writes fails "
+                "in libmtmd. Use the config.json published with the model.")
+        out = {_VT + "patch_embedder.input_proj.weight": Expect("v.patch_embd.weight", (h, 3 * ps * ps)),
+               _VT + "patch_embedder.position_embedding_table": Expect("v.position_embd.weight", (2, pos, h)),
+               _VT + "std_bias": Expect("v.std_bias", (h,), False),
+               _VT + "std_scale": Expect("v.std_scale", (h,), False),
+               _EV + "embedding_projection.weight": Expect("mm.input_projection.weight", (self.n_embd_text, h))}
+        for i in range(n):
+            p, g = f"{_VT}encoder.layers.{i}.", f"v.blk.{i}."
+            for hf, name, shape in (
+                    ("self_attn.q_proj", "attn_q", (nh * hd, h)), ("self_attn.k_proj", "attn_k", (nkv * hd, h)),
+                    ("self_attn.v_proj", "attn_v", (nkv * hd, h)), ("self_attn.o_proj", "attn_out", (h, nh * hd)),
+                    ("mlp.gate_proj", "ffn_gate", (ff, h)), ("mlp.up_proj", "ffn_up", (ff, h)),
+                    ("mlp.down_proj", "ffn_down", (h, ff))):
+                out.update(_linear(p, hf, g + name, shape))
+            out.update(_weights(p, g, {
+                "self_attn.q_norm": ("attn_q_norm", (hd,)), "self_attn.k_norm": ("attn_k_norm", (hd,)),
+                "input_layernorm": ("ln1", (h,)), "post_attention_layernorm": ("attn_post_norm", (h,)),
+                "pre_feedforward_layernorm": ("ln2", (h,)), "post_feedforward_layernorm": ("ffn_post_norm", (h,))}))
+            out[p + "layer_scalar"] = Expect(g + "out_scale.weight", (1,), False)
+        return out
+
+    def _audio_expected(self) -> dict[str, Expect]:
+        ha, w = self.audio_cfg(), "audio_config"
+        h, n, nh, kern, n_out = (self.int_field(ha, (k,), w, _AUDIO_DEFAULTS.get(k)) for k in (
+            "hidden_size", "num_hidden_layers", "num_attention_heads", "conv_kernel_size", "output_proj_dims"))
+        chans = ha.get("subsampling_conv_channels", [128, 32])
+        if not (isinstance(chans, list) and len(chans) == 2 and all(isinstance(c, int) and c > 0 for c in chans)):
+            raise self.refuse(f"audio_config.subsampling_conv_channels is {chans!r}, not two channel counts;")
+        if n > _MAX_BLOCKS or nh == 0 or h % nh:
+            raise self.refuse(f"audio_config has {n} layers {h} wide with {nh} heads, not a Conformer b11434 maps;")
+        sub = _AT + "subsample_conv_projection."
+        out = {f"{sub}layer{j}.conv.weight": Expect(f"a.conv1d.{j}.weight", (c, [1, *chans][j], 3, 3))
+               for j, c in enumerate(chans)}
+        out |= {f"{sub}layer{j}.norm.weight": Expect(f"a.conv1d.{j}.norm.weight", (c,)) for j, c in enumerate(chans)}
+        out[sub + "input_proj_linear.weight"] = Expect("a.input_projection.weight", (h, chans[0] // 4 * chans[1]))
+        for i in range(n):
+            p, g = f"{_AT}layers.{i}.", f"a.blk.{i}."
+            for k, sfx in ((1, ""), (2, "_1")):
+                out.update(_linear(p, f"feed_forward{k}.ffw_layer_1", f"{g}ffn_up{sfx}", (4 * h, h)))
+                out.update(_linear(p, f"feed_forward{k}.ffw_layer_2", f"{g}ffn_down{sfx}", (h, 4 * h)))
+                out.update(_weights(p, g, {f"feed_forward{k}.pre_layer_norm": (f"ffn_norm{sfx}", (h,)),
+                                           f"feed_forward{k}.post_layer_norm": (f"ffn_post_norm{sfx}", (h,))}))
+            for hf, name, shape in (("self_attn.q_proj", "attn_q", (h, h)), ("self_attn.k_proj", "attn_k", (h, h)),
+                                    ("self_attn.v_proj", "attn_v", (h, h)), ("self_attn.post", "attn_out", (h, h)),
+                                    ("lconv1d.linear_start", "conv_pw1", (2 * h, h)),
+                                    ("lconv1d.linear_end", "conv_pw2", (h, h))):
+                out.update(_linear(p, hf, g + name, shape))
+            out.update(_weights(p, g, {
+                "self_attn.relative_k_proj": ("attn_k_rel", (h, h)),
+                "lconv1d.depthwise_conv1d": ("conv_dw", (h, 1, kern)),
+                "lconv1d.pre_layer_norm": ("conv_norm", (h,)), "lconv1d.conv_norm": ("norm_conv", (h,)),
+                "norm_pre_attn": ("attn_pre_norm", (h,)), "norm_post_attn": ("attn_post_norm", (h,)),
+                "norm_out": ("ln2", (h,))}))
+            out[p + "self_attn.per_dim_scale"] = Expect(g + "per_dim_scale.weight", (h // nh,))
+        out |= {_AT + "output_proj.weight": Expect("a.pre_encode.out.weight", (n_out, h)),
+                _AT + "output_proj.bias": Expect("a.pre_encode.out.bias", (n_out,)),
+                _EA + "embedding_projection.weight": Expect("mm.a.input_projection.weight", (self.n_embd_text, n_out))}
+        return out
+
+    def modify(self, name: str, ref: TensorRef, expect: Expect) -> list[TensorSpec]:
+        """The patch projection's columns reordered (HWC -> CHW, as ggml's im2col reads a patch), softplus applied
+        to per_dim_scale, the depthwise conv kernel squeezed to 2-D."""
+        if name == _VT + "patch_embedder.input_proj.weight":
+            h, cols = ref.shape
+            ps = int(round((cols // 3) ** 0.5))
+            perm = patch_columns(ps)
+            return [TensorSpec(expect.gguf, (h, 3, ps, ps), ref=ref, transform=lambda x: x[:, perm])]
+        if name.endswith(".per_dim_scale"):
+            return [TensorSpec(expect.gguf, ref.shape, ref=ref, transform=softplus(ref.dtype))]
+        if name.endswith(".depthwise_conv1d.weight"):
+            shape = (ref.shape[0], ref.shape[2])
+            return [TensorSpec(expect.gguf, shape, ref=TensorRef(ref.name, ref.dtype, shape, ref.path, ref.offset,
+                                                                 ref.nbytes))]
+        return super().modify(name, ref, expect)
+
+    def force_type(self, name: str, gguf_name: str, ftype: LlamaFileType) -> GGMLQuantizationType | None:
+        """Audio convolutions F32 (b11434's test, ``".conv" or "_conv" and ".weight"``, also catches the
+        subsample_conv_projection's input_proj_linear), the position table F32."""
+        audio = "audio_tower" in name or "embed_audio" in name
+        if audio and (".conv" in name or ("_conv" in name and ".weight" in name)) or "position_embedding_table" in name:
+            return GGMLQuantizationType.F32
+        return super().force_type(name, gguf_name, ftype)
+
+    def add_params(self, plan: GGUFPlan, ftype: LlamaFileType) -> None:
+        super().add_params(plan, ftype)
+        plan.add_string(Keys.ClipVision.PROJECTOR_TYPE, self.vision_type)
+        plan.add_float32(Keys.ClipVision.Attention.LAYERNORM_EPS,
+                         self.float_field(self.vision_cfg(), "layer_norm_eps", "vision_config", 1e-6))
+        if self.audio:
+            ha = self.audio_cfg()
+            plan.add_string(Keys.ClipAudio.PROJECTOR_TYPE, self.audio_type)
+            plan.add_uint32(Keys.ClipAudio.NUM_MEL_BINS, self.int_field(ha, ("feat_in",), "audio_config"))
+            plan.add_float32(Keys.ClipAudio.Attention.LAYERNORM_EPS,
+                             self.float_field(ha, "layer_norm_eps", "audio_config", 1e-6))
+
+
+class Gemma4UnifiedProjector(Gemma4Projector):
+    """b11434's ``Gemma4UnifiedVisionAudioModel``: no towers, a patch projection (``vision_embedder``) and the two
+    embedders; projector types gemma4uv and gemma4ua (b11434 re-sets the two keys, which keep their place, and
+    needs the audio_config)."""
+
+    vision_type, audio_type = UNIFIED_VISION.name, UNIFIED_AUDIO.name
+
+    def setup(self) -> None:
+        super().setup()
+        hv, ha = self.hparams_vision, self.hparams_audio
+        if isinstance(hv, dict) and isinstance(ha, dict) and "mm_embed_dim" in hv and "audio_embed_dim" in ha:
+            hv["hidden_size"], ha["hidden_size"] = hv["mm_embed_dim"], ha["audio_embed_dim"]
+            for cfg in (hv, ha):  # no transformer: b11434 zeroes the sizes MmprojModel writes
+                cfg.update(intermediate_size=0, num_layers=0, num_attention_heads=0)
+
+    def check_config(self) -> None:
+        """b11434 reads the embedders' widths first (a KeyError without them)."""
+        self.int_field(self.vision_cfg(), ("mm_embed_dim",), "vision_config")
+        self.int_field(self.audio_cfg(), ("audio_embed_dim",), "audio_config")
+        super().check_config()
+
+    def patch(self) -> int:
+        """The merged patch side (model_patch_size, else patch_size x pooling_kernel_size)."""
+        hv, w = self.vision_cfg(), "vision_config"
+        if "model_patch_size" in hv:
+            return self.int_field(hv, ("model_patch_size",), w)
+        return self.int_field(hv, ("patch_size",), w) * self.int_field(hv, ("pooling_kernel_size",), w)
+
+    def expected(self) -> dict[str, Expect]:
+        hv, ha = self.vision_cfg(), self.audio_cfg()
+        d = self.int_field(hv, ("mm_embed_dim",), "vision_config")
+        n_pos = self.int_field(hv, ("mm_posemb_size",), "vision_config", 1120)
+        a = self.int_field(ha, ("output_proj_dims", "audio_embed_dim"), "audio_config")
+        if a != _UNIFIED_AUDIO_FRAME:
+            raise UnsupportedModelError(
+                f"{self.src.config_path}: audio_config's embedder reads {a}-sample frames; llama.cpp b11434's gemma4ua "
+                f"graph feeds it {_UNIFIED_AUDIO_FRAME}, so the projector b11434 writes fails in libmtmd. Use the "
+                "config.json published with the model.")
+        n_in, ve = 3 * self.patch() ** 2, "model.vision_embedder."
+        out = {f"{ve}{ln}.{part}": Expect(f"v.patch_norm.{k}.{part}", (n_in if k == 1 else d,))
+               for k, ln in ((1, "patch_ln1"), (2, "patch_ln2"), (3, "pos_norm")) for part in ("weight", "bias")}
+        return {**out, ve + "patch_dense.weight": Expect("v.patch_embd.weight", (d, n_in)),
+                ve + "patch_dense.bias": Expect("v.patch_embd.bias", (d,)),
+                ve + "pos_embedding": Expect("v.position_embd.weight", (n_pos, 2, d)),
+                _EV + "embedding_projection.weight": Expect("mm.input_projection.weight", (
+                    self.n_embd_text, self.int_field(hv, ("output_proj_dims",), "vision_config", d))),
+                _EA + "embedding_projection.weight": Expect("mm.a.input_projection.weight", (self.n_embd_text, a))}
+
+    def modify(self, name: str, ref: TensorRef, expect: Expect) -> list[TensorSpec]:
+        """pos_embedding's two leading axes swapped; patch_dense's columns and patch_ln1 reordered to CHW."""
+        if name.endswith(".pos_embedding"):
+            n_pos, two, d = ref.shape
+            order = np.arange(n_pos * two).reshape(n_pos, two).T.reshape(-1)
+            return [gathered(expect.gguf, ref, (two, n_pos, d), d, order)]
+        perm = patch_columns(self.patch())
+        if name.endswith(".patch_dense.weight"):
+            return [TensorSpec(expect.gguf, ref.shape, ref=ref, transform=lambda x: x[:, perm])]
+        if ".patch_ln1." in name:
+            return [TensorSpec(expect.gguf, ref.shape, ref=ref, row_order=perm)]
+        return super().modify(name, ref, expect)
+
+
+# HF class -> projector (b11434 registers its mmproj classes for the ...ForConditionalGeneration classes only)
+PROJECTOR = {hf: Gemma4UnifiedProjector if hf == UNIFIED else Gemma4Projector
+             for hf in ARCH.hf if hf.endswith("ForConditionalGeneration")}

@@ -20,7 +20,8 @@ Both classes stack ``_Qwen35MRopeMixin`` on ``_LinearAttentionVReorderBase`` -> 
   refused (b11434 writes a file its loader rejects);
 * MoE: router and shared-expert gate kept F32, fused ``mlp.experts.gate_up_proj`` split into
   ``ffn_gate_exps`` / ``ffn_up_exps`` (Qwen2MoeModel.modify_tensors);
-* the vision tower (``model.visual.*``) is left out, as in every b11434 text conversion.
+* the vision tower (``model.visual.*``) is left out, as in every b11434 text conversion; the projector file
+  (``--mmproj``) holds it, as b11434's ``Qwen3VLVisionModel`` writes it (:class:`Qwen35Projector`).
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ from gguf import Keys, LlamaFileType
 from ...errors import ConfigError, NotCoveredError, UnsupportedModelError
 from ...ggufio import GGUFPlan
 from ...tensor_names import DECODER_BLOCK, GATED_DELTA_NET, NEXTN, QK_NORM, QWEN_MOE_MLP, TEXT_MODEL, block_map
-from ..configs import TargetArch
+from ..configs import ProjectorType, TargetArch
+from ..safetensors import TensorRef
 from .base import TensorSpec, TextFamily, add_text_hparams, block_id
 from .experts import split_gate_up
+from .projector import Expect, ProjectorFamily, gathered
 
+# b11434 converts the vision tower with Qwen3VLVisionModel; mtmd wraps each image in <|vision_start|> ... <|vision_end|>
+VISION = ProjectorType("qwen3vl_merger", "vision", ("<|vision_start|>", "<|vision_end|>"))
 # Qwen3_5TextModel / Qwen3_5MoeTextModel inherit TextModel.set_vocab (conversion/qwen.py)
 DENSE = TargetArch("qwen35", ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"), True, "gpt2",
-                   graph="qwen35.cpp", mtp_graph=True, output_tap=True)
+                   graph="qwen35.cpp", mtp_graph=True, output_tap=True, projectors=(VISION,))
 MOE = TargetArch("qwen35moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), True, "gpt2",
-                 graph="qwen35moe.cpp", mtp_graph=True, output_tap=True)
+                 graph="qwen35moe.cpp", mtp_graph=True, output_tap=True, projectors=(VISION,))
 ARCHS = (DENSE, MOE)
 
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # gguf-py Keys.Attention.RECURRENT_LAYERS (b11434)
@@ -324,3 +329,93 @@ class Qwen35Family(TextFamily):
 
 
 FAMILY = Qwen35Family
+
+
+# ---------------------------------------------------------------------------------------------- the projector
+_VISUAL = "model.visual."
+
+
+class Qwen35Projector(ProjectorFamily):
+    """b11434's ``Qwen3VLVisionModel`` (conversion/qwen3vl.py), which converts the Qwen3.5 / 3.6 vision tower:
+    projector type qwen3vl_merger, the Conv3D patch embedding split into its two temporal halves
+    (``v.patch_embd.weight`` and ``.weight.1``), the merger as ``mm.0`` / ``mm.2``, deepstack mergers (Qwen3-VL
+    layout; the Qwen3.5 releases list none) at their layer's index."""
+
+    def setup(self) -> None:
+        hv = self.hparams_vision
+        if not isinstance(hv, dict):
+            return
+        if "image_size" not in hv:  # (image_size / patch_size)^2 position embeddings
+            n_pos, patch = hv.get("num_position_embeddings", 2304), hv.get("patch_size", 16)
+            if all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in (n_pos, patch)):
+                hv["image_size"] = int(n_pos**0.5 * patch)
+        hv["num_attention_heads"], hv["num_hidden_layers"] = hv.get("num_heads"), hv.get("depth")
+
+    def keep(self, hf_name: str) -> str | None:
+        """Only ``model.visual.*`` (or ``visual.*``): the language model, lm_head and MTP block are not towers."""
+        name = "model." + hf_name if hf_name.startswith("visual.") else hf_name
+        return name if name.startswith(_VISUAL) and "language_model." not in name else None
+
+    def deepstack(self) -> list[int]:
+        hv, depth = self.vision_cfg(), self.int_field(self.vision_cfg(), ("depth",), "vision_config")
+        found = hv.get("deepstack_visual_indexes", [])
+        if not (isinstance(found, list) and all(isinstance(i, int) and 0 <= i < depth for i in found)):
+            raise self.refuse(f"vision_config.deepstack_visual_indexes is {found!r}, not layers of the {depth};")
+        return found
+
+    def expected(self) -> dict[str, Expect]:
+        hv, w = self.vision_cfg(), "vision_config"
+        h, ff, depth, ps = (self.int_field(hv, (k,), w) for k in ("hidden_size", "intermediate_size", "depth",
+                                                                   "patch_size"))
+        n_pos, merge, kt, chans = (self.int_field(hv, (k,), w, d) for k, d in (
+            ("num_position_embeddings", 2304), ("spatial_merge_size", 2), ("temporal_patch_size", 2),
+            ("in_channels", 3)))
+        if kt != 2:
+            raise self.refuse(f"vision_config.temporal_patch_size is {kt}; b11434 splits the patch embedding into "
+                              "two temporal halves only, and")
+        hm, out = h * merge * merge, self.n_embd_text
+        parts: list[tuple[str, str, tuple[int, ...]]] = [
+            ("merger.norm", "v.post_ln", (h,)), ("merger.linear_fc1", "mm.0", (hm, hm)),
+            ("merger.linear_fc2", "mm.2", (out, hm))]
+        for i in range(depth):
+            parts += [(f"blocks.{i}.{hf}", f"v.blk.{i}.{name}", shape) for hf, name, shape in (
+                ("norm1", "ln1", (h,)), ("norm2", "ln2", (h,)), ("attn.qkv", "attn_qkv", (3 * h, h)),
+                ("attn.proj", "attn_out", (h, h)), ("mlp.linear_fc1", "ffn_up", (ff, h)),
+                ("mlp.linear_fc2", "ffn_down", (h, ff)))]
+        for j, idx in enumerate(self.deepstack()):
+            parts += [(f"deepstack_merger_list.{j}.{hf}", f"v.deepstack.{idx}.{name}", shape) for hf, name, shape in (
+                ("norm", "norm", (hm,)), ("linear_fc1", "fc1", (hm, hm)), ("linear_fc2", "fc2", (out, hm)))]
+        found = {f"{_VISUAL}{hf}.{part}": Expect(f"{name}.{part}", shape if part == "weight" else shape[:1])
+                 for hf, name, shape in parts for part in ("weight", "bias")}
+        return {_VISUAL + "patch_embed.proj.weight": Expect("v.patch_embd.weight", (h, chans, kt, ps, ps)),
+                _VISUAL + "patch_embed.proj.bias": Expect("v.patch_embd.bias", (h,)),
+                _VISUAL + "pos_embed.weight": Expect("v.position_embd.weight", (n_pos, h)), **found}
+
+    def modify(self, name: str, ref: TensorRef, expect: Expect) -> list[TensorSpec]:
+        """The Conv3D kernel [C, 3, 2, p, p] as two Conv2D kernels [C, 3, p, p], one per temporal step."""
+        if name != _VISUAL + "patch_embed.proj.weight":
+            return super().modify(name, ref, expect)
+        h, chans, kt, ps, _ = ref.shape
+        first = np.arange(h * chans) * kt  # runs of p*p elements: (c, ch, t) at (c * chans + ch) * kt + t
+        return [gathered(expect.gguf + suffix, ref, (h, chans, ps, ps), ps * ps, first + t)
+                for t, suffix in ((0, ""), (1, ".1"))]
+
+    def add_params(self, plan: GGUFPlan, ftype: LlamaFileType) -> None:
+        super().add_params(plan, ftype)
+        hv = self.vision_cfg()
+        plan.add_string(Keys.Clip.PROJECTOR_TYPE, VISION.name)
+        plan.add_bool(Keys.ClipVision.USE_GELU, True)
+        if hv.get("spatial_merge_size") is not None:
+            plan.add_uint32(Keys.ClipVision.SPATIAL_MERGE_SIZE,
+                            self.int_field(hv, ("spatial_merge_size",), "vision_config"))
+        text = self.src.config.get("text_config") or {}  # the text model's eps, as b11434 writes it
+        plan.add_float32(Keys.ClipVision.Attention.LAYERNORM_EPS, self.float_field(text, "rms_norm_eps",
+                                                                                   "text_config", 1e-6))
+        flags = [False] * self.int_field(hv, ("depth",), "vision_config")
+        for idx in self.deepstack():
+            flags[idx] = True
+        plan.add_array(Keys.ClipVision.IS_DEEPSTACK_LAYERS, flags)
+
+
+# HF class -> projector (b11434 registers Qwen3VLVisionModel for the ...ForConditionalGeneration classes)
+PROJECTOR = {hf: Qwen35Projector for arch in ARCHS for hf in arch.hf if hf.endswith("ForConditionalGeneration")}
