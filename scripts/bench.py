@@ -553,6 +553,56 @@ def target_rows(work: Path, venv_bin: Path, ref_py: str, *, classic: bool = True
     return lines
 
 
+def make_big_gemma4_vision_target(root: Path) -> tuple[Path, float]:
+    """A Gemma-4-shaped target whose vision tower is near real size (16 layers of width 768, FF 3072, 12 heads of
+    64: ~150 M weights) beside a one-layer language model; the fixture's processor_config.json and tokenizer.
+    Returns (dir, MB of the tower's weights)."""
+    from dflash_gguf.convert.targets.gemma4 import Gemma4Projector
+    from dflash_gguf.convert.targets.projector import ProjectorSource
+
+    d = fixtures.make_gemma4_target(root, name_suffix="-bench-vision", towers="vision")
+    for p in d.glob("model*.safetensors"):
+        p.unlink()
+    h, nh, hd, hd_full, kv, kv_full, ff, vocab = 3072, 16, 256, 512, 8, 2, 12288, 512
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"].update(hidden_size=h, num_attention_heads=nh, head_dim=hd, global_head_dim=hd_full,
+                              num_key_value_heads=kv, num_global_key_value_heads=kv_full, intermediate_size=ff,
+                              num_hidden_layers=1, layer_types=["full_attention"], vocab_size=vocab,
+                              sliding_window=1024)
+    cfg["vision_config"].update(hidden_size=768, intermediate_size=3072, num_hidden_layers=16,
+                                num_attention_heads=12, num_key_value_heads=12, head_dim=64)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    arch = cfg["architectures"][0]
+    tower = {name: e.shape for name, e in
+             Gemma4Projector(ProjectorSource(d, d / "config.json", arch, cfg, {})).expected().items() if e.required}
+    _write_noise_checkpoint(d, {**_gemma4_shapes(h, nh, hd, hd_full, kv, kv_full, ff, vocab, ["full_attention"]),
+                                **tower}, n_shards=2)
+    return d, sum(int(np.prod(s)) for s in tower.values()) * 2 / 1e6
+
+
+def projector_rows(work: Path, venv_bin: Path, ref_py: str) -> list[str]:
+    """convert-target --mmproj vs b11434's convert_hf_to_gguf.py --mmproj, default outtype on both sides, on a
+    Gemma-4-shaped target with a ~300 MB BF16 vision tower."""
+    from gguf_compare import diff
+
+    model, mb = make_big_gemma4_vision_target(work / "tv")
+    ours_out, ref_out = work / "mmproj-ours.gguf", work / "mmproj-ref.gguf"
+    for p in model.glob("model*.safetensors"):
+        warm(p)
+    ours = timed([str(venv_bin / "dflash-gguf"), "convert-target", str(model), "--mmproj", "--outfile", str(ours_out)])
+    for p in model.glob("model*.safetensors"):
+        warm(p)
+    ref = timed([ref_py, str(reference_env.convert_script()), str(model), "--mmproj", "--outfile", str(ref_out)],
+                cwd=work)
+    problems = diff(ours_out, ref_out)
+    lines = [row(f"projector (mmproj) of a Gemma-4-shaped vision tower ({mb:.0f} MB BF16)", mb, ours, ref),
+             f"|   parity with b11434: {'identical' if not problems else problems[:3]} | | | | | | | | |"]
+    for path in (ours_out, ref_out):
+        path.unlink()
+    shutil.rmtree(model)
+    return lines
+
+
 # ------------------------------------------------------------------------------------- the whole pipeline
 
 def timed_disk(cmd: list[str], folder: Path, env: dict[str, str] | None = None, cwd: Path | None = None
@@ -943,6 +993,7 @@ def main() -> None:
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
     ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
+    ap.add_argument("--only-projector", action="store_true", help="run only the projector (mmproj) row")
     ap.add_argument("--full", action="store_true",
                     help=f"run only the 12B-shaped whole-pipeline rows (needs about {FULL_DISK_GB} GB of free disk)")
     ap.add_argument("--full-layers", type=int, default=G12["layers"],
@@ -960,6 +1011,9 @@ def main() -> None:
     try:
         if args.full:
             print("\n".join(full_rows(work, venv_bin, ref_py, bins / "llama-quantize", args.full_layers)))
+            return
+        if args.only_projector:
+            print("\n".join(projector_rows(work, venv_bin, ref_py)))
             return
         if args.only_kernels:
             print("\n".join(kernel_rows(work, venv_bin, bins / "llama-quantize")))
@@ -1009,6 +1063,7 @@ def main() -> None:
         lines.append(f"| verify drafter + {big.stat().st_size / 1e9:.1f} GB target (headers + sampled rows) | "
                      f"{v[0]:.2f} s | | {v[1]:.0f} MB | (no llama.cpp equivalent) | | | | |")
         lines += target_rows(work, venv_bin, ref_py)
+        lines += projector_rows(work, venv_bin, ref_py)
         lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         lines += ["", *tune_rows(work, venv_bin, bins / "llama-server")]
         lines += ["", *kernel_rows(work, venv_bin, bins / "llama-quantize")]
