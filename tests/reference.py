@@ -17,22 +17,28 @@ dead proxy, so nothing here touches the network.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import functools
 import hashlib
 import importlib.util
 import inspect
+import io
 import json
+import math
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+import wave
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -768,6 +774,72 @@ def serve_with_and_without_drafter(target: Path, drafter: Path, n_predict: int =
             output = server.output
     assert texts[0] == texts[1], texts
     return output
+
+
+# ------------------------------------------------------------------------------------------ media
+
+
+def png_bytes(width: int = 32, height: int = 32) -> bytes:
+    """An RGB PNG of colour gradients, written with zlib and struct: a real image for libmtmd's decoder (stb_image)
+    with no imaging library in the tests."""
+    rows = b"".join(b"\x00" + bytes(c for x in range(width) for c in (x * 255 // max(1, width - 1),
+                                                                     y * 255 // max(1, height - 1), (x ^ y) * 8 % 256))
+                    for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def wav_bytes(seconds: float = 0.5, rate: int = 16000) -> bytes:
+    """A 16-bit mono WAV of a 440 Hz tone at the 16 kHz the Gemma-4 audio towers read (the wave module)."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
+                               for i in range(int(seconds * rate))))
+    return buf.getvalue()
+
+
+def media_chat(text: str, media: str | None = None, max_tokens: int = 8, model: str | None = None) -> dict[str, Any]:
+    """An OpenAI ``/v1/chat/completions`` body, greedy: one user turn of ``text`` and, for ``media`` "image" or
+    "audio", a generated PNG (``image_url`` data URL) or WAV (``input_audio``) after it."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if media == "image":
+        url = "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
+        content.append({"type": "image_url", "image_url": {"url": url}})
+    elif media == "audio":
+        content.append({"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(),
+                                                               "format": "wav"}})
+    elif media is not None:
+        raise ValueError(f"media {media!r}: 'image' or 'audio'")
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                            "temperature": 0, "top_k": 1, "seed": 0}
+    return body | ({"model": model} if model else {})
+
+
+def chat_with_and_without_drafter(target: Path, mmproj: Path, drafter: Path, requests: Mapping[str, Mapping[str, Any]],
+                                  n_max: int = 9) -> tuple[dict[str, dict], dict[str, dict], str]:
+    """Serve ``target`` with its projector (``--mmproj``) alone, then with ``drafter``; send every request of
+    ``requests`` (name -> chat body) to ``/v1/chat/completions`` on both. Returns (answers alone, answers with the
+    drafter, the log with the drafter); each answer must be HTTP 200."""
+    answers: list[dict[str, dict]] = []
+    output = ""
+    for draft in (None, drafter):
+        got: dict[str, dict] = {}
+        with start_llama_server(target, draft, n_max=n_max, extra_args=["--mmproj", str(mmproj)]) as server:
+            assert server.ready, server.output[-3000:]
+            for name, request in requests.items():
+                status, body = http_json(server.url + "/v1/chat/completions", request)
+                assert status == 200 and isinstance(body, dict), (name, status, body, server.output[-3000:])
+                got[name] = body
+        answers.append(got)
+        output = server.output
+    return answers[0], answers[1], output
 
 
 # ------------------------------------------------------------------------------------ tiny fixtures

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,10 +17,10 @@ from ..pipeline.serve import record_tuning
 from ..sidecar import is_sidecar
 from ..tune import METHODS, TuneOptions, Workload, plan_tune, tune
 from ..tune.plot import PLOT_NAME, write_plot
-from ..tune.workload import BUILTIN_PROMPTS, load_prompt_file
+from ..tune.workload import BUILTIN_PROMPTS, load_image, load_prompt_file
 
 if TYPE_CHECKING:  # the tuner is imported when the command runs, not at every CLI start
-    from ..tune import TuneReport
+    from ..tune import Measurement, TuneReport
 from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
@@ -41,7 +42,7 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
             record = read_manifest(only)
             return record.file("target"), record.drafter_files(), only
         if only.is_dir():
-            ggufs = sorted(only.glob("*.gguf"))
+            ggufs = sorted(p for p in only.glob("*.gguf") if not _is_projector_name(p))
             targets = [p for p in ggufs if not is_sidecar(p)]
             drafters = [p for p in ggufs if is_sidecar(p)]
             if len(targets) == 1:
@@ -56,6 +57,36 @@ def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | No
         if not p.is_file():
             raise TuneError(f"{p} does not exist. Pass TARGET.gguf DRAFTER.gguf [DRAFTER.gguf ...].")
     return paths[0], list(paths[1:]), None
+
+
+def _is_projector_name(path: Path) -> bool:
+    """llama.cpp's own rule for a projector beside a model (common/preset.cpp ``is_mmproj_file``)."""
+    return "mmproj" in path.name
+
+
+def resolve_projector(paths: tuple[Path, ...]) -> Path | None:
+    """The target's projector the PAIR arguments bring: pair.json's ``outputs.projector``, or the one mmproj- file of
+    an output folder without pair.json; None for GGUF arguments (``--mmproj FILE`` names one then).
+
+    Raises:
+        TuneError: a folder holds more than one projector.
+        InputError: a pair.json cannot be read.
+    """
+    if len(paths) != 1:
+        return None
+    only = paths[0]
+    if only.is_dir() and (only / MANIFEST_NAME).is_file():
+        only = only / MANIFEST_NAME
+    if only.suffix == ".json":
+        record = read_manifest(only)
+        return record.folder / record.projector.file if record.projector is not None else None
+    if only.is_dir():
+        found = sorted(p for p in only.glob("*.gguf") if _is_projector_name(p))
+        if len(found) > 1:
+            raise TuneError(f"{only} holds {len(found)} projectors ({', '.join(p.name for p in found)}); pass "
+                            "TARGET.gguf [DRAFTER.gguf ...] --mmproj FILE instead.")
+        return found[0] if found else None
+    return None
 
 
 def parse_methods(values: tuple[str, ...]) -> frozenset[str]:
@@ -76,22 +107,32 @@ def _pct(x: float | None) -> str:
     return f"{x * 100:5.1f}%" if x is not None else "    -"
 
 
+def _by_kind(m: Measurement, show: Callable[[Measurement], str]) -> str:
+    """``text|image``: one figure per prompt kind (the image prompt's apart: drafters see its text tokens only)."""
+    return "|".join(show(m.of_kind(k)) for k in ("text", "image"))
+
+
 def render_report(report: TuneReport) -> str:
-    """The measurement as a table, what it was measured with, and the verdict."""
+    """The measurement as a table, what it was measured with, and the verdict. With an image prompt, two more
+    columns give tokens/s and acceptance for the text prompts and the image prompt apart."""
     wl = report.workload
     base = report.baseline.gen_tps if report.baseline else None
-    rows = [("method", "configuration", "gen tok/s", "range", "speed-up", "accept", "mean len", "prompt tok/s",
-             "peak memory", "greedy text")]
+    images = report.has_images
+    kinds = ("tok/s text|image", "accept text|image") if images else ()
+    rows = [("method", "configuration", "gen tok/s", "range", "speed-up", "accept", *kinds, "mean len",
+             "prompt tok/s", "peak memory", "greedy text")]
     for m in report.measurements:
         if m.status != "ok":
-            rows.append((m.config.method, m.config.detail, m.status.upper(), "", "", "", "", "", "", ""))
+            rows.append((m.config.method, m.config.detail, m.status.upper(), *[""] * (len(rows[0]) - 3)))
             continue
         rng = m.gen_tps_range
         greedy = "reference" if m.config.alone and not m.config.again else report.greedy(m).text
+        split = (_by_kind(m, lambda k: f"{k.gen_tps:.1f}" if k.gen_tps else "-"),
+                 _by_kind(m, lambda k: _pct(k.acceptance).strip()) if not m.config.alone else "") if images else ()
         rows.append((m.config.method, m.config.detail, f"{m.gen_tps:.1f}" if m.gen_tps else "-",
                      f"{rng[0]:.1f}-{rng[1]:.1f}" if rng else "-",
                      f"{m.gen_tps / base:.2f}x" if base and m.gen_tps else "-",
-                     _pct(m.acceptance) if not m.config.alone else "",
+                     _pct(m.acceptance) if not m.config.alone else "", *split,
                      f"{m.mean_accepted_per_step:.2f}" if m.mean_accepted_per_step is not None else "",
                      f"{m.prompt_tps:.0f}" if m.prompt_tps else "-", m.memory_text, greedy))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -105,6 +146,9 @@ def render_report(report: TuneReport) -> str:
               f"server: {s.path} (found by {s.source}), build "
               f"{s.build or 'unknown'}, threads {s.threads if s.threads is not None else 'server default'}",
               f"flags: {' '.join(report.user_flags) or '(none)'}; measured in {report.seconds:.0f} s"]
+    if images:
+        lines.insert(-2, f"image prompt: {wl.image_source} image, sent to /completion with the server's media marker; "
+                         f"projector {report.projector or 'from the flags'} served with every configuration")
     if s.devices:
         lines.append("devices: " + "; ".join(s.devices))
     for m in report.measurements:
@@ -119,6 +163,8 @@ def render_report(report: TuneReport) -> str:
                   + (f", {up:.2f}x" if (up := report.speedup(m)) is not None else "")
                   for i, m in enumerate(report.ranking, 1)]
     lines += ["", report.verdict]
+    if report.image_note:
+        lines.append(report.image_note)
     return "\n".join(lines)
 
 
@@ -135,6 +181,12 @@ def render_report(report: TuneReport) -> str:
 @click.option("--prompts", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help='A JSON list of prompts to use instead of the built-in set: strings, {"messages": [...]} or '
                    '{"prompt": "raw text"}.')
+@click.option("--mmproj", "mmproj", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="The target's projector (mmproj) GGUF: served with --mmproj, and an image prompt measured. Found by "
+                   "itself from pair.json or the output folder.")
+@click.option("--no-mmproj", "no_mmproj", is_flag=True, help="Serve without the projector: text prompts only.")
+@click.option("--image", "image", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="The picture of the image prompt (PNG, JPEG...), instead of the one tune draws; needs a projector.")
 @click.option("--n-predict", type=click.IntRange(1, 4096), default=None, help="Tokens per prompt (default 128).")
 @click.option("--repeats", type=click.IntRange(1, 20), default=None, help="Measured repeats (default 3).")
 @click.option("--thinking", type=click.Choice(["auto", "on", "off"]), default="auto",
@@ -157,9 +209,10 @@ def render_report(report: TuneReport) -> str:
 @click.pass_context
 @handle_errors
 def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
-             n_max: tuple[int, ...], prompts: Path | None, n_predict: int | None, repeats: int | None, thinking: str,
-             methods: tuple[str, ...], allow_changed_output: bool, plot: bool, no_record: bool, dry_run: bool,
-             json_: bool, verbose: bool) -> None:
+             n_max: tuple[int, ...], prompts: Path | None, mmproj: Path | None, no_mmproj: bool, image: Path | None,
+             n_predict: int | None, repeats: int | None, thinking: str, methods: tuple[str, ...],
+             allow_changed_output: bool, plot: bool, no_record: bool, dry_run: bool, json_: bool,
+             verbose: bool) -> None:
     """Measure every way llama-server can speculate for the target here, and name the fastest.
 
     The target alone; its own MTP head when its GGUF has one (--spec-type draft-mtp, no drafter file);
@@ -169,7 +222,9 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
     -fa, -c, -ctk/-ctv, -t, devices) pass to every configuration. With pair.json, the measurement, the
     serve command and models.ini are updated. Exit 0: measured (whichever configuration won); 15: draft
     acceptance collapsed (a drafter and the target do not belong together, or the target's own MTP head
-    does not predict it); 16: no llama-server; 17: nothing could be measured.
+    does not predict it); 16: no llama-server; 17: nothing could be measured. With the target's projector
+    (from pair.json, the folder's mmproj- file, or --mmproj) every configuration is served with it and one
+    image prompt is measured besides the text prompts, reported apart (a drafter sees its text tokens only).
 
     \b
     Example:
@@ -184,13 +239,19 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
     if not paths:
         raise click.UsageError("Name the pair first: pair.json, its folder, or TARGET.gguf DRAFTER.gguf.")
     target, drafters, manifest = resolve_inputs(paths)
+    projector = None if no_mmproj else mmproj or resolve_projector(paths)
+    if image is not None and projector is None and not any(f in ("-mm", "--mmproj") for f in extra):
+        raise TuneError(f"--image {image}: an image prompt needs the target's projector, and none is served. Pass "
+                        "--mmproj FILE (pair.json and output folders name theirs by themselves).")
     base = Workload(n_predict=64, repeats=1) if quick else Workload()
     workload = Workload(prompts=load_prompt_file(prompts) if prompts else BUILTIN_PROMPTS,
                         n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, thinking=thinking,
-                        source=str(prompts) if prompts else "built-in")
+                        source=str(prompts) if prompts else "built-in",
+                        image=load_image(image) if image is not None else None,
+                        image_source=str(image) if image is not None else "generated")
     options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
                           llama_server=llama_server, methods=parse_methods(methods),
-                          serve_changed_output=allow_changed_output)
+                          serve_changed_output=allow_changed_output, projector=projector)
     if dry_run:
         plan = plan_tune(target, drafters, options)
         if json_:
@@ -200,14 +261,16 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         click.echo(f"target: {own.path.name} ({own.arch}; its own MTP head: "
                    f"{f'{own.nextn_layers} nextn layer(s)' if own.has_own_mtp else own.own_mtp_in_words()})")
         click.echo(f"methods: target alone, {', '.join(plan.methods)}")
+        if plan.projector is not None:
+            click.echo(f"projector: {plan.projector} (every configuration; the workload adds an image prompt)")
         click.echo(f"server: {plan.server.path} (found by {plan.server.source})")
         click.echo(f"flags for every configuration: {' '.join(plan.flags)}")
-        click.echo(f"workload: {len(workload.prompts)} prompts, {workload.n_predict} tokens each, {workload.repeats} "
-                   "repeat(s) after 1 warm-up")
+        click.echo(f"workload: {len(plan.workload.prompts)} prompts ({', '.join(p.name for p in plan.workload.prompts)}"
+                   f"), {workload.n_predict} tokens each, {workload.repeats} repeat(s) after 1 warm-up")
         click.echo("configurations, in order:")
         for c in plan.first:
-            click.echo(f"  {c.method}: {c.label}: "
-                       f"{shlex.join(['llama-server', '-m', str(plan.target.path), *c.server_args()])}")
+            command = ["llama-server", "-m", str(plan.target.path), *plan.target_args, *c.server_args()]
+            click.echo(f"  {c.method}: {c.label}: {shlex.join(command)}")
         click.echo(f"then: {plan.later}")
         click.echo("dry run: no server was started.")
         return

@@ -456,7 +456,9 @@ class _Run:
         tuning, skipped = None, None
         if opts.tune and candidates:
             try:
-                tuning = tune(final_t, candidates, opts.tune_options, self.tune_progress)
+                tune_options = replace(opts.tune_options or TuneOptions(),
+                                       projector=projector[0] if projector is not None else None)
+                tuning = tune(final_t, candidates, tune_options, self.tune_progress)
             except LlamaServerNotFound as e:
                 skipped = str(e)
                 log.warning("--tune: %s", e)

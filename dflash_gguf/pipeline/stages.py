@@ -354,7 +354,11 @@ def check_projector_source(model_dir: Path) -> None:
     Raises:
         ConfigError, TensorError, NotCoveredError: as the projector converter.
     """
-    targets.projector_for(model_dir)
+    try:
+        targets.projector_for(model_dir)
+    except DflashGgufError as e:
+        raise type(e)(f"{e} The target's projector (mmproj) cannot be made from this checkpoint; --no-mmproj makes "
+                      "the pair without it (text only).") from None
 
 
 def convert_projector_builtin(model_dir: Path, outfile: Path, outtype: str, sources: Provenance,

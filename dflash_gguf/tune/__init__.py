@@ -6,8 +6,9 @@ one; model-free n-gram drafting; each drafter file; n-gram drafting before the f
 methods go over an adaptive n-max sweep: a coarse pass over powers of two minus one, then the neighbours of the
 best, then ``--spec-draft-p-min`` at the best n-max while the time budget lasts. Every configuration's greedy
 tokens are compared with the target alone's: speculation must not change them. A configuration that crashes or
-hangs is recorded and the sweep goes on. Tests assert verdicts (acceptance near 1 against near 0, the report's
-shape), never absolute speed.
+hangs is recorded and the sweep goes on. With the target's projector (``mmproj-``), every configuration is served
+with ``--mmproj`` and the workload gains an image prompt, measured and checked apart from the text prompts. Tests
+assert verdicts (acceptance near 1 against near 0, the report's shape), never absolute speed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..errors import DflashGgufError, ServerFailed, TuneError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary
 from ..verify import verify_files
+from ..verify.projector import is_projector, projector_types
 from .report import (
     NGRAM_FLAGS,
     OWN_MTP_METHOD,
@@ -41,7 +43,7 @@ from .report import (
     device_memory_from_log,
 )
 from .server import Server, find_llama_server, serve
-from .workload import Rendered, Workload, render
+from .workload import MEDIA_MARKER, Rendered, Workload, render
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,53 @@ class TuneOptions:
     request_timeout: float = 600.0
     methods: frozenset[str] = frozenset(METHODS)  # narrowed by --methods
     serve_changed_output: bool = False  # let a configuration whose greedy text differs win
+    projector: Path | None = None  # the target's mmproj- file: served with --mmproj, and an image prompt measured
+
+
+# llama-server's own projector flags: when the user's flags hold one, theirs decides
+_MMPROJ_FLAGS = ("-mm", "--mmproj")
+_NO_MMPROJ = "--no-mmproj"
+
+
+def check_projector_file(path: Path) -> Path:
+    """The projector tune serves, checked to be one (llama-server would stop at start-up on another file).
+
+    Raises:
+        TuneError: the file is not a projector.
+        InputError: it cannot be read as GGUF.
+    """
+    meta = read_gguf(Path(path))
+    if not is_projector(meta):
+        raise TuneError(f"{path} is not a projector (mmproj) GGUF: general.type {meta.get('general.type')!r}, "
+                        f"general.architecture {meta.arch!r}. Pass the mmproj- file made with the target, or "
+                        "--no-mmproj.")
+    return Path(path).absolute()
+
+
+def encodes_images(path: Path) -> bool:
+    """The projector has a vision tower (an audio-only one gets no image prompt)."""
+    return "vision" in projector_types(read_gguf(Path(path)))
+
+
+def served_projector(opts: TuneOptions) -> Path | None:
+    """The projector every configuration is served with: ours (``--mmproj``), unless the user's flags name one
+    (theirs) or ``--no-mmproj`` (none)."""
+    flags = opts.user_flags
+    if _NO_MMPROJ in flags:
+        return None
+    for i, f in enumerate(flags):
+        if f in _MMPROJ_FLAGS and i + 1 < len(flags):
+            return Path(flags[i + 1])
+        if f.startswith(tuple(n + "=" for n in _MMPROJ_FLAGS)):
+            return Path(f.split("=", 1)[1])
+    return opts.projector
+
+
+def _projector_args(opts: TuneOptions) -> list[str]:
+    """``--mmproj PATH`` for our projector; nothing when the user's flags decide."""
+    named = tuple(n + "=" for n in _MMPROJ_FLAGS)
+    user = any(f == _NO_MMPROJ or f in _MMPROJ_FLAGS or f.startswith(named) for f in opts.user_flags)
+    return ["--mmproj", str(opts.projector)] if opts.projector is not None and not user else []
 
 
 def inspect_drafter(path: Path) -> Drafter:
@@ -264,15 +313,16 @@ class _Tuner:
         t0 = time.monotonic()
         self.progress(config.label)
         log.info("measuring %s", config.label)
-        args = ["-m", str(self.target), *config.server_args(), *self.flags]
+        args = ["-m", str(self.target), *_projector_args(self.opts), *config.server_args(), *self.flags]
         server: Server | None = None
         try:
             with serve(self.binary, args, startup_timeout=self.opts.startup_timeout) as server:
+                marker = _media_marker(server) if self.opts.workload.image_prompts else MEDIA_MARKER
                 if self.rendered is None:
                     self._read_server_info(server)
                     self.rendered = render(lambda p, b: server.post(p, b, timeout=60), self.opts.workload,
-                                           self.n_ctx)
-                samples, steps = self._requests(server)
+                                           self.n_ctx, marker)
+                samples, steps = self._requests(server, marker)
             m = Measurement(config, "ok", tuple(samples), self.opts.workload.repeats, steps, server.peak_rss,
                             time.monotonic() - t0, device_memory=device_memory_from_log(server.log()))
         except ServerFailed as e:
@@ -283,17 +333,19 @@ class _Tuner:
         self.progress(config.label)
         return m
 
-    def _requests(self, server: Server) -> tuple[list[Sample], int | None]:
-        assert self.rendered is not None
+    def _requests(self, server: Server, marker: str) -> tuple[list[Sample], int | None]:
+        rendered = self.rendered
+        assert rendered is not None
         wl, timeout = self.opts.workload, self.opts.request_timeout
-        first = self.rendered.texts[0][1]
-        server.post("/completion", wl.request(first, min(_WARMUP_TOKENS, wl.n_predict)), timeout=timeout)  # warm-up
+        first_name, first = rendered.texts[0]
+        server.post("/completion", rendered.request(wl, first_name, first, marker, min(_WARMUP_TOKENS, wl.n_predict)),
+                    timeout=timeout)  # warm-up
         before = _spec_counters(server)
         samples = []
         for _ in range(wl.repeats):
-            for name, text in self.rendered.texts:
-                answer = server.post("/completion", wl.request(text), timeout=timeout)
-                samples.append(Sample.from_answer(name, answer))
+            for name, text in rendered.texts:
+                answer = server.post("/completion", rendered.request(wl, name, text, marker), timeout=timeout)
+                samples.append(Sample.from_answer(name, answer, rendered.kind(name)))
         after = _spec_counters(server)
         steps = None
         if before is not None and after is not None:
@@ -330,6 +382,17 @@ def _threads_flag(flags: Sequence[str]) -> int | None:
     return None
 
 
+def _media_marker(server: Server) -> str:
+    """The text this server replaces by a medium's embeddings (/props ``media_marker``: b11434 draws a random one per
+    process unless $LLAMA_MEDIA_MARKER is set); mtmd's default when it does not say."""
+    try:
+        status, props = server.request("/props", timeout=10)
+    except OSError:
+        return MEDIA_MARKER
+    marker = props.get("media_marker") if status == 200 and isinstance(props, dict) else None
+    return marker if isinstance(marker, str) and marker else MEDIA_MARKER
+
+
 def _spec_counters(server: Server) -> dict[str, float] | None:
     """llama-server's ``llamacpp:spec_decode_*`` counters from /metrics (None when not served)."""
     try:
@@ -359,10 +422,13 @@ class TunePlan:
     first: tuple[Configuration, ...]
     later: str  # what may follow, in words
     methods: tuple[str, ...]  # the methods that apply and were not narrowed away
+    projector: Path | None = None  # served with every configuration; the workload then has an image prompt
+    target_args: tuple[str, ...] = ()  # what every configuration adds to -m TARGET (--mmproj PATH)
 
     def to_dict(self) -> dict[str, object]:
         return {"dry_run": True, "target": str(self.target.path), "target_arch": self.target.arch,
                 "target_mtp_layers": self.target.nextn_layers, "methods": list(self.methods),
+                "projector": str(self.projector) if self.projector else None,
                 "server": str(self.server.path), "found_by": self.server.source, "flags": list(self.flags),
                 "workload": self.workload.to_dict(), "configurations": [c.to_dict() for c in self.first],
                 "then": self.later}
@@ -373,6 +439,26 @@ def applicable_methods(target: TargetInfo, drafters: Sequence[Drafter], opts: Tu
     possible = {METHOD_OWN_MTP: target.has_own_mtp, METHOD_DRAFTERS: bool(drafters),
                 METHOD_NGRAM_DRAFTER: bool(drafters) and METHOD_DRAFTERS in opts.methods}
     return tuple(m for m in METHODS if m in opts.methods and possible.get(m, True))
+
+
+def with_projector(opts: TuneOptions) -> TuneOptions:
+    """The options as measured: our projector checked (absolute path) and, when the projector served encodes
+    images, the image prompt in the workload.
+
+    Raises:
+        TuneError: the projector is not one, or the user's ``--image`` has no vision tower to go through.
+        InputError: as :func:`check_projector_file`.
+    """
+    if opts.projector is not None and _projector_args(opts):
+        opts = replace(opts, projector=check_projector_file(opts.projector))
+    served = served_projector(opts)
+    if served is None:
+        return opts
+    if not encodes_images(served):
+        if opts.workload.image is not None:
+            raise TuneError(f"{served} has no vision tower: the image given cannot be measured. Leave out --image.")
+        return opts
+    return replace(opts, workload=opts.workload.with_image_prompt())
 
 
 def _prepare(target: Path, drafters: Sequence[Path], opts: TuneOptions) -> tuple[TargetInfo, list[Drafter],
@@ -394,7 +480,7 @@ def plan_tune(target: Path, drafters: Sequence[Path], options: TuneOptions | Non
     Raises:
         LlamaServerNotFound, TuneError, InputError: as :func:`tune`.
     """
-    opts = options or TuneOptions()
+    opts = with_projector(options or TuneOptions())
     info, found, methods = _prepare(target, drafters, opts)
     binary = find_llama_server(opts.llama_server)
     first = first_configurations(info, found, replace(opts, methods=frozenset(methods)))
@@ -410,7 +496,7 @@ def plan_tune(target: Path, drafters: Sequence[Path], options: TuneOptions | Non
     if opts.budget is not None:
         later += f"; no configuration starts once {opts.budget:g} s are spent"
     return TunePlan(info, tuple(found), binary, tuple(with_default_flags(opts.user_flags)), opts.workload,
-                    tuple(first), later, methods)
+                    tuple(first), later, methods, served_projector(opts), tuple(_projector_args(opts)))
 
 
 def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = None,
@@ -423,7 +509,7 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
         TuneError: an input is not a target/drafter, no method applies, or the target alone could not be served.
         InputError: a GGUF cannot be read.
     """
-    opts = options or TuneOptions()
+    opts = with_projector(options or TuneOptions())
     info, found, methods = _prepare(target, drafters, opts)
     opts = replace(opts, methods=frozenset(methods))
     binary = find_llama_server(opts.llama_server)
@@ -487,7 +573,7 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
     assert t.rendered is not None
     report = TuneReport(Path(target), tuple(found), opts.workload, t.rendered.thinking, t.info,
                         tuple(opts.user_flags), tuple(t.measurements), opts.budget, budget.elapsed, tuple(notes),
-                        opts.serve_changed_output)
+                        opts.serve_changed_output, projector=served_projector(opts))
     shown = [_lineage_of(d, Path(target)) for d in report.collapsed]
     return replace(report, lineage=tuple(x for x in shown if x[1]))
 
@@ -570,5 +656,6 @@ class _Sweep:
 
 
 __all__ = ["DEFAULT_N_MAX", "METHODS", "OWN_MTP_METHOD", "Configuration", "Drafter", "Measurement",
-           "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_target", "coarse_n_max",
-           "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "tune"]
+           "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_projector_file", "check_target",
+           "coarse_n_max", "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "served_projector",
+           "tune"]

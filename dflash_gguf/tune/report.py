@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from statistics import median
 from typing import Any, Literal
 
 from ..drafters import OWN_MTP_FAMILY, Drafter
-from .workload import Workload
+from .workload import PromptKind, Workload
 
 # Acceptance below this, over enough drafts, is a collapse: the field report's QAT target drafted 7844 tokens
 # and kept 2 (0.00025). A matched pair on the worst prompt stays well above it.
@@ -129,19 +129,22 @@ class Sample:
     draft_n: int = 0
     draft_accepted: int = 0
     tokens: tuple[int, ...] = ()  # the generated token ids (``return_tokens``), for the greedy check
+    kind: PromptKind = "text"  # "image": the prompt carried an image (its tokens are in prompt_n)
 
     @classmethod
-    def from_timings(cls, prompt: str, t: dict[str, Any], tokens: Sequence[int] = ()) -> Sample:
+    def from_timings(cls, prompt: str, t: dict[str, Any], tokens: Sequence[int] = (),
+                     kind: PromptKind = "text") -> Sample:
         return cls(prompt, int(t.get("prompt_n", 0)), float(t.get("prompt_ms", 0.0)), int(t.get("predicted_n", 0)),
                    float(t.get("predicted_ms", 0.0)), int(t.get("draft_n", 0) or 0),
-                   int(t.get("draft_n_accepted", 0) or 0), tuple(int(x) for x in tokens))
+                   int(t.get("draft_n_accepted", 0) or 0), tuple(int(x) for x in tokens), kind)
 
     @classmethod
-    def from_answer(cls, prompt: str, answer: dict[str, Any]) -> Sample:
+    def from_answer(cls, prompt: str, answer: dict[str, Any], kind: PromptKind = "text") -> Sample:
         """One /completion answer: its ``timings`` and, when asked for, its ``tokens``."""
         tokens = answer.get("tokens")
         return cls.from_timings(prompt, answer.get("timings") or {},
-                                tokens if isinstance(tokens, list) and all(isinstance(x, int) for x in tokens) else ())
+                                tokens if isinstance(tokens, list) and all(isinstance(x, int) for x in tokens) else (),
+                                kind)
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,30 @@ class Measurement:
     device_memory: tuple[DeviceMemory, ...] = ()  # offloaded: what each device held (host RSS misses it)
 
     @property
+    def kinds(self) -> tuple[PromptKind, ...]:
+        """The prompt kinds measured, text first ("text", then "image" when the projector was served)."""
+        present = {s.kind for s in self.samples}
+        return tuple(k for k in ("text", "image") if k in present) + tuple(sorted(present - {"text", "image"}))
+
+    def of_kind(self, kind: PromptKind) -> Measurement:
+        """This measurement over the prompts of one kind only (their repeats kept; no step count, which
+        /metrics gives for the whole run)."""
+        return replace(self, samples=tuple(s for s in self.samples if s.kind == kind), draft_steps=None)
+
+    def kind_dict(self) -> dict[str, dict[str, Any]]:
+        """Per prompt kind: requests, tokens/s, prompt tokens and acceptance (drafters see text tokens only, so an
+        image prompt's acceptance can differ)."""
+        out = {}
+        for kind in self.kinds:
+            m = self.of_kind(kind)
+            out[kind] = {"requests": len(m.samples), "generation_tokens_per_second": _r(m.gen_tps),
+                         "prompt_tokens_per_second": _r(m.prompt_tps),
+                         "prompt_tokens": round(sum(x.prompt_n for x in m.samples) / len(m.samples), 1),
+                         "acceptance": _r(m.acceptance, 4), "draft_tokens": m.drafted,
+                         "draft_tokens_accepted": m.accepted}
+        return out
+
+    @property
     def offloaded_bytes(self) -> int | None:
         """Bytes allocated on devices, when any were; None on a host-only run."""
         total = round(sum(d.mib for d in self.device_memory) * 1024 * 1024)
@@ -311,11 +338,19 @@ class Measurement:
                 "mean_accepted_per_step": _r(self.mean_accepted_per_step, 3), "peak_rss_bytes": self.peak_rss,
                 "device_memory_mib": {d.name: round(d.mib, 2) for d in self.device_memory},
                 "requests": len(self.samples), "request_seconds": _r(self.request_seconds, 2),
-                "seconds": _r(self.seconds, 1)}
+                "seconds": _r(self.seconds, 1), "by_prompt_kind": self.kind_dict()}
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
     return round(x, nd) if x is not None else None
+
+
+def _pct(x: float | None) -> str:
+    return f"{x * 100:.1f}%" if x is not None else "no drafts"
+
+
+def _tps(x: float | None) -> str:
+    return f"{x:.1f}" if x is not None else "-"
 
 
 @dataclass(frozen=True)
@@ -351,6 +386,7 @@ class TuneReport:
     serve_changed_output: bool = False  # a configuration whose greedy text differs may still win (the user asked)
     # (drafter file name, what its and the target's names say) for a collapsed drafter whose files show why
     lineage: tuple[tuple[str, str], ...] = ()
+    projector: Path | None = None  # served with every configuration (--mmproj): the workload has an image prompt
 
     @cached_property
     def baseline(self) -> Measurement | None:
@@ -372,6 +408,32 @@ class TuneReport:
     def greedy(self, m: Measurement) -> GreedyCheck:
         """``m``'s generated tokens against the first measurement of the target alone."""
         return self._greedy.get(id(m), GreedyCheck(None))
+
+    def greedy_of_kind(self, m: Measurement, kind: PromptKind) -> GreedyCheck:
+        """``greedy``, over the prompts of one kind only (the text prompts, or the image prompt)."""
+        first = next((b for b in self.measurements if b.config.alone and b.status == "ok"), None)
+        if first is None or m.status != "ok" or m is first:
+            return GreedyCheck(None)
+        return compare_greedy(first.of_kind(kind).samples, m.of_kind(kind).samples)
+
+    @property
+    def has_images(self) -> bool:
+        """An image prompt was measured (the projector was served)."""
+        return any(s.kind == "image" for m in self.measurements for s in m.samples)
+
+    @property
+    def image_note(self) -> str:
+        """How the image prompt fared against the text prompts for the fastest drafting configuration ("" without
+        images): drafters see the text tokens only, so their acceptance there can differ."""
+        m = self.best_drafting
+        if not self.has_images or m is None:
+            return ""
+        text, image = m.of_kind("text"), m.of_kind("image")
+        greedy = self.greedy_of_kind(m, "image").text
+        return (f"Image prompt (projector {self.projector.name if self.projector else 'served'}): {m.config.label} "
+                f"accepted {_pct(image.acceptance)} of its drafts there against {_pct(text.acceptance)} on the text "
+                f"prompts, at {_tps(image.gen_tps)} against {_tps(text.gen_tps)} tokens/s; greedy text {greedy}. "
+                "A drafter sees the prompt's text tokens only, not the image's embeddings.")
 
     def servable(self, m: Measurement) -> bool:
         """Measured, and (unless the user allows it) generating the target alone's greedy text."""
@@ -535,7 +597,10 @@ class TuneReport:
                 "workload": {**self.workload.to_dict(), "thinking": self.thinking},
                 "server": self.server.to_dict(), "user_flags": list(self.user_flags), "budget_seconds": self.budget,
                 "seconds": round(self.seconds, 1),
+                "projector": str(self.projector) if self.projector else None,
                 "configurations": [m.to_dict(base) | {"greedy_same_as_target": self.greedy(m).to_dict(),
+                                                       "greedy_by_prompt_kind": {
+                                                           k: self.greedy_of_kind(m, k).to_dict() for k in m.kinds},
                                                        "servable": self.servable(m) if not m.config.alone else
                                                        m.status == "ok", "changed_output": id(m) in changed}
                                    for m in self.measurements],
@@ -553,4 +618,5 @@ class TuneReport:
                 "collapsed": [d.path.name for d in self.collapsed], "own_mtp_collapsed": self.own_mtp_collapsed,
                 "lineage": dict(self.lineage),
                 "verdict": self.verdict,
+                "image_prompts": self.image_note or None,
                 "notes": list(self.notes)}

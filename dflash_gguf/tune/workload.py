@@ -5,12 +5,21 @@ the one in the field report that first showed n-max 15 losing to 4), chat, Japan
 long-context prompt. A user's prompt file replaces it. Prompts are rendered once by the server's
 ``/apply-template`` (the target's template, the server's defaults), with the thinking switch set as
 the user will serve; every configuration then gets the same token sequence.
+
+When the target is served with its projector (``--mmproj``), one image prompt joins the set: a picture the tool
+draws itself (or the user's ``--image``), rendered through the same chat template as an ``image_url`` part, and sent
+to ``/completion`` in llama-server's multimodal form (``{"prompt_string": ..., "multimodal_data": [base64]}``), the
+media marker standing where the image goes. The drafter sees the prompt's text tokens only, so its acceptance on an
+image prompt can differ from the text prompts': the report keeps them apart.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-from dataclasses import dataclass
+import struct
+import zlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +28,49 @@ from ..errors import InputError, TuneError
 Message = dict[str, str]
 
 
+# The text llama-server puts where a medium goes and replaces by its embeddings (mtmd_default_marker; b11434's server
+# draws a random one per process unless $LLAMA_MEDIA_MARKER is set, and reports it in /props "media_marker").
+MEDIA_MARKER = "<__media__>"
+IMAGE_PROMPT = "image"  # the image prompt's name in the workload and the report
+PromptKind = str  # "text" | "image": what a prompt carries, as the report groups them
+
+
 @dataclass(frozen=True)
 class Prompt:
-    """One request: chat ``messages`` (rendered by the template) or a raw ``text`` sent as is."""
+    """One request: chat ``messages`` (rendered by the template) or a raw ``text`` sent as is; with ``image``, the
+    picture goes with the last user turn (served only with a projector)."""
 
     name: str
     messages: tuple[Message, ...] = ()
     text: str | None = None
     sections: int = 0  # > 0: a built-in long-context prompt of this many sections, shortened to fit the context
+    image: bytes | None = None
+
+    @property
+    def kind(self) -> PromptKind:
+        return "image" if self.image is not None else "text"
+
+
+def generated_image(side: int = 64) -> bytes:
+    """A square RGB PNG of colour gradients and a checker pattern, written with zlib and struct: every image
+    preprocessor of llama.cpp's mtmd reads it, and square keeps the smallest models' position tables enough."""
+    rows = b"".join(b"\x00" + bytes(c for x in range(side) for c in (
+        x * 255 // (side - 1), y * 255 // (side - 1), 255 * ((x // 8 + y // 8) % 2))) for y in range(side))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b"")
+
+
+_IMAGE_QUESTION = ("Describe this picture: its colours, the shapes in it and how they are arranged, then say what it "
+                   "could be used for.")
+
+
+def image_prompt(image: bytes) -> Prompt:
+    """The workload's image request: one user turn asking about ``image``."""
+    return Prompt(IMAGE_PROMPT, ({"role": "user", "content": _IMAGE_QUESTION},), image=image)
 
 
 _JS_TURNS: tuple[Message, ...] = (
@@ -69,6 +113,21 @@ BUILTIN_PROMPTS: tuple[Prompt, ...] = (
                                                     "やさしい日本語で説明してください。"},)),
     Prompt("long-context", _long_context(LONG_CONTEXT_SECTIONS), sections=LONG_CONTEXT_SECTIONS),
 )
+
+
+def load_image(path: Path) -> bytes:
+    """The bytes of ``--image FILE`` (llama.cpp's mtmd decodes it: PNG, JPEG, BMP, GIF...).
+
+    Raises:
+        InputError: it cannot be read or is empty.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise InputError(f"Cannot read the image {path} ({e.strerror or e}).") from None
+    if not data:
+        raise InputError(f"The image {path} is empty. Pass a PNG or JPEG file.")
+    return data
 
 
 def load_prompt_file(path: Path) -> tuple[Prompt, ...]:
@@ -121,44 +180,87 @@ class Workload:
     repeats: int = 3
     thinking: str = "auto"  # "auto" (as the server would serve, given the user's flags) | "on" | "off"
     source: str = "built-in"
+    image: bytes | None = None  # the user's --image; None: the tool draws one (used only with a projector)
+    image_source: str = "generated"
 
-    def request(self, prompt: str, n_predict: int | None = None) -> dict[str, Any]:
+    def with_image_prompt(self) -> Workload:
+        """This workload with the image prompt added (once): for a target served with its projector."""
+        if any(p.image is not None for p in self.prompts):
+            return self
+        picture = self.image if self.image is not None else generated_image()
+        return replace(self, prompts=(*self.prompts, image_prompt(picture)))
+
+    @property
+    def image_prompts(self) -> tuple[Prompt, ...]:
+        return tuple(p for p in self.prompts if p.image is not None)
+
+    def request(self, prompt: str, n_predict: int | None = None, media: tuple[str, ...] = ()) -> dict[str, Any]:
         """The /completion body: greedy and exactly ``n_predict`` tokens, the prompt evaluated every time, and the
-        generated token ids returned (the greedy check compares them with the target alone's)."""
-        return {"prompt": prompt, "n_predict": n_predict or self.n_predict, "temperature": 0.0, "top_k": 1,
+        generated token ids returned (the greedy check compares them with the target alone's). With ``media``
+        (base64), llama-server's multimodal prompt object: the text holds one media marker per item."""
+        body: Any = {"prompt_string": prompt, "multimodal_data": list(media)} if media else prompt
+        return {"prompt": body, "n_predict": n_predict or self.n_predict, "temperature": 0.0, "top_k": 1,
                 "seed": 0, "ignore_eos": True, "cache_prompt": False, "stream": False, "return_tokens": True}
 
     def to_dict(self) -> dict[str, Any]:
+        images = self.image_prompts
         return {"prompts": [p.name for p in self.prompts], "source": self.source, "n_predict": self.n_predict,
                 "repeats": self.repeats, "warmup": 1, "sampling": "greedy (temperature 0, top_k 1), ignore_eos",
-                "thinking_requested": self.thinking}
+                "thinking_requested": self.thinking,
+                "image": {"prompts": [p.name for p in images], "source": self.image_source,
+                          "bytes": len(images[0].image or b"")} if images else None}
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """The workload's prompts as text the target will see, and what the thinking switch was set to."""
+    """The workload's prompts as text the target will see, and what the thinking switch was set to. An image
+    prompt's text holds ``MEDIA_MARKER`` where the image goes (``request`` puts the server's own marker there)."""
 
     texts: tuple[tuple[str, str], ...]  # (name, prompt text)
     thinking: str  # "on" | "off" | "no switch in the template" | "raw prompts"
+    media: tuple[tuple[str, str], ...] = ()  # (name, base64 image) of each image prompt
+
+    def kind(self, name: str) -> PromptKind:
+        return "image" if any(n == name for n, _ in self.media) else "text"
+
+    def request(self, workload: Workload, name: str, text: str, marker: str = MEDIA_MARKER,
+                n_predict: int | None = None) -> dict[str, Any]:
+        """The /completion body of one rendered prompt, for a server whose media marker is ``marker``."""
+        media = tuple(data for n, data in self.media if n == name)
+        if media:
+            text = text.replace(MEDIA_MARKER, marker)
+        return workload.request(text, n_predict, media)
 
 
-def render(post: Any, workload: Workload, n_ctx: int | None = None) -> Rendered:
+def _with_image(messages: tuple[Message, ...], image: bytes) -> list[dict[str, Any]]:
+    """The turns with the image before the text of the last user turn, as an OpenAI ``image_url`` part."""
+    out: list[dict[str, Any]] = [dict(m) for m in messages]
+    last = max(i for i, m in enumerate(out) if m["role"] == "user")
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    out[last]["content"] = [{"type": "image_url", "image_url": {"url": url}},
+                            {"type": "text", "text": messages[last]["content"]}]
+    return out
+
+
+def render(post: Any, workload: Workload, n_ctx: int | None = None, marker: str = MEDIA_MARKER) -> Rendered:
     """Render the chat prompts once through the server's ``/apply-template``, each fitted to the context.
 
     ``post(path, body)`` is the server's JSON POST. With ``thinking="auto"`` the server's own default (which
     the user's ``--reasoning`` / ``--chat-template-kwargs`` flags set) is kept, and which way it went is found
     by rendering the first prompt both ways and comparing. The built-in long-context prompt is shortened to
-    half the context (a small vocabulary needs many more tokens for the same text).
+    half the context (a small vocabulary needs many more tokens for the same text). An image prompt is rendered
+    with its image as an ``image_url`` part (the server must have the projector loaded); the server's media
+    ``marker`` in the result becomes ``MEDIA_MARKER``.
 
     Raises:
-        TuneError: a prompt plus ``n_predict`` tokens does not fit in ``n_ctx``.
+        TuneError: a prompt plus ``n_predict`` tokens does not fit in ``n_ctx``, or the template dropped the image.
     """
     chat = [p for p in workload.prompts if p.text is None]
     kwargs: dict[str, Any] | None = None
     state = "raw prompts"
 
-    def apply(messages: tuple[Message, ...], kw: dict[str, Any] | None) -> str:
-        body: dict[str, Any] = {"messages": list(messages)}
+    def apply(messages: tuple[Message, ...], kw: dict[str, Any] | None, image: bytes | None = None) -> str:
+        body: dict[str, Any] = {"messages": list(messages) if image is None else _with_image(messages, image)}
         if kw is not None:
             body["chat_template_kwargs"] = kw
         return str(post("/apply-template", body)["prompt"])
@@ -177,9 +279,16 @@ def render(post: Any, workload: Workload, n_ctx: int | None = None) -> Rendered:
     def n_tokens(text: str) -> int:
         return len(post("/tokenize", {"content": text, "add_special": True})["tokens"])
 
-    texts = []
+    texts, media = [], []
     for p in workload.prompts:
-        text = p.text if p.text is not None else apply(p.messages, kwargs)
+        text = p.text if p.text is not None else apply(p.messages, kwargs, p.image)
+        if p.image is not None:
+            if text.count(marker) != 1:
+                raise TuneError(f"The chat template rendered the image prompt {p.name!r} without the server's media "
+                                f"marker {marker!r}: llama-server could not place the image. Pass --no-mmproj to "
+                                "measure text prompts only.")
+            text = text.replace(marker, MEDIA_MARKER)
+            media.append((p.name, base64.b64encode(p.image).decode()))
         if n_ctx:
             if p.sections:
                 n = p.sections
@@ -191,4 +300,4 @@ def render(post: Any, workload: Workload, n_ctx: int | None = None) -> Rendered:
                                 f"tokens it does not fit the server's context of {n_ctx}. Pass a larger context "
                                 "after -- (for example -- -c 16384) or fewer --n-predict.")
         texts.append((p.name, text))
-    return Rendered(tuple(texts), state)
+    return Rendered(tuple(texts), state, tuple(media))
