@@ -325,7 +325,9 @@ def test_the_pipeline_serves_whichever_method_is_fastest(qwen35: dict[str, Path]
     outdir = models / "qwen3.5-tiny"
     proc = subprocess.run([str(BIN / "dflash-convert"), "--target", str(qwen35["target_dir"]), "--drafter",
                            str(qwen35["drafter_dir"]), "--outdir", str(outdir), "--quant", "q8_0", "--tune",
-                           "--tune-budget", "10", "--tune-flags", "-t 1"], capture_output=True, text=True,
+                           # --no-mmproj: the fixture keeps a few of the release's vision tensors, no whole tower
+                           "--tune-budget", "10", "--tune-flags", "-t 1", "--no-mmproj"],
+                          capture_output=True, text=True,
                           env=reference.llama_server_env(), stdin=subprocess.DEVNULL, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((outdir / "pair.json").read_text())
@@ -366,7 +368,8 @@ def test_the_pipeline_serves_whichever_method_is_fastest(qwen35: dict[str, Path]
 def test_no_mtp_leaves_the_head_out_and_tune_then_offers_none(qwen35: dict[str, Path], tmp_path: Path) -> None:
     outdir = tmp_path / "no-mtp"
     run = run_cli("dflash-convert", "--target", qwen35["target_dir"], "--drafter", qwen35["drafter_dir"], "--outdir",
-                  outdir, "--quant", "q8_0", "--no-mtp")
+                  # --no-mmproj: the fixture keeps a few of the release's vision tensors, no whole tower
+                  outdir, "--quant", "q8_0", "--no-mtp", "--no-mmproj")
     assert run.returncode == 0, run.stdout + run.stderr
     doc = json.loads((outdir / "pair.json").read_text())
     assert doc["options"]["drop_mtp"] is True
