@@ -5,6 +5,7 @@ Two-step is checked both ways: with our built-in quantizer (always) and with rea
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import fixtures as mf
@@ -139,3 +140,24 @@ def test_llama_target_one_pass_spools_the_permuted_tensors(tmp_path: Path) -> No
 
     assert gguf_compare.diff(out / "one.gguf", tmp_path / "ref.gguf") == []
     REFERENCE_COMPARISONS.append("one-pass llama target q8_0 vs convert + llama-quantize")
+
+
+def test_a_released_scratch_name_is_never_given_to_a_tensor_still_read(tmp_path: Path) -> None:
+    """Spooled tensors are read from scratch files while others are released: a new scratch file must not take the
+    name (and so the open descriptor) of one still being read, which then reads another tensor's bytes."""
+    from types import SimpleNamespace
+
+    from dflash_gguf.quantize.builtin import InputTensor, _Sources
+
+    def spooled(name: str, payload: bytes) -> InputTensor:
+        return InputTensor(name, (len(payload),), 0, 0, len(payload), spool=lambda f: f.write(payload))
+
+    sources = _Sources(SimpleNamespace(path=tmp_path / "in.gguf"), tmp_path)  # type: ignore[arg-type]
+    a, b, c = spooled("a", b"A" * 8), spooled("b", b"B" * 8), spooled("c", b"C" * 8)
+    sources.locate(a)
+    fd_b, _ = sources.locate(b)
+    sources.release(a)
+    fd_c, _ = sources.locate(c)
+    assert fd_b != fd_c
+    assert os.pread(fd_b, 8, 0) == b"B" * 8 and os.pread(fd_c, 8, 0) == b"C" * 8
+    sources.close()

@@ -16,6 +16,7 @@ compiled kernels release the GIL for a whole chunk, numpy inside its array loops
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -331,6 +332,7 @@ class _Sources:
         self.gguf, self.scratch_dir = gguf, scratch_dir
         self.fds: dict[Path, int] = {}
         self.scratch: dict[str, Path] = {}
+        self._spooled = itertools.count()  # never reused: a released name must not name a file still being read
 
     def open(self, path: Path) -> int:
         if path not in self.fds:
@@ -341,7 +343,7 @@ class _Sources:
         """(fd, offset) of ``t``'s bytes, spooling them into a scratch file first when they exist nowhere."""
         if t.spool is None:
             return self.open(t.path or self.gguf.path), t.offset
-        path = self.scratch_dir / f".{self.gguf.path.name}.{len(self.scratch)}.spool"
+        path = self.scratch_dir / f".{self.gguf.path.name}.{next(self._spooled)}.spool"
         with open(path, "wb", buffering=0) as f:
             t.spool(f)
         self.scratch[t.name] = path
