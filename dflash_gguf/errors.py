@@ -144,6 +144,13 @@ class PublishRefused(DflashGgufError):
     exit_code = 21
 
 
+class PrivateDataRefused(PublishRefused):
+    """``publish`` found a path, the user name or the host name of this machine in a file it was about to upload
+    (the files and fields are named); nothing was uploaded."""
+
+    exit_code = 22
+
+
 class FolderBusyError(DflashGgufError):
     """Another dflash-gguf run is writing the same output folder (its pid and start time are named)."""
 

@@ -99,6 +99,28 @@ class Resolved:
 
 
 @dataclass(frozen=True)
+class FetchedFile:
+    """One file to read (``--target-gguf``): where it is, and the repo and commit it came from (None: local)."""
+
+    path: Path
+    repo: str | None = None
+    commit: str | None = None
+
+    @property
+    def spec(self) -> str:
+        """How a published record names it: ``org/name@commit:path/in/repo``, or a local file's name only."""
+        return f"{self.repo}@{self.commit}:{self.in_repo}" if self.repo else self.path.name
+
+    @property
+    def in_repo(self) -> str:
+        """Its path in the repo (a local file: its name)."""
+        if self.repo is None:
+            return self.path.name
+        parts = self.path.parts  # <cache>/models--org--name/snapshots/<commit>/<path in repo>
+        return "/".join(parts[parts.index(str(self.commit)) + 1:]) if self.commit in parts else self.path.name
+
+
+@dataclass(frozen=True)
 class RepoFile:
     """One file ``fetch`` would download (path relative to the repo root) and its size in bytes."""
 
@@ -577,7 +599,7 @@ def list_files(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]:
     return _hub_choice(Resolved(resolved.path, resolved.repo, commit, revision), patterns)
 
 
-def fetch_file(spec: str, *, progress: bool = True) -> Path:
+def fetch_file(spec: str, *, progress: bool = True) -> FetchedFile:
     """``org/name[@revision]:path/in/repo`` (say a GGUF for ``--target-gguf``) or a local file -> a local file.
 
     Raises:
@@ -586,7 +608,7 @@ def fetch_file(spec: str, *, progress: bool = True) -> Path:
     """
     path = Path(spec).expanduser()
     if path.is_file():
-        return path
+        return FetchedFile(path)
     m = FILE_SPEC.match(spec)
     if m is None or spec.startswith((".", "/", "~")):
         kind = "a folder, not a file" if path.is_dir() else "neither an existing file nor a Hub file spec"
@@ -601,4 +623,4 @@ def fetch_file(spec: str, *, progress: bool = True) -> Path:
         raise RepoNotFoundError(f"{name} is not in {repo} at revision {revision} (commit {commit}).{hint} Check "
                                 f"the file name against {_endpoint()}/{repo}/tree/{revision}.",
                                 repo=repo, revision=revision)
-    return Path(_download_one(repo, commit, revision, name, progress=progress))
+    return FetchedFile(Path(_download_one(repo, commit, revision, name, progress=progress)), repo, commit)

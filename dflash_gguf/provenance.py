@@ -32,6 +32,16 @@ LLAMA_CPP_BUILD = "llama_cpp_build"  # the build whose output the file matches
 NOTES = "notes"
 
 
+def folder_label(folder: Path | str) -> str:
+    """How a local source folder is recorded in a file that may be published: its name only, never the path to it
+    (which carries the user's home, user name and folder layout). A Hugging Face cache snapshot
+    (``models--org--name/snapshots/<commit>``) is named by its repo (``org/name``), not by the commit folder."""
+    path = Path(folder)
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name or str(folder)
+
+
 def key(name: str) -> str:
     """The full GGUF key of a provenance field."""
     return PROVENANCE_PREFIX + name

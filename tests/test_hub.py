@@ -355,15 +355,17 @@ def test_fetch_file_for_a_gguf_in_a_repo(tmp_path: Path) -> None:
     local.write_bytes(b"GGUF")
     with serve({ORG: repo}) as hub:
         out = _py(f"""
-            out["main"] = str(hub.fetch_file("{ORG}:tiny-7B-Q8_0.gguf"))
-            out["pinned"] = str(hub.fetch_file("{ORG}@{repo.sha}:tiny-7B-Q8_0.gguf"))
-            out["local"] = str(hub.fetch_file({str(local)!r}))
+            out["main"] = str(hub.fetch_file("{ORG}:tiny-7B-Q8_0.gguf").path)
+            out["pinned"] = str(hub.fetch_file("{ORG}@{repo.sha}:tiny-7B-Q8_0.gguf").path)
+            out["local"] = str(hub.fetch_file({str(local)!r}).path)
+            out["spec"] = hub.fetch_file("{ORG}:tiny-7B-Q8_0.gguf").spec
             """, hub.url, tmp_path / "hf")
         missing = _py(f"hub.fetch_file('{ORG}:tiny-7B-Q4_0.gguf')", hub.url, tmp_path / "hf")
         bad = _py("hub.fetch_file('no such thing')", hub.url, tmp_path / "hf")
     assert "error" not in out, out
     assert Path(out["main"]).read_bytes() == repo.files["tiny-7B-Q8_0.gguf"]
     assert Path(out["pinned"]).parent.name == repo.sha and out["local"] == str(local)
+    assert out["spec"] == f"{ORG}@{repo.sha}:tiny-7B-Q8_0.gguf"  # pinned: how a published record names it
     _assert_error(missing, "RepoNotFoundError", 9, "tiny-7B-Q4_0.gguf", ORG, "tiny-7B-Q8_0.gguf")
     _assert_error(bad, "InputError", 2, "no such thing", "org/name")
     assert hub.downloads().count("tiny-7B-Q8_0.gguf") == 1 and not hub.requested("*.safetensors")

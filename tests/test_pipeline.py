@@ -135,8 +135,8 @@ def test_full_run_from_repo_ids(hub_run: dict) -> None:
     assert manifest["sources"]["drafter"]["commit"] == repos[DRAFTER_REPO].sha
     assert manifest["tokenizer"]["origin"] == "synthesized"  # Gemma-4 ships no tokenizer.model
     assert manifest["verify"]["servable"] is True and manifest["verify"]["errors"] == 0
-    assert manifest["serve"]["command"] == [
-        "llama-server", "-m", str(outdir / FINAL_T), "--model-draft", str(outdir / FINAL_D), "--spec-type",
+    assert manifest["serve"]["command"] == [  # names, run in the folder: pair.json may be published
+        "llama-server", "-m", FINAL_T, "--model-draft", FINAL_D, "--spec-type",
         "draft-dflash", "--spec-draft-n-max", "4"]  # untuned: the evidence-backed default, not block_size - 1
     assert manifest["serve"]["measured"] is False and "not measured" in manifest["serve"]["note"]
     assert (outdir / "models.ini").read_text().splitlines()[3:] == [f"[{outdir.name}]", "spec-draft-n-max = 4"]
@@ -569,7 +569,8 @@ def test_ctrl_c_mid_download_then_resume(folders: dict[str, Path], tmp_path: Pat
 
 
 def _serve_pair_json(manifest: Path, port: int) -> tuple[int, object, str]:
-    """Run exactly the llama-server command pair.json records, plus context size, threads, host and port."""
+    """Run exactly the llama-server command pair.json records, in the pair's folder, plus context size, threads,
+    host and port."""
     cmd = json.loads(manifest.read_text())["serve"]["command"]
     assert cmd[0] == "llama-server"
     argv = [str(reference.llama_bin("llama-server")), *cmd[1:], "-c", "256", "-t", "1", "--host", "127.0.0.1",
@@ -580,7 +581,7 @@ def _serve_pair_json(manifest: Path, port: int) -> tuple[int, object, str]:
     log_path = manifest.parent.parent / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=manifest.parent.parent)
+                                cwd=manifest.parent)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180

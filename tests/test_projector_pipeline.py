@@ -48,7 +48,9 @@ def test_the_pipeline_makes_records_verifies_and_serves_the_projector(pair: Path
     assert record.projector.sha256 == sha256_file(pair / PROJECTOR) and record.projector.type == "f16"
     assert record.serve is not None
     command = list(record.serve.command)
-    assert command[command.index("--mmproj") + 1] == str((pair / PROJECTOR).absolute())
+    assert command[command.index("--mmproj") + 1] == PROJECTOR  # by name: the commands run in the folder
+    absolute = record.serve.command_in(pair)
+    assert absolute[absolute.index("--mmproj") + 1] == str((pair / PROJECTOR).absolute())
     assert "--no-mmproj" in record.serve.note
     proc = run_cli("dflash-verify", pair / "pair.json", "--json")
     assert proc.returncode == 0, proc.stdout

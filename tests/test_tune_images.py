@@ -188,7 +188,7 @@ def test_tune_measures_the_image_prompt_of_a_multimodal_pair(mm_pair: Path, tmp_
     proc, doc = run_tune(mm_pair / "pair.json", "--n-max", "3", "--repeats", "2", "--n-predict", "16", "--methods",
                          "drafters", "--no-record", "--json", "--", "-t", "1")
     assert proc.returncode == ACCEPTANCE_COLLAPSED, proc.stderr[-3000:]
-    assert doc["projector"] == str(projector) and doc["workload"]["image"]["source"] == "generated"
+    assert doc["projector"] == projector.name and doc["workload"]["image"]["source"] == "generated"
     rows = _image_rows(doc)
     assert [r["label"] for r in rows][:2] == ["target alone", "dflash-gemma-4-tiny-it-Q8_0.gguf n-max 3"]
     for row in rows:

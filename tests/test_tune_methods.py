@@ -204,12 +204,12 @@ def test_the_folder_and_the_command_follow_the_winner(demo_pair: Path, tmp_path:
         (Configuration(n_max=2, own_mtp=True), ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"], False),
         (Configuration(ngram="ngram-mod"), ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24",
                                             "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"], False),
-        (Configuration(drafter, 3, ngram="ngram-mod"), ["--model-draft", str(folder / name), "--spec-type",
+        (Configuration(drafter, 3, ngram="ngram-mod"), ["--model-draft", name, "--spec-type",
                                                         "ngram-mod,draft-dflash", "--spec-ngram-mod-n-match", "24",
                                                         "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max",
                                                         "64", "--spec-draft-n-max", "3"], True),
         (Configuration(), [], False),
-        (Configuration(drafter, 3), ["--model-draft", str(folder / name), "--spec-type", "draft-dflash",
+        (Configuration(drafter, 3), ["--model-draft", name, "--spec-type", "draft-dflash",
                                      "--spec-draft-n-max", "3"], True),
     ]
     for winner, args, beside in cases:
@@ -218,7 +218,7 @@ def test_the_folder_and_the_command_follow_the_winner(demo_pair: Path, tmp_path:
         record_serving(manifest, target, now, _winning(replace_path(drafter, now), winner))
         doc = json.loads((folder / "pair.json").read_text())
         serve = doc["serve"]
-        assert serve["command"] == ["llama-server", "-m", str(target.absolute()), *args], winner.label
+        assert serve["command"] == ["llama-server", "-m", target.name, *args], winner.label
         assert serve["method"] == winner.method and serve["uses_drafter"] is beside
         assert [p.name for p in sidecars_beside(target)] == ([name] if beside else []), winner.label
         expected_file = name if beside else f"{DRAFTERS_DIR}/{name}"
@@ -338,7 +338,7 @@ def test_the_pipeline_serves_whichever_method_is_fastest(qwen35: dict[str, Path]
     best = tuning["best"]
     target = outdir / doc["outputs"]["target"]["file"]
     assert serve["method"] == best["method"] and serve["measured"] is True
-    assert serve["command"] == ["llama-server", "-m", str(target.absolute()), *best["server_args"]], (serve, best)
+    assert serve["command"] == ["llama-server", "-m", target.name, *best["server_args"]], (serve, best)
     uses_drafter = best["drafter"] is not None
     beside = [p.name for p in sidecars_beside(target)]
     assert serve["uses_drafter"] is uses_drafter and (beside != []) is uses_drafter, (beside, best)

@@ -268,7 +268,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
         click.echo(f"tune: skipped: {result.tuning_skipped}")
     serve = record.serve
     assert serve is not None
-    click.echo(f"serve with ({serve.note}):\n  {serve.shell}")
-    click.echo(f"or, llama.cpp's folder layout with {serve.models_preset}:\n  {serve.models_dir}")
+    click.echo(f"serve with ({serve.note}):\n  {shlex.join(serve.command_in(record.folder))}")
+    click.echo(f"or, llama.cpp's folder layout with {serve.models_preset}:\n  {serve.models_dir_in(record.folder)}")
     click.echo(f"manifest: {record.path}")
     click.get_current_context().exit(result.exit_code)

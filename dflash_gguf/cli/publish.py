@@ -21,18 +21,23 @@ from ._common import echo_json, handle_errors, json_option, setup_logging, verbo
               help="The card's license (a Hub license id); needed when the sources' cards state none or differ.")
 @click.option("--allow-unverified", is_flag=True,
               help="Publish a pair dflash-verify refuses; the card then says so and lists the refusals.")
+@click.option("--drafter-only/--with-target", "drafter_only", default=None,
+              help="Upload the drafter without the target, with a card serving it beside the target's own repo "
+                   "(llama-server -hf TARGET -hfd REPO). Default: drafter only when the target was given as "
+                   "--target-gguf REPO:FILE (someone else's repo), else both.")
 @click.option("--dry-run", is_flag=True, help="Print the card and the upload plan; touch nothing on the Hub.")
 @json_option
 @verbose_option
 @handle_errors
 def publish_cmd(folder: Path, repo_id: str, private: bool, revision: str, all_drafters: bool, license_: str | None,
-                allow_unverified: bool, dry_run: bool, json_: bool, verbose: bool) -> None:
+                allow_unverified: bool, drafter_only: bool | None, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Put the output FOLDER of dflash-convert on the Hub as REPO_ID, in the layout llama-server -hf reads, with a
     model card written from its pair.json (files and sha256, how to run it, how it was made, the verify verdict,
     the measured speed and what it was measured with).
 
     The token comes from HF_TOKEN or `hf auth login`; it is never printed or written. A re-publish uploads only
-    files whose content changed.
+    files whose content changed. Nothing is uploaded when a file carries a path, the user name or the host name of
+    this machine (exit 22).
 
     \b
     Example:
@@ -40,7 +45,7 @@ def publish_cmd(folder: Path, repo_id: str, private: bool, revision: str, all_dr
     """
     setup_logging(verbose)
     plan = plan_publish(folder, repo_id, revision=revision, private=private, all_drafters=all_drafters,
-                        license=license_, allow_unverified=allow_unverified)
+                        license=license_, allow_unverified=allow_unverified, drafter_only=drafter_only)
     if dry_run:
         if json_:
             echo_json({"dry_run": True, **plan.to_dict()})

@@ -246,9 +246,9 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
     base = Workload(n_predict=64, repeats=1) if quick else Workload()
     workload = Workload(prompts=load_prompt_file(prompts) if prompts else BUILTIN_PROMPTS,
                         n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, thinking=thinking,
-                        source=str(prompts) if prompts else "built-in",
+                        source=Path(prompts).name if prompts else "built-in",  # names only: pair.json may be published
                         image=load_image(image) if image is not None else None,
-                        image_source=str(image) if image is not None else "generated")
+                        image_source=Path(image).name if image is not None else "generated")
     options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
                           llama_server=llama_server, methods=parse_methods(methods),
                           serve_changed_output=allow_changed_output, projector=projector)

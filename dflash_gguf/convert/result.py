@@ -114,7 +114,7 @@ def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: 
     return {
         prov.CONVERTER: f"dflash-gguf {__version__}",
         prov.LLAMA_CPP_BUILD: LLAMA_CPP_BUILD,
-        prov.TARGET_SOURCE: str(target_dir),
+        prov.TARGET_SOURCE: prov.folder_label(target_dir),
         prov.TARGET_ARCH: arch,
         prov.TARGET_CONFIG_SHA256: hashlib.sha256(Path(config_path).read_bytes()).hexdigest(),
         prov.TARGET_VOCAB_SHA256: vocab_sha256,

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..drafters import DEFAULT_FAMILY
 from ..drafters.findings import Report
 from ..errors import InputError
 from ..jsonfile import load_json
-from ..relpath import name_problem
+from ..relpath import inside, name_problem
 from ..verify import read_gguf, verify_files
 from ..verify.projector import check_projector
 
@@ -172,6 +173,7 @@ class Outputs:
     drafter: OutputRecord
     several: tuple[OutputRecord, ...] | None = None  # None: a run of one drafter
     projector: OutputRecord | None = None
+    imatrix: OutputRecord | None = None  # the importance matrix the target was quantized with (--imatrix)
 
     @property
     def drafters(self) -> tuple[OutputRecord, ...]:
@@ -183,15 +185,18 @@ class Outputs:
             out["drafters"] = [d.to_json() for d in self.several]
         if self.projector is not None:
             out["projector"] = self.projector.to_json()
+        if self.imatrix is not None:
+            out["imatrix"] = self.imatrix.to_json()
         return out
 
     @classmethod
     def from_json(cls, d: Any) -> Outputs:
         """Raises KeyError/TypeError when ``d`` does not name a target and a drafter file."""
-        several, projector = d.get("drafters"), d.get("projector")
+        several, projector, imatrix = d.get("drafters"), d.get("projector"), d.get("imatrix")
         return cls(OutputRecord.from_json(d["target"]), OutputRecord.from_json(d["drafter"]),
                    tuple(OutputRecord.from_json(x) for x in several) if isinstance(several, list) else None,
-                   OutputRecord.from_json(projector) if isinstance(projector, dict) else None)
+                   OutputRecord.from_json(projector) if isinstance(projector, dict) else None,
+                   OutputRecord.from_json(imatrix) if isinstance(imatrix, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,17 @@ class ServePlan:
     models_preset: str | None = None
     model: str | None = None  # the model name --models-dir serves the folder as
     hub: str | None = None
+
+    # The options whose value is a file or folder: named relative to the pair's folder (the commands run there).
+    FILE_OPTIONS = ("-m", "--model-draft", "--mmproj", "--models-dir", "--models-preset")
+
+    def command_in(self, folder: Path) -> list[str]:
+        """The command with the folder's files as absolute paths: runnable from anywhere on this machine."""
+        return _absolute_files(list(self.command), folder)
+
+    def models_dir_in(self, folder: Path) -> str:
+        """The ``--models-dir`` form with absolute paths (what to run from anywhere on this machine)."""
+        return shlex.join(_absolute_files(shlex.split(self.models_dir or ""), folder))
 
     def to_json(self) -> dict[str, Any]:
         return {"command": list(self.command), "shell": self.shell, "method": self.method, "n_max": self.n_max,
@@ -239,23 +255,34 @@ class ServePlan:
                    _opt_str(d.get("hub")))
 
 
+def _absolute_files(args: list[str], folder: Path) -> list[str]:
+    """``args`` with the value of each file option (ServePlan.FILE_OPTIONS) made absolute against ``folder``."""
+    folder = Path(folder).absolute()
+    return [os.path.normpath(folder / a) if i and args[i - 1] in ServePlan.FILE_OPTIONS else a
+            for i, a in enumerate(args)]
+
+
 @dataclass(frozen=True)
 class SourceRecord:
-    """A pipeline input as pair.json records it: the spec given, and the repo at its commit or the local folder."""
+    """A pipeline input as pair.json records it: the spec given, and the repo at its commit or the local folder
+    (by its name only: pair.json may be published), with the licenses its card states (None: not recorded)."""
 
     spec: str
     repo: str | None = None
     commit: str | None = None
     path: str | None = None
+    license: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"spec": self.spec, "repo": self.repo, "commit": self.commit, "path": self.path}
+        out: dict[str, Any] = {"spec": self.spec, "repo": self.repo, "commit": self.commit, "path": self.path}
+        return out | ({"license": list(self.license)} if self.license is not None else {})
 
     @classmethod
     def from_json(cls, d: Any) -> SourceRecord:
         d = d if isinstance(d, dict) else {}
+        lic = d.get("license")
         return cls(str(d.get("spec") or ""), _opt_str(d.get("repo")), _opt_str(d.get("commit")),
-                   _opt_str(d.get("path")))
+                   _opt_str(d.get("path")), tuple(str(x) for x in lic) if isinstance(lic, list) else None)
 
 
 @dataclass(frozen=True)
@@ -277,7 +304,7 @@ class Sources:
         if self.several is not None:
             out["drafters"] = [d.to_json() for d in self.several]
         if self.target_gguf is not None:
-            out["target_gguf"] = {"spec": self.target_gguf.spec, "path": self.target_gguf.path}
+            out["target_gguf"] = self.target_gguf.to_json()
         return out
 
     @classmethod
@@ -478,6 +505,11 @@ class PairRecord:
         """The target's projector (mmproj), when the run made one."""
         return self.outputs.projector
 
+    @property
+    def imatrix(self) -> OutputRecord | None:
+        """The importance matrix the target was quantized with, when one was given."""
+        return self.outputs.imatrix
+
     def drafter_files(self) -> list[Path]:
         """Every drafter GGUF the run made (for a run of several, where they live: ``drafters/``)."""
         return [self.folder / d.file for d in self.drafters]
@@ -520,6 +552,7 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
     named = [("outputs.target.file", typed.target), ("outputs.drafter.file", typed.drafter)]
     named += [(f"outputs.drafters[{i}].file", rec) for i, rec in enumerate(typed.several or ())]
     named += [("outputs.projector.file", typed.projector)] if typed.projector is not None else []
+    named += [("outputs.imatrix.file", typed.imatrix)] if typed.imatrix is not None else []
     for field_name, rec in named:
         if (problem := name_problem(rec.file)) is not None:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
@@ -569,6 +602,12 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
                              "beside the GGUF files it names, or re-run dflash-convert to make it again.")
         report.extend(check_projector(read_gguf(projector), read_gguf(files["target"])))
         checked.append(("manifest.projector", projector, record.projector))
+    if record.imatrix is not None:
+        imatrix = inside(folder, record.imatrix.file)
+        if imatrix is None or not imatrix.is_file():
+            raise InputError(f"{path} names the importance matrix {record.imatrix.file}, which is not in {folder}. "
+                             "Keep pair.json beside the files it names, or re-run dflash-convert to copy it again.")
+        checked.append(("manifest.imatrix", imatrix, record.imatrix))
     for check_id, f, want in checked:
         if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
             report.ok(check_id, f"{f.name}: size and sha256 as recorded in {Path(path).name}")

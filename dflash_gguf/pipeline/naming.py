@@ -16,6 +16,9 @@ from ..quantize.types import quant_type
 # Inside --outdir: every drafter of a run that makes several, and a run's one drafter while it is not what is
 # served (llama-server's --models-dir router attaches any dflash-/dspark-/mtp- file beside the target).
 DRAFTERS_DIR = "drafters"
+# Inside --outdir: the importance matrix the target was quantized with (not at the root, where the --models-dir
+# router would take any .gguf for the model; -hf skips names containing "imatrix" wherever they are).
+IMATRIX_DIR = "imatrix"
 
 
 def size_ratio(type_name: str) -> float:

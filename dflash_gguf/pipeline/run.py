@@ -11,6 +11,7 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -18,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
+from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
 from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
-from ..provenance import Provenance
+from ..provenance import Provenance, folder_label
 from ..quantize import check_makeable, quant_type
 from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..quantize.rules import ONE_PASS_TYPES
@@ -51,6 +53,7 @@ from .manifest import (
 from .naming import (
     DEFAULT_PROJECTOR_TYPE,
     DRAFTERS_DIR,
+    IMATRIX_DIR,
     checkpoint_type,
     gguf_name,
     model_name,
@@ -59,7 +62,7 @@ from .naming import (
 )
 from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan, projector_params
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
-from .sources import Source, cached_size, fetch_source, list_source_files
+from .sources import Source, cached_size, fetch_source, list_source_files, public_spec
 from .sources import resolve_source as resolve_spec
 
 log = logging.getLogger(__name__)
@@ -343,7 +346,8 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                       tuple(d.record() for d in drafters) if len(drafters) > 1 else None)
     options = RunOptions(opts.target_type, opts.draft_quant, method.kind,
                          "llama-cpp" if drafter_by_llama_cpp else "builtin",
-                         opts.target_gguf, str(opts.llama_cpp) if opts.llama_cpp else None, opts.keep_intermediate,
+                         public_spec(opts.target_gguf), folder_label(opts.llama_cpp) if opts.llama_cpp else None,
+                         opts.keep_intermediate,
                          opts.allow_derived_target, opts.drop_mtp)
     header: dict[str, Any] = {"precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
     if len(drafters) > 1:
@@ -355,9 +359,11 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     plan.require_space()
     gguf_path = None
     if isinstance(method, stages.ExistingGguf):  # judged before any weight is fetched or anything is written
-        gguf_path = stages.obtain_target_gguf(method.spec)
+        fetched = stages.obtain_target_gguf(method.spec)
+        gguf_path = fetched.path
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
-        sources = replace(sources, target_gguf=SourceRecord(method.spec, path=str(gguf_path.resolve())))
+        sources = replace(sources, target_gguf=SourceRecord(fetched.spec, fetched.repo, fetched.commit,
+                                                            fetched.in_repo))
     try:
         with folder_lock.writing(outdir, f"dflash-convert --outdir {outdir}"):
             return _Run(opts, Manifest.load(outdir), progress, method, options).run(drafters, target, sources, header,
@@ -376,6 +382,7 @@ class _Run:
         self.work = self.outdir / WORK_DIR
         self.tool = f"dflash-gguf {__version__}"
         self._tune_bar: Callable[[int, int], None] | None = None
+        self.imatrix: Path | None = None  # the --imatrix file, copied into the folder by the target stage
 
     def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
             gguf_path: Path | None) -> PipelineResult:
@@ -439,15 +446,18 @@ class _Run:
         if projector is not None:  # the pair's verdict covers the projector served with it
             report.extend(check_projector(read_gguf(projector[0]), read_gguf(final_t)))
         m.outputs = Outputs(self._output(final_t, made_t), self._output(final_d, made_d), tuple(
-            replace(self._output(f, info), kind=drafter_kind(read_gguf(f)), source=d.label,
+            replace(self._output(f, info), kind=drafter_kind(read_gguf(f)), source=d.public,
                     verdict=DrafterVerdict(not r.errors, len(r.errors), len(r.warnings)))
             for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None,
-            self._output(*projector) if projector is not None else None)
+            self._output(*projector) if projector is not None else None,
+            self._output(self.imatrix, stages.imatrix_made(self.imatrix)) if self.imatrix is not None else None)
         m.data["tools"] = _tool_versions(self.method, self.opts).to_json()
-        m.data["verify"] = report.to_dict()
+        m.data["verify"] = report.to_dict() | {"inputs": {  # by name: pair.json may be published
+            side: m.name_of(Path(f)) if f else f for side, f in report.inputs.items()}}
         m.data["status"] = "verify-failed" if report.errors else "complete"
         self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made),
-                                          *((projector[0].name,) if projector is not None else ())})
+                                          *((projector[0].name,) if projector is not None else ()),
+                                          *((m.name_of(self.imatrix),) if self.imatrix is not None else ())})
         candidates = [f for f, _, r in made if not r.errors]
         if several:  # the one served beside the target, the others in drafters/
             serve_drafter(m, final_t, final_d if not report.errors else None, None)
@@ -515,8 +525,9 @@ class _Run:
             if kind in ("quantized", quant):
                 link = stages.link_into(self.outdir, gguf_path)
                 return link, Made(kind, f"--target-gguf {stages.method_detail(self.method)}")
-            key = {"method": "gguf", "source": str(gguf_path.resolve()), "size": gguf_path.stat().st_size,
+            key = {"method": "gguf", "source": gguf_path.name, "size": gguf_path.stat().st_size,
                    "mtime_ns": gguf_path.stat().st_mtime_ns}
+            self.imatrix = self._imatrix_into_folder(name)
             final = self.outdir / gguf_name(name, quant)
             return final, self._quantized_side("target", key, lambda out: None, gguf_path, final, quant,
                                                keep_input=True)
@@ -539,12 +550,30 @@ class _Run:
                                             self.opts.drop_mtp)
             return None  # an external tool's output: hashed by reading it
 
+        self.imatrix = self._imatrix_into_folder(name)
         builtin = isinstance(self.method, stages.BuiltinConverter)
         convert = convert_builtin if builtin else convert_with_llama_cpp
         one_pass = convert_builtin if builtin and _one_pass(self.opts, quant, target=True) else None
         final = self.outdir / gguf_name(name, quant)
         inter = self.outdir / gguf_name(name, src)
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
+
+    def _imatrix_into_folder(self, name: str) -> Path | None:
+        """The --imatrix file copied into ``imatrix/`` of the folder (``imatrix-<name>.gguf``, or ``.dat`` for the
+        legacy format): the folder then holds what its target was made with, llama-quantize is given it by name
+        (it writes the path into the GGUF as given), and publish uploads it. Not at the folder's root: llama-server's
+        --models-dir router would take any other ``.gguf`` there for the model (``load_from_models_dir``)."""
+        given = self.opts.imatrix
+        if given is None:
+            return None
+        suffix = ".gguf" if stages.is_gguf(Path(given)) else ".dat"
+        dest = self.outdir / IMATRIX_DIR / f"imatrix-{name}{suffix}"
+        if not (dest.is_file() and dest.stat().st_size == Path(given).stat().st_size
+                and sha256_file(dest) == sha256_file(Path(given))):
+            dest.parent.mkdir(exist_ok=True)
+            with atomic_output(dest) as tmp:
+                shutil.copyfile(given, tmp)
+        return dest
 
     def makes_projector(self, target: Source, gguf_path: Path | None) -> bool:
         """Whether this run makes the target's projector: it has a vision or audio tower, --no-mmproj is not given,
@@ -607,7 +636,7 @@ class _Run:
         """Delete an earlier run's outputs this run no longer makes (a drafter under its pre-sidecar name, another
         --quant), when they are still the files pair.json recorded: llama-server --models-dir wants exactly one
         target and one sidecar per folder."""
-        for rec in (earlier.target, earlier.drafter, earlier.projector) if earlier is not None else ():
+        for rec in (earlier.target, earlier.drafter, earlier.projector, earlier.imatrix) if earlier is not None else ():
             if rec is None:
                 continue
             name = rec.file
@@ -643,15 +672,15 @@ class _Run:
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
                         final: Path, quant: str, *, keep_input: bool = False) -> Made:
-        imatrix = self.opts.imatrix if side == "target" else None
+        imatrix = self.imatrix if side == "target" else None
         overrides = self.opts.target_overrides if side == "target" else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
                  "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None)}
         if overrides.given:  # only when given: outputs made before the option existed stay reusable
             q_key["overrides"] = overrides.args()
         if imatrix is not None:  # only when given: outputs made before the option existed stay reusable
-            q_key["imatrix"] = {"path": str(Path(imatrix).resolve()), "size": Path(imatrix).stat().st_size,
-                                "mtime_ns": Path(imatrix).stat().st_mtime_ns}
+            q_key["imatrix"] = {"file": Path(imatrix).name, "size": Path(imatrix).stat().st_size,
+                                "sha256": sha256_file(Path(imatrix))}
         if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
@@ -683,5 +712,5 @@ class _Run:
 
     def _output(self, path: Path, made: Made) -> OutputRecord:
         """The record of a final output: where it is, how it was made, and what it links to when it is a link."""
-        links_to = str(path.resolve()) if path.is_symlink() else None
+        links_to = Path(os.readlink(path)).name if path.is_symlink() else None  # a name: pair.json may be published
         return OutputRecord.of(self._record_of(path), made, links_to=links_to)

@@ -52,15 +52,16 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
     target's ``projector``, the command loads it (``--mmproj``): llama-server b11434 speculates with one loaded."""
     info = inspect_drafter(drafter)
     served, own, note = _served_configuration(info, report)
-    target_args = ["llama-server", "-m", str(target.absolute())]
+    folder = target.absolute().parent
+    target_args = ["llama-server", "-m", target.name]
     if projector is not None:
-        target_args += ["--mmproj", str(projector.absolute())]
+        target_args += ["--mmproj", _in_folder(projector, folder)]
         note += ("; the projector is loaded for image and audio input (-hf and the --models-dir router load the "
                  "mmproj- file by themselves; --no-mmproj serves text only)")
-    drafted = target_args + own.server_args()
-    cmd = target_args + served.server_args()
-    folder = target.absolute().parent
-    models_dir = ["llama-server", "--models-dir", str(folder.parent), "--models-preset", str(folder / PRESET_NAME)]
+    drafted = target_args + _files_in_folder(own.server_args(), folder)
+    cmd = target_args + _files_in_folder(served.server_args(), folder)
+    # Run in the folder, like the commands above: names, not paths, so pair.json and models.ini can be published.
+    models_dir = ["llama-server", "--models-dir", "..", "--models-preset", PRESET_NAME]
     # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
     # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark).
     hub = ["llama-server", "-hf", "USER/REPO", *_without_files(served.server_args())]
@@ -74,6 +75,17 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
                      report is not None and report.best is not None, served.drafter is not None, note,
                      shlex.join(drafted), _preset_options(served), shlex.join(models_dir), PRESET_NAME, folder.name,
                      " ".join(hub))
+
+
+def _in_folder(path: Path, folder: Path) -> str:
+    """A file as the folder's commands name it: relative inside the folder (they run there), else as it is."""
+    path = Path(path).absolute()
+    return os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
+
+
+def _files_in_folder(args: list[str], folder: Path) -> list[str]:
+    """Server arguments with the files inside ``folder`` named relative to it."""
+    return [_in_folder(Path(a), folder) if Path(a).is_absolute() else a for a in args]
 
 
 def _without_files(args: list[str]) -> list[str]:
@@ -105,7 +117,7 @@ def write_models_preset(outdir: Path, serve: ServePlan) -> Path:
     model and the speculation measured fastest (the drafter sidecar beside the target is attached by the router
     itself; it is there only when the drafter is what is served). Atomically written."""
     lines = [f"; written by dflash-gguf: {serve.note}",
-             f"; serve: {serve.models_dir}",
+             f"; serve, from this folder: {serve.models_dir}",
              f"; uploaded to a Hub repo: {serve.hub}",
              f"[{serve.model}]"]
     lines += [f"{key} = {value}" for key, value in serve.preset.items()]

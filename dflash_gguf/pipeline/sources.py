@@ -15,6 +15,8 @@ from huggingface_hub import try_to_load_from_cache
 
 from .. import hub
 from ..hub import CARD_AND_CONFIG, RepoFile, Resolved
+from ..model_card import front_matter, read_card, str_list
+from ..provenance import folder_label
 from .manifest import SourceRecord
 
 
@@ -43,13 +45,20 @@ class Source:
         return self.resolved.label
 
     @property
+    def public(self) -> str:
+        """``org/name@commit`` for a repo, the folder's name for a local folder: how files that may be published
+        name it."""
+        return self.label if self.repo else folder_label(self.path.resolve())
+
+    @property
     def repo_spec(self) -> str | None:
         """``org/name@commit`` for provenance, None for a local folder."""
         return f"{self.repo}@{self.commit}" if self.repo else None
 
     def identity(self) -> str:
         """What decides whether outputs made from this source are still current: the pinned commit of a
-        repo, or a folder's path plus the names, sizes and mtimes of its files."""
+        repo, or a folder's name plus a hash of the names, sizes and mtimes of its files (never the path to it:
+        pair.json may be published)."""
         if self.repo:
             return f"{self.repo}@{self.commit}"
         h = hashlib.sha256()
@@ -57,11 +66,21 @@ class Source:
             if p.is_file() and not p.name.startswith("."):
                 st = p.stat()
                 h.update(f"{p.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        return f"{self.path.resolve()}#{h.hexdigest()[:16]}"
+        return f"{folder_label(self.path.resolve())}#{h.hexdigest()[:16]}"
 
     def record(self) -> SourceRecord:
-        """How pair.json records it."""
-        return SourceRecord(self.spec, self.repo, self.commit, None if self.repo else str(self.path.resolve()))
+        """How pair.json records it: a repo at its commit, a local folder by its name only; with the license its
+        card states (what publish puts on its own card)."""
+        name = None if self.repo else folder_label(self.path.resolve())
+        return SourceRecord(self.spec if self.repo else str(name), self.repo, self.commit, name,
+                            tuple(str_list(front_matter(read_card(self.path)).get("license"))))
+
+
+def public_spec(spec: str | None) -> str | None:
+    """A file or Hub spec as a record that may be published names it: a local path by its name only."""
+    if spec is None or not Path(spec).expanduser().exists():
+        return spec
+    return folder_label(Path(spec).expanduser().resolve())
 
 
 def resolve_source(spec: str) -> Source:

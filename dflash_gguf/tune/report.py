@@ -95,11 +95,12 @@ class Configuration:
             return f"{self.drafter.path.name} {self._draft_length}".strip()
         return self._draft_length or "llama.cpp's settings"
 
-    def server_args(self) -> list[str]:
-        """The llama-server flags this configuration adds to the target and the user's flags."""
+    def server_args(self, *, by_name: bool = False) -> list[str]:
+        """The llama-server flags this configuration adds to the target and the user's flags (``by_name``: the
+        drafter file by its name, as a record that may be published names it)."""
         if self.alone:
             return []
-        args = ["--model-draft", str(self.drafter.path)] if self.drafter else []
+        args = ["--model-draft", self.drafter.path.name if by_name else str(self.drafter.path)] if self.drafter else []
         if self.spec_types:
             args += ["--spec-type", ",".join(self.spec_types)]
         if self.ngram:
@@ -114,7 +115,7 @@ class Configuration:
         return {"label": self.label, "method": self.method, "drafter": self.drafter.path.name if self.drafter else None,
                 "drafter_type": self.drafter.type_name if self.drafter else None,
                 "spec_type": ",".join(self.spec_types) or None, "n_max": self.n_max,
-                "p_min": self.p_min, "server_args": self.server_args()}
+                "p_min": self.p_min, "server_args": self.server_args(by_name=True)}
 
 
 @dataclass(frozen=True)
@@ -365,7 +366,7 @@ class ServerInfo:
     threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "found_by": self.source, "build": self.build, "threads": self.threads,
+        return {"binary": self.path.name, "found_by": self.source, "build": self.build, "threads": self.threads,
                 "system_info": self.system_info, "devices": list(self.devices)}
 
 
@@ -591,13 +592,14 @@ class TuneReport:
         base = self.baseline.gen_tps if self.baseline else None
         best = self.best
         changed = set(map(id, self.changed_output))
-        return {"target": str(self.target), "drafters": [{"file": d.path.name, "path": str(d.path), "arch": d.arch,
+        # files by name only: the report goes into pair.json, which may be published
+        return {"target": self.target.name, "drafters": [{"file": d.path.name, "arch": d.arch,
                                                           "spec_type": d.spec_type, "block_size": d.block_size,
                                                           "type": d.type_name} for d in self.drafters],
                 "workload": {**self.workload.to_dict(), "thinking": self.thinking},
                 "server": self.server.to_dict(), "user_flags": list(self.user_flags), "budget_seconds": self.budget,
                 "seconds": round(self.seconds, 1),
-                "projector": str(self.projector) if self.projector else None,
+                "projector": self.projector.name if self.projector else None,
                 "configurations": [m.to_dict(base) | {"greedy_same_as_target": self.greedy(m).to_dict(),
                                                        "greedy_by_prompt_kind": {
                                                            k: self.greedy_of_kind(m, k).to_dict() for k in m.kinds},

@@ -466,7 +466,7 @@ def convert(
     plan.add_uint32(Keys.MASK_TOKEN_ID, cfg.mask_token_id)
 
     recorded = target_record(target_dir, target.path, target.arch, vocab.sha256,
-                             {prov.DRAFTER_SOURCE: str(drafter_dir), **drafter_card_record(drafter_dir),
+                             {prov.DRAFTER_SOURCE: prov.folder_label(drafter_dir), **drafter_card_record(drafter_dir),
                               **(provenance or {})})
     return finish(plan, Path(outfile), outtype, vocab, tuple(notes), recorded, start, quant=quant, dry_run=dry_run,
                   on_progress=on_progress)

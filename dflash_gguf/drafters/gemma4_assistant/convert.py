@@ -104,6 +104,6 @@ def convert(reading: Interpretation[rules.AssistantSpec], drafter_dir: Path, tar
     fam = family_for(drafter_dir, drafter_dir, cls=Gemma4AssistantFamily)
     plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.DRAFTER_REPO) or drafter_dir.name)
     recorded = target_record(target_dir, target_path, facts.arch or "?", vocab.sha256,
-                             {prov.DRAFTER_SOURCE: str(drafter_dir), **(provenance or {})})
+                             {prov.DRAFTER_SOURCE: prov.folder_label(drafter_dir), **(provenance or {})})
     return finish(plan, Path(outfile), outtype, vocab, (*reading.notes, *fam.notes), recorded, start, quant=quant,
                   dry_run=dry_run, on_progress=on_progress)

@@ -18,18 +18,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, hub
-from .drafters import family_of_gguf
-from .drafters.findings import Report
-from .errors import PublishRefused
-from .ggufio.reader import read_gguf
-from .model_card import CARD, front_matter, read_card, str_list
-from .pipeline.manifest import (
+from .. import __version__, hub
+from ..drafters import family_of_gguf
+from ..drafters.findings import Report
+from ..errors import PrivateDataRefused, PublishRefused
+from ..ggufio.reader import read_gguf
+from ..model_card import CARD, front_matter, read_card, str_list
+from ..pipeline.manifest import (
     MANIFEST_NAME,
     PairRecord,
     SourceRecord,
@@ -39,8 +40,9 @@ from .pipeline.manifest import (
     sha256_file,
     verify_manifest,
 )
-from .sidecar import PRESET_NAME
-from .tune.plot import PLOT_NAME
+from ..sidecar import PRESET_NAME
+from ..tune.plot import PLOT_NAME
+from . import privacy
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +76,12 @@ class PublishPlan:
     license: str
     report: Report
     verified: bool
+    drafter_only: bool = False  # the target is not uploaded: the repo is served beside another's with -hfd
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "repo": self.repo_id, "revision": self.revision, "private": self.private,
-                "license": self.license, "verified": self.verified, "files": [f.to_dict() for f in self.files],
-                "card": self.card}
+                "license": self.license, "verified": self.verified, "drafter_only": self.drafter_only,
+                "files": [f.to_dict() for f in self.files], "card": self.card}
 
 
 @dataclass(frozen=True)
@@ -98,14 +101,16 @@ class PublishResult:
 
 def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private: bool = False,
                  all_drafters: bool = False, license: str | None = None,
-                 allow_unverified: bool = False) -> PublishPlan:
+                 allow_unverified: bool = False, drafter_only: bool | None = None) -> PublishPlan:
     """The files, the card and the checks of publishing ``folder`` (an output folder, or its pair.json) as
-    ``repo_id``.
+    ``repo_id``. ``drafter_only`` (None: when the target is a Hub GGUF someone else publishes, given with
+    --target-gguf REPO:FILE) leaves the target out: the repo holds the drafter, served beside that target with -hfd.
 
     Raises:
         InputError: the folder has no readable pair.json, or a file it names is missing.
         PublishRefused: verify refuses the pair (without ``allow_unverified``), a GGUF is not the file pair.json
             recorded, the repo id is malformed, or the sources' licenses are absent or differ (without ``license``).
+        PrivateDataRefused: a file to upload carries a path, the user name or the host name of this machine.
     """
     if not hub.is_repo_id(repo_id) or "@" in repo_id:
         raise PublishRefused(f"{repo_id!r} is not a repo id: publish takes USER/NAME (or ORG/NAME), and the branch "
@@ -123,12 +128,34 @@ def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private:
                              "not published; fix it (the messages say how), or pass --allow-unverified to publish it "
                              "anyway with the refusal stated on the card.")
     chosen_license = license or _license_of_sources(record)
-    files = _files(record, all_drafters)
-    card = render_card(record, repo_id, chosen_license, files, report)
+    hub_target = _hub_target(record)
+    only_drafter = hub_target is not None if drafter_only is None else drafter_only
+    files = _files(record, all_drafters, only_drafter)
+    card = render_card(record, repo_id, chosen_license, files, report, drafter_only=only_drafter)
     card_bytes = card.encode("utf-8")
     files.append(UploadFile(CARD, None, len(card_bytes), hashlib.sha256(card_bytes).hexdigest(), "model card"))
+    _refuse_private(files, card_bytes)
     return PublishPlan(record.folder, repo_id, revision, private, tuple(files), card, chosen_license, report,
-                       not report.errors)
+                       not report.errors, only_drafter)
+
+
+def _refuse_private(files: list[UploadFile], card: bytes) -> None:
+    """Refused, before anything is uploaded, when a file carries a path, user or host name of this machine."""
+    found = privacy.traces((f.path_in_repo, f.local if f.local is not None else card) for f in files)
+    if found:
+        listed = "; ".join(map(str, found[:3])) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        raise PrivateDataRefused(
+            f"Nothing was uploaded: {len(found)} string(s) of this machine would go public: {listed}. Files this "
+            "version writes name local sources by their folder name and outputs by their names; re-run dflash-convert "
+            "with the same options to rewrite pair.json and models.ini (GGUFs whose provenance names a path are made "
+            "again). A GGUF from llama.cpp's tools carries what it was given: re-make it passing files by name from "
+            "their folder (llama-quantize records --imatrix, llama-imatrix the text file, as given).")
+
+
+def _hub_target(record: PairRecord) -> SourceRecord | None:
+    """The target GGUF given as REPO:FILE from the Hub (someone else's repo), or None."""
+    given = record.sources.target_gguf if record.sources is not None else None
+    return given if given is not None and given.repo else None
 
 
 def publish(plan: PublishPlan) -> PublishResult:
@@ -161,13 +188,19 @@ def _same(f: UploadFile, there: hub.RemoteFile | None, card: str) -> bool:
     return there.blob_id == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _files(record: PairRecord, all_drafters: bool) -> list[UploadFile]:
-    """The folder's files in llama.cpp's layout; GGUF hashes as pair.json recorded (verify checked them)."""
-    out = [UploadFile(record.target.file, record.file("target"), record.target.size or 0, record.target.sha256 or "",
-                      "target")]
-    if (projector := record.projector) is not None:  # -hf fetches it by the mmproj in its name
+def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -> list[UploadFile]:
+    """The folder's files in llama.cpp's layout; GGUF hashes as pair.json recorded (verify checked them). A
+    drafter-only repo holds the drafters, pair.json and the measurement: not the target, its projector, its
+    importance matrix, or models.ini (whose model is the target)."""
+    out = [] if drafter_only else [
+        UploadFile(record.target.file, record.file("target"), record.target.size or 0, record.target.sha256 or "",
+                   "target")]
+    if (projector := record.projector) is not None and not drafter_only:  # -hf fetches it by the mmproj in its name
         out.append(UploadFile(projector.file, record.folder / projector.file, projector.size or 0,
                               projector.sha256 or "", "vision/audio projector (mmproj), loaded by -hf"))
+    if (imatrix := record.imatrix) is not None and not drafter_only:  # -hf skips names containing "imatrix"
+        out.append(UploadFile(imatrix.file, record.folder / imatrix.file, imatrix.size or 0, imatrix.sha256 or "",
+                              f"importance matrix the target was quantized with: {imatrix.made_by}"))
     served = record.drafter
     names = {record.target.file}
     if "/" not in served.file and (record.serve is None or record.serve.uses_drafter):
@@ -183,6 +216,8 @@ def _files(record: PairRecord, all_drafters: bool) -> list[UploadFile]:
                 names.add(d.file)
     for name, role in ((PRESET_NAME, "llama.cpp --models-dir preset"), (MANIFEST_NAME, "dflash-gguf pair manifest"),
                        (PLOT_NAME, "tune's measurement, drawn")):
+        if drafter_only and name == PRESET_NAME:
+            continue
         path = record.folder / name
         if path.is_file():
             out.append(UploadFile(name, path, path.stat().st_size, sha256_file(path), role))
@@ -199,8 +234,8 @@ def _license_of_sources(record: PairRecord) -> str:
     """The license every source's card states; refused when one states none or they differ."""
     found: dict[str, list[str]] = {}
     for side, src in _sources(record):
-        card = _source_card(src)
-        found[f"{side} {src.repo or src.path}"] = str_list(front_matter(card).get("license"))
+        found[f"{side} {src.repo or src.path}"] = list(src.license) if src.license is not None else \
+            str_list(front_matter(_source_card(src)).get("license"))  # a pair.json from before licenses were recorded
     licenses = {tuple(v) for v in found.values()}
     if len(licenses) == 1 and (only := next(iter(licenses))) and len(only) == 1:
         return only[0]
@@ -228,11 +263,39 @@ def _source_card(src: SourceRecord) -> str | None:
 # ------------------------------------------------------------------------------------------------------ the card
 
 
-def render_card(record: PairRecord, repo_id: str, license: str, files: list[UploadFile], report: Report) -> str:
+_SHARD = re.compile(r"-\d{5}-of-\d{5}$")
+
+
+def quant_tag(file_name: str) -> str:
+    """The tag ``-hf REPO:TAG`` picks a file by: the last dash-separated part of its name (``Qwen3-8B-Q4_K_M.gguf``
+    -> ``Q4_K_M``), a shard's number left out."""
+    stem = _SHARD.sub("", Path(file_name).name.removesuffix(".gguf"))
+    return stem.rsplit("-", 1)[-1].upper()
+
+
+def _hub_command(record: PairRecord, repo_id: str, drafter_only: bool) -> str:
+    """The card's ``llama-server`` command: ``-hf`` this repo, or for a drafter-only repo, the target's repo (or
+    file) with ``-hfd`` this repo at the drafter's tag."""
+    serve = record.serve
+    assert serve is not None
+    command = serve.hub or ""
+    if not drafter_only:
+        return command.replace("USER/REPO", repo_id)
+    drafter = f"-hfd {repo_id}:{quant_tag(record.drafter.file)}"
+    target = _hub_target(record)
+    where = f"-hf {target.repo}:{quant_tag(str(target.path))}" if target is not None else f"-m {record.target.file}"
+    return command.replace("-hf USER/REPO", f"{where} {drafter}")
+
+
+def render_card(record: PairRecord, repo_id: str, license: str, files: list[UploadFile], report: Report, *,
+                drafter_only: bool = False) -> str:
     """README.md for the repo, from pair.json: what is in it, how to run it, how it was made, how it was checked,
     and what was measured (with the hardware, flags and workload), or that nothing was."""
     sources = list(_sources(record))
     bases = [s.repo for _, s in sources if s.repo]
+    hub_target = _hub_target(record)
+    if hub_target is not None and hub_target.repo not in bases:
+        bases.append(str(hub_target.repo))
     kinds = sorted({f.kind for f in files if f.kind})
     tags = ["gguf", "llama.cpp", "speculative-decoding", *kinds]
     head: dict[str, Any] = {"license": license, "library_name": "gguf", "tags": tags}
@@ -240,11 +303,22 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
         head |= {"base_model": bases, "base_model_relation": "quantized"}
     model = record.target.file.removesuffix(".gguf")
     serve = record.serve
-    lines = ["---", *_yaml(head), "---", "", f"# {model}: GGUF with its speculative-decoding drafter", ""]
-    lines += ["The target model and a drafter for it, converted for llama.cpp (b11434 or later) by "
-              f"[dflash-gguf](https://pypi.org/project/dflash-gguf/) {__version__}. The drafter is not a standalone "
-              "model: it only proposes tokens that the target checks, so it is served together with this target "
-              "and no other.", ""]
+    if drafter_only:
+        at = (f"[{hub_target.repo}](https://huggingface.co/{hub_target.repo}), file `{hub_target.path}` at commit "
+              f"`{hub_target.commit}`" if hub_target is not None else f"`{record.target.file}`")
+        lines = ["---", *_yaml(head), "---", "", f"# {record.drafter.file.removesuffix('.gguf')}: a "
+                 f"speculative-decoding drafter for {model}", ""]
+        lines += [f"A drafter for the target {at}, converted for llama.cpp (b11434 or later) by "
+                  f"[dflash-gguf](https://pypi.org/project/dflash-gguf/) {__version__}. This repo holds the drafter "
+                  "only: the target is the one named, served from where it is published. The drafter is not a "
+                  "standalone model: it only proposes tokens that the target checks, so it is served together with "
+                  "that target and no other.", ""]
+    else:
+        lines = ["---", *_yaml(head), "---", "", f"# {model}: GGUF with its speculative-decoding drafter", ""]
+        lines += ["The target model and a drafter for it, converted for llama.cpp (b11434 or later) by "
+                  f"[dflash-gguf](https://pypi.org/project/dflash-gguf/) {__version__}. The drafter is not a "
+                  "standalone model: it only proposes tokens that the target checks, so it is served together with "
+                  "this target and no other.", ""]
     if not report.errors:
         lines += [f"**Verified:** `dflash-verify pair.json` passes ({len(report.results)} checks, "
                   f"{len(report.warnings)} warnings): file format, the pair (vocabulary, hidden size, taps), lineage.",
@@ -260,11 +334,14 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
         lines.append(f"| `{f.path_in_repo}` | {f.role} | {types.get(f.path_in_repo) or ''} | "
                      f"{f.size / 1e6:,.1f} MB | `{f.sha256}` |")
     lines += ["", "## Run it", ""]
-    if serve is not None:
-        hub_cmd = (serve.hub or "").replace("USER/REPO", repo_id)
+    if serve is not None and drafter_only:
+        lines += ["```", _hub_command(record, repo_id, True), "```", "",
+                  "`-hfd` (`--spec-draft-hf`) fetches the drafter from this repo; the tag picks its file.", "",
+                  f"{serve.note}.", ""]
+    elif serve is not None:
         text_only = (["", "The projector (`mmproj-`) lets the model take images (and, for Gemma-4, audio); `-hf` "
                       "loads it by itself. For text only, add `--no-mmproj`."] if record.projector else [])
-        lines += ["```", hub_cmd, "```", *text_only, "", f"{serve.note}.", "",
+        lines += ["```", _hub_command(record, repo_id, False), "```", *text_only, "", f"{serve.note}.", "",
                   "Or download the repo into a folder `MODELS/<name>/` and serve llama.cpp's folder layout with the "
                   "preset beside it:", "", "```",
                   f"llama-server --models-dir MODELS --models-preset MODELS/<name>/{PRESET_NAME}", "```", ""]
@@ -277,7 +354,11 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
     lines += [f"- made by dflash-gguf {tools.dflash_gguf} (gguf {tools.gguf}), byte for byte what llama.cpp "
               f"{tools.llama_cpp_build}'s convert_hf_to_gguf.py and llama-quantize write; quantizer: {tools.quantizer}",
               f"- target: {record.target.type}, {record.target.made_by}",
-              f"- drafter: {record.drafter.type}, {record.drafter.made_by}", ""]
+              f"- drafter: {record.drafter.type}, {record.drafter.made_by}"]
+    if record.imatrix is not None and not drafter_only:
+        lines.append(f"- the target's importance matrix: `{record.imatrix.file}` (sha256 `{record.imatrix.sha256}`), "
+                     f"made by {record.imatrix.made_by}")
+    lines.append("")
     lines += _measured(record.tuning, serve is not None and serve.measured)
     return "\n".join(lines).rstrip() + "\n"
 
