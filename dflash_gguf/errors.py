@@ -151,6 +151,13 @@ class PrivateDataRefused(PublishRefused):
     exit_code = 22
 
 
+class FileTooLargeRefused(PublishRefused):
+    """``publish`` found a file above the Hub's per-file limit (``--max-file-size``); nothing was uploaded, and the
+    message names --split-max-size."""
+
+    exit_code = 23
+
+
 class FolderBusyError(DflashGgufError):
     """Another dflash-gguf run is writing the same output folder (its pid and start time are named)."""
 

@@ -47,6 +47,7 @@ from .errors import (
     UnsupportedModelError,
     UploadError,
 )
+from .ggufio.reader import split_siblings
 from .jsonfile import load_json
 from .relpath import name_problem
 
@@ -623,4 +624,14 @@ def fetch_file(spec: str, *, progress: bool = True) -> FetchedFile:
         raise RepoNotFoundError(f"{name} is not in {repo} at revision {revision} (commit {commit}).{hint} Check "
                                 f"the file name against {_endpoint()}/{repo}/tree/{revision}.",
                                 repo=repo, revision=revision)
+    shards = split_siblings(Path(name))  # a split GGUF named by its first shard: every shard, as -hf fetches them
+    if shards is not None and shards[0].name == Path(name).name:
+        names = [str(Path(name).with_name(p.name)) for p in shards]
+        if missing := [n for n in names if n not in files]:
+            raise RepoNotFoundError(f"{name} is the first of {len(names)} shards, but {', '.join(missing[:3])} "
+                                    f"{'is' if len(missing) == 1 else 'are'} not in {repo} at commit {commit}. "
+                                    "The split is incomplete there; ask its publisher, or pick another file.",
+                                    repo=repo, revision=revision)
+        for later in names[1:]:
+            _download_one(repo, commit, revision, later, progress=progress)
     return FetchedFile(Path(_download_one(repo, commit, revision, name, progress=progress)), repo, commit)

@@ -121,9 +121,12 @@ def test_a_folder_from_before_is_refused_until_remade(demo_pair: Path, tmp_path:
 
 
 @pytest.mark.reference
-def test_a_drafter_for_a_target_someone_else_publishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", [False, True], ids=["one-file", "split"])
+def test_a_drafter_for_a_target_someone_else_publishes(split: bool, tmp_path: Path) -> None:
+    """Their target as one file, or split in shards by b11434's llama-gguf-split (given by its first shard)."""
     reference.require_or_skip(reference.llama_cpp_available())
     from test_serve_layout import PROMPT, _server_env
+    from test_split_gguf import split_gguf
 
     from dflash_gguf.llama_bin import FoundBinary
     from dflash_gguf.tune.server import serve as run_llama_server
@@ -131,25 +134,27 @@ def test_a_drafter_for_a_target_someone_else_publishes(tmp_path: Path) -> None:
     fx = mf.make_acceptance_fixture(tmp_path / "fx")
     theirs = tmp_path / "theirs" / THEIR_FILE
     theirs.parent.mkdir()
+    (tmp_path / "shards").mkdir()
     made = run_cli("dflash-gguf", "convert-target", fx.target, "--quant", "q4_0", "--outfile", theirs)
     assert made.returncode == 0, made.stdout + made.stderr
-    their_repo = FakeRepo({THEIR_FILE: theirs.read_bytes(), "README.md": b"---\nlicense: mit\n---\n"})
+    files = split_gguf(theirs, tmp_path / "shards" / theirs.stem, 5) if split else [theirs]
+    their_repo = FakeRepo({p.name: p.read_bytes() for p in files} | {"README.md": b"---\nlicense: mit\n---\n"})
     folder = tmp_path / "out" / "qwen3-tiny-spm"
     with hub_server.serve({THEIRS: their_repo}, valid_tokens=[TOKEN]) as hub:
         env = hub_server.client_env(hub.url, tmp_path / "hf")
         made = run_cli_process("dflash-convert", "--target", fx.target, "--drafter", fx.drafter, "--target-gguf",
-                               f"{THEIRS}:{THEIR_FILE}", "--outdir", folder, env=env)
+                               f"{THEIRS}:{files[0].name}", "--outdir", folder, env=env)
         assert made.returncode == 0, made.stdout + made.stderr
         proc = _publish(hub, tmp_path / "hf", folder, OURS, "--license", "mit")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         ours = dict(hub.repos[OURS].files)
-        assert hub.repos[THEIRS].files.keys() == {THEIR_FILE, "README.md"}  # nothing written to their repo
+        assert hub.repos[THEIRS].files.keys() == {p.name for p in files} | {"README.md"}  # nothing written there
         assert len(hub.commits()) == 1
         sidecar = next(n for n in ours if n.startswith("dflash-"))
         assert set(ours) == {sidecar, "pair.json", "README.md"}, sorted(ours)
         card = ours["README.md"].decode()
         assert f"llama-server -hf {THEIRS}:Q4_0 -hfd {OURS}:Q8_0 --spec-type draft-dflash" in card, card
-        assert f"file `{THEIR_FILE}` at commit `{their_repo.sha}`" in card and f"- \"{THEIRS}\"" in card
+        assert f"file `{files[0].name}` at commit `{their_repo.sha}`" in card and f"- \"{THEIRS}\"" in card
 
         hub.requests.clear()
         binary = FoundBinary(reference.llama_bin("llama-server"), "test")
@@ -163,5 +168,5 @@ def test_a_drafter_for_a_target_someone_else_publishes(tmp_path: Path) -> None:
     assert status == 200 and isinstance(body, dict), (status, body, server.log()[-3000:])
     t = body["timings"]
     assert t["draft_n"] > 0 and t["draft_n_accepted"] / t["draft_n"] >= 0.9, t
-    assert sorted(set(downloads)) == sorted([THEIR_FILE, sidecar]), downloads
-    REFERENCE_COMPARISONS.append("llama-server -hf/-hfd drafter-only repo")
+    assert sorted(set(downloads)) == sorted([*(p.name for p in files), sidecar]), downloads
+    REFERENCE_COMPARISONS.append(f"llama-server -hf/-hfd drafter-only repo ({'split' if split else 'one file'})")

@@ -12,6 +12,7 @@ import click
 
 from ..drafters import convert_drafter
 from ..errors import QuantizeError
+from ..ggufio.split import SplitRule, parse_size
 from ..pipeline import PipelineOptions, run_pipeline
 from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES
 from ..provenance import Provenance
@@ -35,7 +36,8 @@ def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(e)) from None
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
-                  "imatrix", "pure", "token_embedding_type", "output_tensor_type", "no_mmproj", "mmproj_type")
+                  "imatrix", "pure", "token_embedding_type", "output_tensor_type", "no_mmproj", "mmproj_type",
+                  "split_max_size", "split_max_tensors")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -93,6 +95,12 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help=f"Pipeline: the projector's type (default {DEFAULT_PROJECTOR_TYPE}: what ggml-org and unsloth "
                    "publish, run by every llama.cpp backend; b11434 keeps its patch and position embeddings F32 "
                    "or F16 whatever the type).")
+@click.option("--split-max-size", default=None, metavar="SIZE",
+              help="Pipeline: write the target in shards of at most SIZE of tensors (K, M, G = 1000s, as llama.cpp's "
+                   "converter reads it; e.g. 48G under the Hub's per-file limit), named -00001-of-0000N.gguf, byte "
+                   "for byte as llama-gguf-split --split writes them. A target that fits stays one file.")
+@click.option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Pipeline: write the target in shards of at most N tensors (as llama-gguf-split).")
 @click.option("--outdir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the pair and pair.json (pipeline; default ./<drafter-name>-pair).")
 @click.option("--target-gguf", default=None, metavar="PATH|REPO:FILE",
@@ -191,7 +199,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
               no_mtp: bool, imatrix: Path | None, pure: bool, token_embedding_type: str | None,
-              output_tensor_type: str | None, no_mmproj: bool, mmproj_type: str | None) -> None:
+              output_tensor_type: str | None, no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
+              split_max_tensors: int | None) -> None:
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
         raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
     if mmproj_type is not None and no_mmproj:
@@ -206,7 +215,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                            quantizer=quantizer or "auto", tune=tune,
                            tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,
                            target_overrides=Overrides(output_tensor_type, token_embedding_type, pure),
-                           mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE)
+                           mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE,
+                           split=SplitRule(parse_size(split_max_size) if split_max_size else None, split_max_tensors))
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:

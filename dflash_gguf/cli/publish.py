@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..ggufio.split import parse_size
 from ..publish import plan_publish, publish
 from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
 
@@ -25,12 +26,16 @@ from ._common import echo_json, handle_errors, json_option, setup_logging, verbo
               help="Upload the drafter without the target, with a card serving it beside the target's own repo "
                    "(llama-server -hf TARGET -hfd REPO). Default: drafter only when the target was given as "
                    "--target-gguf REPO:FILE (someone else's repo), else both.")
+@click.option("--max-file-size", default="50G", show_default=True, metavar="SIZE",
+              help="Refuse a file above SIZE (K, M, G = 1000s): the Hub recommends under 50 GB a file and takes "
+                   "200 GB at most; dflash-convert --split-max-size writes the target in shards under it.")
 @click.option("--dry-run", is_flag=True, help="Print the card and the upload plan; touch nothing on the Hub.")
 @json_option
 @verbose_option
 @handle_errors
 def publish_cmd(folder: Path, repo_id: str, private: bool, revision: str, all_drafters: bool, license_: str | None,
-                allow_unverified: bool, drafter_only: bool | None, dry_run: bool, json_: bool, verbose: bool) -> None:
+                allow_unverified: bool, drafter_only: bool | None, max_file_size: str, dry_run: bool, json_: bool,
+                verbose: bool) -> None:
     """Put the output FOLDER of dflash-convert on the Hub as REPO_ID, in the layout llama-server -hf reads, with a
     model card written from its pair.json (files and sha256, how to run it, how it was made, the verify verdict,
     the measured speed and what it was measured with).
@@ -45,7 +50,8 @@ def publish_cmd(folder: Path, repo_id: str, private: bool, revision: str, all_dr
     """
     setup_logging(verbose)
     plan = plan_publish(folder, repo_id, revision=revision, private=private, all_drafters=all_drafters,
-                        license=license_, allow_unverified=allow_unverified, drafter_only=drafter_only)
+                        license=license_, allow_unverified=allow_unverified, drafter_only=drafter_only,
+                        max_file_size=parse_size(max_file_size, "--max-file-size"))
     if dry_run:
         if json_:
             echo_json({"dry_run": True, **plan.to_dict()})

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..ggufio.split import SplitRule, parse_size, shard_count, split_gguf
 from ..quantize import Overrides, quantize_gguf
 from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
@@ -33,14 +34,20 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 @click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="An importance matrix (llama-imatrix's output) passed to llama-quantize; IQ1/IQ2/IQ3_XXS and Q2_K_S "
                    "need one. The built-in quantizer declines it.")
+@click.option("--split-max-size", default=None, metavar="SIZE",
+              help="Write OUTFILE in shards of at most SIZE of tensors (K, M, G = 1000s), OUTFILE minus .gguf plus "
+                   "-00001-of-0000N.gguf ..., byte for byte as llama-gguf-split --split writes them; a file that fits "
+                   "stays one.")
+@click.option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Write OUTFILE in shards of at most N tensors (as llama-gguf-split).")
 @click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
 @json_option
 @verbose_option
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
                  threads: int, allow_requantize: bool, output_tensor_type: str | None,
-                 token_embedding_type: str | None, pure: bool, imatrix: Path | None, dry_run: bool, json_: bool,
-                 verbose: bool) -> None:
+                 token_embedding_type: str | None, pure: bool, imatrix: Path | None, split_max_size: str | None,
+                 split_max_tensors: int | None, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Quantize a BF16/F16 GGUF to TYPE as llama-quantize b11434 would: any type it makes, any case (Q4_K_M, Q4_K_S,
     Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1, Q4_0, Q8_0, F16, BF16, F32 by the built-in quantizer; IQ4_XS, Q3_K_M, ... by
     llama-quantize).
@@ -50,6 +57,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
     setup_logging(verbose)
+    rule = SplitRule(parse_size(split_max_size) if split_max_size else None, split_max_tensors)
     progress = Progress("quantize")
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
@@ -59,8 +67,12 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
                                on_progress=progress)
     finally:
         progress.close()
+    shards = []
+    if rule.given and not result.dry_run and shard_count(outfile, rule) > 1:
+        shards = split_gguf(outfile, rule)
+        outfile.unlink()
     if json_:
-        echo_json(result.to_dict())
+        echo_json(result.to_dict() | {"shards": [{"file": str(p), "sha256": sha} for p, sha in shards] or None})
         return
     verb = "would write" if result.dry_run else "wrote"
     types = ", ".join(f"{n} {t}" for t, n in sorted(result.types.items()))
@@ -69,3 +81,5 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
                f"in {result.seconds:.2f} s")
     for note in result.notes:
         click.echo(f"note: {note}")
+    if shards:
+        click.echo(f"split into {len(shards)} shards ({rule.describe()}): {shards[0][0]} ... {shards[-1][0].name}")

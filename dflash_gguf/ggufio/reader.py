@@ -11,6 +11,7 @@ unchanged as llama-quantize does. Layout as in llama.cpp b11434 ``ggml/src/gguf.
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -53,7 +54,8 @@ class TensorInfo:
     name: str
     ne: tuple[int, ...]
     qtype: int
-    offset: int  # relative to the data section
+    offset: int  # relative to the data section (of its shard's file)
+    shard: int = 0  # which file of a split GGUF holds its data (GGUFMeta.shards)
 
     @property
     def type_name(self) -> str:
@@ -73,6 +75,18 @@ class GGUFMeta:
     kv: dict[str, KV] = field(default_factory=dict)
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     data_offset: int = 0
+    # A split GGUF read by its first shard: every shard's file and data offset, in order (one file: just itself).
+    shards: tuple[tuple[Path, int], ...] = ()
+
+    def locate(self, t: TensorInfo) -> tuple[Path, int]:
+        """The file holding a tensor's data and the tensor's absolute offset in it."""
+        path, data_offset = self.shards[t.shard] if self.shards else (self.path, self.data_offset)
+        return path, data_offset + t.offset
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file of the model (the shards of a split GGUF, in order)."""
+        return tuple(p for p, _ in self.shards) if self.shards else (self.path,)
 
     def get(self, key: str, default: Any = None) -> Any:
         kv = self.kv.get(key)
@@ -163,13 +177,59 @@ class _Cursor:
         raise self.fail(f"{what} is an array of type {sub}; llama.cpp reads no nested or unknown arrays")
 
 
+# llama.cpp's split naming (llama_split_path: "%s-%05d-of-%05d.gguf"), what -hf and llama-gguf-split use
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_siblings(path: Path) -> list[Path] | None:
+    """Every shard of the split GGUF whose first shard is ``path`` (by llama.cpp's names), None for another name."""
+    m = SPLIT_NAME.match(Path(path).name)
+    if m is None:
+        return None
+    count = int(m["count"])
+    return [Path(path).with_name(f"{m['prefix']}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+
+
 def read_gguf(path: Path) -> GGUFMeta:
-    """Read the header (metadata + tensor infos) of ``path``.
+    """Read the header (metadata + tensor infos) of ``path``; a split GGUF by its first shard, as llama.cpp loads
+    it: the metadata is the first shard's, the tensors are every shard's (each located in its own file).
 
     Raises:
-        InputError: missing, empty, truncated, non-GGUF or hostile file; the message names file and offset.
+        InputError: missing, empty, truncated, non-GGUF or hostile file, a split GGUF given by a later shard or
+            missing one; the message names file and offset.
     """
-    path = Path(path)
+    meta = read_header(Path(path))
+    count, no = int_key(meta, "split.count"), int_key(meta, "split.no")
+    if count is None or count <= 1:
+        return meta
+    if no != 0:
+        raise InputError(f"{path} is shard {(no or 0) + 1} of a {count}-way split GGUF. Pass its first shard "
+                         "(...-00001-of-...gguf): llama.cpp reads the others from it.")
+    names = split_siblings(meta.path)
+    if names is None or len(names) != count:
+        raise InputError(f"{path} is the first of {count} shards (split.count), but its name is not "
+                         f"<name>-00001-of-{count:05d}.gguf, so the others cannot be found. Keep the names "
+                         "llama-gguf-split gave them.")
+    shards = [(meta.path, meta.data_offset)]
+    for k, name in enumerate(names[1:], start=1):
+        if not name.is_file():
+            raise InputError(f"{path} is split in {count} files and {name.name} is missing beside it. Download "
+                             "every shard into one folder.")
+        part = read_header(name)
+        if int_key(part, "split.no") != k or int_key(part, "split.count") != count:
+            raise InputError(f"{name}: its split.no/split.count say it is not shard {k + 1} of {count}; the "
+                             "shards are from different splits.")
+        for t in part.tensors.values():
+            if t.name in meta.tensors:
+                raise InputError(f"{name}: tensor {t.name!r} is also in an earlier shard; the split is damaged.")
+            meta.tensors[t.name] = TensorInfo(t.name, t.ne, t.qtype, t.offset, k)
+        shards.append((name, part.data_offset))
+    meta.shards = tuple(shards)
+    return meta
+
+
+def read_header(path: Path) -> GGUFMeta:
+    """The header of one file (a shard of a split GGUF as itself: its own metadata and tensors)."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
@@ -266,11 +326,12 @@ def read_rows(meta: GGUFMeta, name: str, rows: list[int]) -> np.ndarray:
     qtype = GGMLQuantizationType(t.qtype)
     row_bytes = layout.row_bytes(qtype, t.ne[0])
     out = np.empty((len(rows), t.ne[0]), dtype=np.float32)
-    with open(meta.path, "rb") as f:
+    where, start = meta.locate(t)
+    with open(where, "rb") as f:
         for i, r in enumerate(rows):
             if not 0 <= r < t.ne[1]:
                 raise InputError(f"{meta.path}: row {r} outside tensor {name!r} with {t.ne[1]} rows.")
-            f.seek(meta.data_offset + t.offset + r * row_bytes)
+            f.seek(start + r * row_bytes)
             raw = np.frombuffer(f.read(row_bytes), dtype=np.uint8)
             if raw.size != row_bytes:
                 raise InputError(f"{meta.path}: tensor {name!r} is truncated.")
@@ -297,7 +358,8 @@ def read_i64(meta: GGUFMeta, name: str) -> np.ndarray | None:
     """An I64 tensor's values (None when the file is cut short)."""
     t = meta.tensors[name]
     n = int(np.prod(t.ne))
-    with open(meta.path, "rb") as f:
-        f.seek(meta.data_offset + t.offset)
+    where, start = meta.locate(t)
+    with open(where, "rb") as f:
+        f.seek(start)
         raw = f.read(8 * n)
     return np.frombuffer(raw, dtype="<i8") if len(raw) == 8 * n else None

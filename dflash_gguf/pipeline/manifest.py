@@ -135,6 +135,7 @@ class OutputRecord:
     kind: str | None = None  # a drafter's sidecar kind (dflash, dspark, mtp, eagle3)
     source: str | None = None  # a drafter's source (repo@commit or folder)
     verdict: DrafterVerdict | None = None
+    shards: tuple[FileRecord, ...] | None = None  # a split output: the shards after ``file`` (its first)
 
     @classmethod
     def of(cls, rec: FileRecord, made: Made | None = None, **extra: Any) -> OutputRecord:
@@ -146,18 +147,20 @@ class OutputRecord:
                            "made_by": self.made_by, "links_to": self.links_to,
                            "intermediate": self.intermediate.to_json() if self.intermediate else None,
                            "kind": self.kind, "source": self.source,
-                           "verify": asdict(self.verdict) if self.verdict else None})
+                           "verify": asdict(self.verdict) if self.verdict else None,
+                           "shards": [x.to_json() for x in self.shards] if self.shards else None})
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> OutputRecord:
         """Raises KeyError/TypeError when ``d`` names no file."""
-        verdict = d.get("verify")
+        verdict, shards = d.get("verify"), d.get("shards")
         return cls(FileRecord.from_json(d).file, _opt_int(d.get("size")), _opt_str(d.get("sha256")),
                    _opt_str(d.get("type")), _opt_str(d.get("made_by")),
                    FileRecord.from_json(d["intermediate"]) if isinstance(d.get("intermediate"), dict) else None,
                    _opt_str(d.get("links_to")), _opt_str(d.get("kind")), _opt_str(d.get("source")),
                    DrafterVerdict(bool(verdict.get("servable")), int(verdict.get("errors", 0)),
-                                  int(verdict.get("warnings", 0))) if isinstance(verdict, dict) else None)
+                                  int(verdict.get("warnings", 0))) if isinstance(verdict, dict) else None,
+                   tuple(FileRecord.from_json(x) for x in shards) if isinstance(shards, list) else None)
 
     def served(self) -> OutputRecord:
         """The record of the drafter served, without what only a run of several records of each."""
@@ -549,10 +552,12 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise InputError(f"{path}: its 'outputs' do not name a target and a drafter file (the run did not finish). "
                          "Re-run dflash-convert with the same options to complete it.") from None
-    named = [("outputs.target.file", typed.target), ("outputs.drafter.file", typed.drafter)]
+    named: list[tuple[str, OutputRecord | FileRecord]] = [("outputs.target.file", typed.target),
+                                                          ("outputs.drafter.file", typed.drafter)]
     named += [(f"outputs.drafters[{i}].file", rec) for i, rec in enumerate(typed.several or ())]
     named += [("outputs.projector.file", typed.projector)] if typed.projector is not None else []
     named += [("outputs.imatrix.file", typed.imatrix)] if typed.imatrix is not None else []
+    named += [(f"outputs.target.shards[{i}].file", shard) for i, shard in enumerate(typed.target.shards or ())]
     for field_name, rec in named:
         if (problem := name_problem(rec.file)) is not None:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
@@ -583,8 +588,8 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
             raise InputError(f"{path} names the {side} {f.name}, which is not in {f.parent}. Keep pair.json beside "
                              "the GGUF files it names, or re-run dflash-convert to make them again.")
     report = verify_files(files["drafter"], files["target"], allow_derived_target=allow_derived_target)
-    checked = [(f"manifest.{side}", f, record.target if side == "target" else record.drafter)
-               for side, f in files.items()]
+    checked: list[tuple[str, Path, OutputRecord | FileRecord]] = [
+        (f"manifest.{side}", f, record.target if side == "target" else record.drafter) for side, f in files.items()]
     for f, rec in others.items():
         other = verify_files(f, files["target"], allow_derived_target=allow_derived_target)
         if other.errors:
@@ -602,6 +607,12 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
                              "beside the GGUF files it names, or re-run dflash-convert to make it again.")
         report.extend(check_projector(read_gguf(projector), read_gguf(files["target"])))
         checked.append(("manifest.projector", projector, record.projector))
+    for shard in record.target.shards or ():  # a split target: every shard as recorded
+        path_k = inside(folder, shard.file)
+        if path_k is None or not path_k.is_file():
+            raise InputError(f"{path} names the target's shard {shard.file}, which is not in {folder}. Keep every "
+                             "shard beside pair.json, or re-run dflash-convert to make them again.")
+        checked.append((f"manifest.target.{shard.file}", path_k, shard))
     if record.imatrix is not None:
         imatrix = inside(folder, record.imatrix.file)
         if imatrix is None or not imatrix.is_file():

@@ -22,6 +22,7 @@ from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
+from ..ggufio.split import NO_SPLIT, SplitRule, shard_path
 from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance, folder_label
@@ -104,6 +105,7 @@ class PipelineOptions:
     target_overrides: Overrides = NO_OVERRIDES
     mmproj: bool = True  # --no-mmproj: leave the target's vision/audio projector out
     mmproj_type: str = DEFAULT_PROJECTOR_TYPE  # --mmproj-type
+    split: SplitRule = NO_SPLIT  # --split-max-size / --split-max-tensors: the target in shards above it
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -430,6 +432,7 @@ class _Run:
             m.save()
 
             final_t, made_t = self.target(target, tok, gguf_path)
+            final_t = self._served(final_t)  # a split target: its first shard
             jsonfile.forget()
             projector = self.projector(target, gguf_path)
         made: list[tuple[Path, Made, Report]] = []
@@ -528,6 +531,8 @@ class _Run:
             key = {"method": "gguf", "source": gguf_path.name, "size": gguf_path.stat().st_size,
                    "mtime_ns": gguf_path.stat().st_mtime_ns}
             self.imatrix = self._imatrix_into_folder(name)
+            if self.opts.split.given:  # only when given: outputs made before the option existed stay reusable
+                key["split"] = self.opts.split.to_json()
             final = self.outdir / gguf_name(name, quant)
             return final, self._quantized_side("target", key, lambda out: None, gguf_path, final, quant,
                                                keep_input=True)
@@ -537,6 +542,8 @@ class _Run:
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
         if self.opts.drop_mtp:  # only when set: outputs made before the option existed stay reusable
             key["drop_mtp"] = True
+        if self.opts.split.given:
+            key["split"] = self.opts.split.to_json()
         sources = Provenance(None, target.repo_spec, None, tok.provenance())
 
         def convert_builtin(out: Path, quant: str | None = None) -> str | None:
@@ -646,6 +653,10 @@ class _Run:
             if path.stat().st_size == rec.size and sha256_file(path) == rec.sha256:
                 path.unlink()
                 log.info("removed %s, made by an earlier run and superseded by this one", name)
+                for shard in rec.shards or ():  # the rest of a split target
+                    if (other := inside(self.outdir, shard.file)) is not None and other.is_file() \
+                            and shard.file not in current and other.stat().st_size == shard.size:
+                        other.unlink()
 
     def _side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
               final: Path, quant: str, src: str,
@@ -655,18 +666,18 @@ class _Run:
         an output does not read it again."""
         if one_pass is not None and src != quant:
             key = {**key, "quant": quant, "one_pass": "builtin"}
-            if not self.manifest.reusable(f"{side}.convert", key, [final]):
+            if not self.manifest.reusable(f"{side}.convert", key, self._finals(side, f"{side}.convert", final)):
                 log.info("%s: converting and quantizing in one pass to %s", side, final)
                 sha = one_pass(final, quant)
-                self.manifest.record(f"{side}.convert", key, [final], hashes={final: sha})
+                self._record_final(side, f"{side}.convert", key, final, sha)
             if inter.exists():
                 inter.unlink()  # left by an earlier two-step run
             return Made(quant, "built-in converter and quantizer in one pass")
         if src == quant:
-            if not self.manifest.reusable(f"{side}.convert", key, [final]):
+            if not self.manifest.reusable(f"{side}.convert", key, self._finals(side, f"{side}.convert", final)):
                 log.info("%s: converting to %s", side, final)
                 sha = convert(final)
-                self.manifest.record(f"{side}.convert", key, [final], hashes={final: sha})
+                self._record_final(side, f"{side}.convert", key, final, sha, converter=True)
             return Made(quant, f"{key.get('method', 'builtin')} converter, not quantized")
         return self._quantized_side(side, key, convert, inter, final, quant)
 
@@ -681,7 +692,7 @@ class _Run:
         if imatrix is not None:  # only when given: outputs made before the option existed stay reusable
             q_key["imatrix"] = {"file": Path(imatrix).name, "size": Path(imatrix).stat().st_size,
                                 "sha256": sha256_file(Path(imatrix))}
-        if not self.manifest.reusable(f"{side}.quantize", q_key, [final]):
+        if not self.manifest.reusable(f"{side}.quantize", q_key, self._finals(side, f"{side}.quantize", final)):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
                 sha = convert(inter)
@@ -690,8 +701,8 @@ class _Run:
             with _bar(self.progress, f"quantize {side}") as bar:
                 q = stages.quantize_stage(inter, final, quant, self.opts.threads, self.opts.quantizer, bar,
                                           imatrix=imatrix, overrides=overrides)
-            self.manifest.record(f"{side}.quantize", q_key, [final], hashes={final: q.sha256},
-                                 quantizer=q.quantizer, quantizer_version=q.version)
+            self._record_final(side, f"{side}.quantize", q_key, final, q.sha256, quantizer=q.quantizer,
+                               quantizer_version=q.version)
         if not keep_input and not self.opts.keep_intermediate and inter.exists():
             inter.unlink()
             log.info("%s: removed the intermediate %s", side, inter.name)
@@ -699,6 +710,35 @@ class _Run:
         made_by = f"{rec.quantizer} quantizer: {rec.quantizer_version or '?'}"
         kept = self.opts.keep_intermediate and not keep_input and inter.exists()
         return Made(quant, made_by, self._record_of(inter, f"{side}.convert") if kept else None)
+
+    def _finals(self, side: str, stage: str, final: Path) -> list[Path]:
+        """What ``stage`` wrote for ``final``: the file, or the shards it was split into (--split-max-size)."""
+        rec = self.manifest.stages.get(stage)
+        if side != "target" or not self.opts.split.given or rec is None or len(rec.outputs) < 2:
+            return [final]
+        names = [self.manifest.name_of(shard_path(final, k, len(rec.outputs)))
+                 for k in range(1, len(rec.outputs) + 1)]
+        return [self.outdir / n for n in names] if [o.file for o in rec.outputs] == names else [final]
+
+    def _record_final(self, side: str, stage: str, key: dict[str, Any], final: Path, sha: str | None, *,
+                      converter: bool = False, **extra: Any) -> None:
+        """Record ``stage``'s final output; with --split-max-size and a target above it, split it first and record
+        the shards (the single file removed): byte for byte b11434's converter's for an unquantized target
+        (``converter``), llama-gguf-split's for a quantized one."""
+        rule = self.opts.split
+        if side != "target" or not rule.given or stages.shard_count(final, rule, converter=converter) < 2:
+            self.manifest.record(stage, key, [final], hashes={final: sha}, **extra)
+            return
+        log.info("target: splitting %s (%s)", final.name, rule.describe())
+        with _bar(self.progress, "split target") as bar:
+            shards = stages.split_target(final, rule, bar, converter=converter)
+        final.unlink()
+        self.manifest.record(stage, key, [p for p, _ in shards], hashes=dict(shards), **extra)
+
+    def _served(self, final: Path) -> Path:
+        """The file llama.cpp is given for ``final``: itself, or its first shard."""
+        found = sorted(final.parent.glob(f"{final.name.removesuffix('.gguf')}-00001-of-*.gguf"))
+        return found[0] if not final.is_file() and found else final
 
     def _record_of(self, path: Path, stage: str | None = None) -> FileRecord:
         """size + sha256 of an output, from the stage that recorded it when there is one."""
@@ -713,4 +753,7 @@ class _Run:
     def _output(self, path: Path, made: Made) -> OutputRecord:
         """The record of a final output: where it is, how it was made, and what it links to when it is a link."""
         links_to = Path(os.readlink(path)).name if path.is_symlink() else None  # a name: pair.json may be published
-        return OutputRecord.of(self._record_of(path), made, links_to=links_to)
+        name = self.manifest.name_of(path)
+        shards = next((rec.outputs[1:] for rec in self.manifest.stages.values()
+                       if len(rec.outputs) > 1 and rec.outputs[0].file == name), None)
+        return OutputRecord.of(self._record_of(path), made, links_to=links_to, shards=shards)

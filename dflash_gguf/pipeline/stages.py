@@ -28,7 +28,10 @@ from ..convert.targets import (
 )
 from ..drafters import convert_drafter
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
+from ..ggufio import split
 from ..ggufio.readahead import warm_up
+from ..ggufio.reader import split_siblings
+from ..ggufio.split import SplitRule
 from ..hf_configs import read_config
 from ..jsonfile import read_json
 from ..provenance import Provenance
@@ -294,6 +297,18 @@ def imatrix_made(path: Path) -> Made:
     return Made("gguf", f"llama-imatrix ({detail})" if detail else "llama-imatrix")
 
 
+def shard_count(path: Path, rule: SplitRule, *, converter: bool) -> int:
+    """How many shards the target ``path`` splits into under --split-max-size/--split-max-tensors."""
+    return split.shard_count(path, rule, converter=converter)
+
+
+def split_target(path: Path, rule: SplitRule, on_progress: OnProgress = None, *,
+                 converter: bool) -> list[tuple[Path, str]]:
+    """The target's shards beside it, with their sha256: as b11434's converter writes them for an unquantized
+    target (``converter``), as llama-gguf-split writes them for a quantized one."""
+    return split.split_gguf(path, rule, converter=converter, on_progress=on_progress)
+
+
 def gguf_type(path: Path) -> str:
     """``quantized`` when any 2-D tensor is quantized, else the (lower-case) type of the matrices."""
     meta = read_gguf(path)
@@ -317,14 +332,16 @@ def judge_target_gguf(path: Path, *, allow_derived_target: bool = False) -> Repo
 
 
 def link_into(outdir: Path, path: Path) -> Path:
-    """``outdir/<name>`` pointing at ``path`` (a symlink; the file itself when it already is there)."""
-    dest = outdir / path.name
-    if dest.resolve() == path.resolve():
-        return dest
-    if dest.is_symlink() or dest.exists():
-        dest.unlink()
-    dest.symlink_to(path.resolve())
-    return dest
+    """``outdir/<name>`` pointing at ``path`` (a symlink; the file itself when it already is there); every shard of a
+    split GGUF given by its first, so the link is read (and served) as the file is. Returns the first's link."""
+    for shard in reversed(split_siblings(path) or [path]):
+        dest = outdir / shard.name
+        if dest.resolve() == shard.resolve():
+            continue
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        dest.symlink_to(shard.resolve())
+    return outdir / path.name
 
 
 # ----------------------------------------------------------------------------------------- conversions

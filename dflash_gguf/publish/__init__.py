@@ -27,8 +27,8 @@ from typing import Any
 from .. import __version__, hub
 from ..drafters import family_of_gguf
 from ..drafters.findings import Report
-from ..errors import PrivateDataRefused, PublishRefused
-from ..ggufio.reader import read_gguf
+from ..errors import FileTooLargeRefused, PrivateDataRefused, PublishRefused
+from ..ggufio.reader import read_gguf, split_siblings
 from ..model_card import CARD, front_matter, read_card, str_list
 from ..pipeline.manifest import (
     MANIFEST_NAME,
@@ -45,6 +45,11 @@ from ..tune.plot import PLOT_NAME
 from . import privacy
 
 log = logging.getLogger(__name__)
+
+
+# The Hub's per-file size: it recommends under 50 GB a file (and refuses above 200 GB); publish keeps to the former
+# unless --max-file-size says otherwise.
+HUB_FILE_LIMIT = 50 * 1000 ** 3
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,8 @@ class PublishResult:
 
 def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private: bool = False,
                  all_drafters: bool = False, license: str | None = None,
-                 allow_unverified: bool = False, drafter_only: bool | None = None) -> PublishPlan:
+                 allow_unverified: bool = False, drafter_only: bool | None = None,
+                 max_file_size: int = HUB_FILE_LIMIT) -> PublishPlan:
     """The files, the card and the checks of publishing ``folder`` (an output folder, or its pair.json) as
     ``repo_id``. ``drafter_only`` (None: when the target is a Hub GGUF someone else publishes, given with
     --target-gguf REPO:FILE) leaves the target out: the repo holds the drafter, served beside that target with -hfd.
@@ -111,6 +117,7 @@ def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private:
         PublishRefused: verify refuses the pair (without ``allow_unverified``), a GGUF is not the file pair.json
             recorded, the repo id is malformed, or the sources' licenses are absent or differ (without ``license``).
         PrivateDataRefused: a file to upload carries a path, the user name or the host name of this machine.
+        FileTooLargeRefused: a file is above ``max_file_size`` (names --split-max-size).
     """
     if not hub.is_repo_id(repo_id) or "@" in repo_id:
         raise PublishRefused(f"{repo_id!r} is not a repo id: publish takes USER/NAME (or ORG/NAME), and the branch "
@@ -135,6 +142,7 @@ def plan_publish(folder: Path, repo_id: str, *, revision: str = "main", private:
     card_bytes = card.encode("utf-8")
     files.append(UploadFile(CARD, None, len(card_bytes), hashlib.sha256(card_bytes).hexdigest(), "model card"))
     _refuse_private(files, card_bytes)
+    _refuse_oversized(files, max_file_size)
     return PublishPlan(record.folder, repo_id, revision, private, tuple(files), card, chosen_license, report,
                        not report.errors, only_drafter)
 
@@ -195,6 +203,8 @@ def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -
     out = [] if drafter_only else [
         UploadFile(record.target.file, record.file("target"), record.target.size or 0, record.target.sha256 or "",
                    "target")]
+    if not drafter_only:  # a split target: every shard (-hf fetches them by the first's name, get_split_files)
+        out += _later_shards(record)
     if (projector := record.projector) is not None and not drafter_only:  # -hf fetches it by the mmproj in its name
         out.append(UploadFile(projector.file, record.folder / projector.file, projector.size or 0,
                               projector.sha256 or "", "vision/audio projector (mmproj), loaded by -hf"))
@@ -222,6 +232,30 @@ def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -
         if path.is_file():
             out.append(UploadFile(name, path, path.stat().st_size, sha256_file(path), role))
     return out
+
+
+def _later_shards(record: PairRecord) -> list[UploadFile]:
+    """The target's shards after its first: as pair.json recorded them (verify checked them), or, for a split
+    target linked in with --target-gguf, found beside it by llama.cpp's names and hashed."""
+    if record.target.shards:
+        n = len(record.target.shards) + 1
+        return [UploadFile(s.file, record.folder / s.file, s.size or 0, s.sha256 or "", f"target, shard {k} of {n}")
+                for k, s in enumerate(record.target.shards, start=2)]
+    shards = split_siblings(record.file("target")) or []
+    return [UploadFile(p.name, p, p.stat().st_size, sha256_file(p), f"target, shard {k} of {len(shards)}")
+            for k, p in enumerate(shards[1:], start=2)]
+
+
+def _refuse_oversized(files: list[UploadFile], max_file_size: int) -> None:
+    """Refused before anything is uploaded when a file is above the Hub's per-file limit (``max_file_size``)."""
+    over = [f for f in files if f.size > max_file_size]
+    if over:
+        listed = ", ".join(f"{f.path_in_repo} ({f.size / 1e9:,.1f} GB)" for f in over[:3])
+        raise FileTooLargeRefused(
+            f"Nothing was uploaded: {listed} {'is' if len(over) == 1 else 'are'} above {max_file_size / 1e9:,.1f} GB "
+            "a file (--max-file-size; the Hub recommends under 50 GB and takes 200 GB at most). Re-run dflash-convert "
+            "with the same options and --split-max-size 48G: the target is then written in shards "
+            "(-00001-of-0000N.gguf) that llama.cpp and -hf read together, and only the split is redone.")
 
 
 def _drafter_role(path: Path) -> tuple[str, str | None]:

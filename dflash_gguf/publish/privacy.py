@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..ggufio.reader import read_gguf
+from ..ggufio.reader import read_header
 
 # An absolute POSIX path of at least two parts, not inside a URL ("https://host/a/b": each slash there follows a
 # ':' , '/' or a name character). Counted only when its first part exists here (/home, /tmp, /Users, ...), so an
@@ -81,7 +81,7 @@ _DATA_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.
 def gguf_traces(path: Path, name: str, private: Private) -> list[Trace]:
     """Private strings in a GGUF's metadata (every string and string array but the vocabulary)."""
     out: list[Trace] = []
-    meta = read_gguf(path)
+    meta = read_header(path)  # each shard of a split GGUF on its own
     for key, kv in meta.kv.items():
         if key in _DATA_KEYS:
             continue

@@ -116,8 +116,11 @@ def read_input(path: Path) -> InputGGUF:
         meta = read_gguf(path)
     except InputError as e:
         raise InputError(f"Cannot read {path} as a GGUF file: {e} Re-run the conversion that produced it.") from e
-    tensors = tuple(InputTensor(t.name, t.ne, t.qtype, meta.data_offset + t.offset, tensor_nbytes(t, path))
-                    for t in meta.tensors.values())
+    # a split GGUF (read by its first shard): each tensor from its own shard, the KVs the first shard's, as
+    # llama-quantize's loader reads it (and it writes no split.* key: _MOVED_KEYS)
+    tensors = tuple(InputTensor(t.name, t.ne, t.qtype, offset, tensor_nbytes(t, path),
+                                path=where if where != meta.path else None)
+                    for t in meta.tensors.values() for where, offset in (meta.locate(t),))
     return InputGGUF(path, raw_kv_bytes(meta), {k: kv.value for k, kv in meta.kv.items()}, tensors,
                      int(meta.get("general.alignment", ALIGNMENT)))
 
@@ -494,17 +497,13 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
     """Plan, check space, and write ``outfile`` atomically (``<out>.partial`` renamed on success).
 
     Raises:
-        QuantizeError: see :func:`plan_tensors`; also a GGUF alignment other than 32 or a split file.
+        QuantizeError: see :func:`plan_tensors`; also a GGUF alignment other than 32.
         OutputError: no space, or the output folder is missing.
     """
     t0 = time.monotonic()
     if gguf.alignment != ALIGNMENT:
         raise QuantizeError(f"{gguf.path} uses general.alignment={gguf.alignment}; the built-in quantizer writes "
                             "32-byte alignment only. Use --quantizer llama-quantize.")
-    split_count = gguf.values.get("split.count")
-    if isinstance(split_count, int) and split_count > 1:
-        raise QuantizeError(f"{gguf.path} is one part of a {split_count}-way split GGUF. Merge it first "
-                            "(llama-gguf-split --merge) or use --quantizer llama-quantize.")
     jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides)
     types: dict[str, int] = {}
     for j in jobs:
