@@ -736,9 +736,14 @@ class _Run:
         self.manifest.record(stage, key, [p for p, _ in shards], hashes=dict(shards), **extra)
 
     def _served(self, final: Path) -> Path:
-        """The file llama.cpp is given for ``final``: itself, or its first shard."""
-        found = sorted(final.parent.glob(f"{final.name.removesuffix('.gguf')}-00001-of-*.gguf"))
-        return found[0] if not final.is_file() and found else final
+        """The file llama.cpp is given for ``final``: itself, or the first shard its stage recorded."""
+        if final.is_file():
+            return final
+        for stage in ("target.quantize", "target.convert"):
+            shards = self._finals("target", stage, final)
+            if len(shards) > 1 and shards[0].is_file():
+                return shards[0]
+        return final
 
     def _record_of(self, path: Path, stage: str | None = None) -> FileRecord:
         """size + sha256 of an output, from the stage that recorded it when there is one."""
