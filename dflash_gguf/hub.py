@@ -106,19 +106,17 @@ class FetchedFile:
     path: Path
     repo: str | None = None
     commit: str | None = None
+    in_repo: str | None = None  # its path in the repo
+
+    @property
+    def name(self) -> str:
+        """Its path in the repo, or a local file's name."""
+        return self.in_repo or self.path.name
 
     @property
     def spec(self) -> str:
         """How a published record names it: ``org/name@commit:path/in/repo``, or a local file's name only."""
-        return f"{self.repo}@{self.commit}:{self.in_repo}" if self.repo else self.path.name
-
-    @property
-    def in_repo(self) -> str:
-        """Its path in the repo (a local file: its name)."""
-        if self.repo is None:
-            return self.path.name
-        parts = self.path.parts  # <cache>/models--org--name/snapshots/<commit>/<path in repo>
-        return "/".join(parts[parts.index(str(self.commit)) + 1:]) if self.commit in parts else self.path.name
+        return f"{self.repo}@{self.commit}:{self.name}" if self.repo else self.name
 
 
 @dataclass(frozen=True)
@@ -634,4 +632,4 @@ def fetch_file(spec: str, *, progress: bool = True) -> FetchedFile:
                                     repo=repo, revision=revision)
         for later in names[1:]:
             _download_one(repo, commit, revision, later, progress=progress)
-    return FetchedFile(Path(_download_one(repo, commit, revision, name, progress=progress)), repo, commit)
+    return FetchedFile(Path(_download_one(repo, commit, revision, name, progress=progress)), repo, commit, name)

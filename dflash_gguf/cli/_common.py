@@ -25,6 +25,20 @@ json_option = click.option("--json", "json_", is_flag=True, help="Print one JSON
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log each step on stderr.")
 
 
+def split_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--split-max-size`` and ``--split-max-tensors`` for a command that writes ``what`` (read them with
+    ``SplitRule.from_flags``)."""
+    size = click.option("--split-max-size", default=None, metavar="SIZE",
+                        help=f"Write {what} in shards of at most SIZE of tensors (K, M, G = 1000s, as llama.cpp's "
+                             "converter reads it; e.g. 48G under the Hub's per-file limit), named "
+                             "-00001-of-0000N.gguf ..., byte for byte as llama.cpp b11434 writes them "
+                             "(llama-gguf-split --split; convert_hf_to_gguf.py for an unquantized target of the "
+                             "pipeline). One that fits stays one file.")
+    tensors = click.option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N",
+                           help=f"Write {what} in shards of at most N tensors (as llama-gguf-split).")
+    return lambda fn: size(tensors(fn))
+
+
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format=("%(asctime)s " if verbose else "") + "%(levelname)s %(name)s: %(message)s")

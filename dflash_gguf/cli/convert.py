@@ -12,7 +12,7 @@ import click
 
 from ..drafters import convert_drafter
 from ..errors import QuantizeError
-from ..ggufio.split import SplitRule, parse_size
+from ..ggufio.split import SplitRule
 from ..pipeline import PipelineOptions, run_pipeline
 from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES
 from ..provenance import Provenance
@@ -20,7 +20,16 @@ from ..quantize import Overrides
 from ..quantize.types import quant_type
 from ..tokenizer_fixups import overlay_provenance
 from ..tune import TuneOptions
-from ._common import Progress, echo_conversion, echo_json, handle_errors, json_option, setup_logging, verbose_option
+from ._common import (
+    Progress,
+    echo_conversion,
+    echo_json,
+    handle_errors,
+    json_option,
+    setup_logging,
+    split_options,
+    verbose_option,
+)
 from .tune import parse_methods, render_report
 from .verify import render
 
@@ -95,12 +104,7 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help=f"Pipeline: the projector's type (default {DEFAULT_PROJECTOR_TYPE}: what ggml-org and unsloth "
                    "publish, run by every llama.cpp backend; b11434 keeps its patch and position embeddings F32 "
                    "or F16 whatever the type).")
-@click.option("--split-max-size", default=None, metavar="SIZE",
-              help="Pipeline: write the target in shards of at most SIZE of tensors (K, M, G = 1000s, as llama.cpp's "
-                   "converter reads it; e.g. 48G under the Hub's per-file limit), named -00001-of-0000N.gguf, byte "
-                   "for byte as llama-gguf-split --split writes them. A target that fits stays one file.")
-@click.option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Pipeline: write the target in shards of at most N tensors (as llama-gguf-split).")
+@split_options("the target (pipeline)")
 @click.option("--outdir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder for the pair and pair.json (pipeline; default ./<drafter-name>-pair).")
 @click.option("--target-gguf", default=None, metavar="PATH|REPO:FILE",
@@ -216,7 +220,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                            tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,
                            target_overrides=Overrides(output_tensor_type, token_embedding_type, pure),
                            mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE,
-                           split=SplitRule(parse_size(split_max_size) if split_max_size else None, split_max_tensors))
+                           split=SplitRule.from_flags(split_max_size, split_max_tensors))
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..ggufio.split import SplitRule, parse_size, shard_count, split_gguf
+from ..ggufio.split import SplitRule, split_gguf
 from ..quantize import Overrides, quantize_gguf
-from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, split_options, verbose_option
 
 
 @click.command("quantize")
@@ -34,12 +34,7 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 @click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="An importance matrix (llama-imatrix's output) passed to llama-quantize; IQ1/IQ2/IQ3_XXS and Q2_K_S "
                    "need one. The built-in quantizer declines it.")
-@click.option("--split-max-size", default=None, metavar="SIZE",
-              help="Write OUTFILE in shards of at most SIZE of tensors (K, M, G = 1000s), OUTFILE minus .gguf plus "
-                   "-00001-of-0000N.gguf ..., byte for byte as llama-gguf-split --split writes them; a file that fits "
-                   "stays one.")
-@click.option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Write OUTFILE in shards of at most N tensors (as llama-gguf-split).")
+@split_options("OUTFILE")
 @click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
 @json_option
 @verbose_option
@@ -57,7 +52,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
     setup_logging(verbose)
-    rule = SplitRule(parse_size(split_max_size) if split_max_size else None, split_max_tensors)
+    rule = SplitRule.from_flags(split_max_size, split_max_tensors)
     progress = Progress("quantize")
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
@@ -67,9 +62,8 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
                                on_progress=progress)
     finally:
         progress.close()
-    shards = []
-    if rule.given and not result.dry_run and shard_count(outfile, rule) > 1:
-        shards = split_gguf(outfile, rule)
+    shards = split_gguf(outfile, rule) if rule.given and not result.dry_run else []
+    if shards:
         outfile.unlink()
     if json_:
         echo_json(result.to_dict() | {"shards": [{"file": str(p), "sha256": sha} for p, sha in shards] or None})

@@ -181,13 +181,18 @@ class _Cursor:
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
+def shard_name(prefix: str, no: int, count: int) -> str:
+    """Shard ``no`` (from 1) of ``count`` of the GGUF named ``prefix`` (without .gguf), as llama.cpp names it."""
+    return f"{prefix}-{no:05d}-of-{count:05d}.gguf"
+
+
 def split_siblings(path: Path) -> list[Path] | None:
     """Every shard of the split GGUF whose first shard is ``path`` (by llama.cpp's names), None for another name."""
     m = SPLIT_NAME.match(Path(path).name)
     if m is None:
         return None
     count = int(m["count"])
-    return [Path(path).with_name(f"{m['prefix']}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+    return [Path(path).with_name(shard_name(m["prefix"], k, count)) for k in range(1, count + 1)]
 
 
 def read_gguf(path: Path) -> GGUFMeta:

@@ -26,7 +26,7 @@ from ..atomic import atomic_output
 from ..errors import InputError
 from .filecopy import copy_range
 from .layout import ALIGNMENT, header_parts, pack_kv, pack_tensor_info, pad
-from .reader import GGUFMeta, TensorInfo, raw_kv_bytes, read_gguf, tensor_nbytes
+from .reader import GGUFMeta, TensorInfo, raw_kv_bytes, read_gguf, shard_name, tensor_nbytes
 
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 _SIZE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMG]?)$")
@@ -60,6 +60,15 @@ class SplitRule:
                              "one of them. Pass one.")
         if self.max_tensors is not None and self.max_tensors <= 0:
             raise InputError(f"--split-max-tensors {self.max_tensors}: give a positive number of tensors.")
+
+    @classmethod
+    def from_flags(cls, max_size: str | None, max_tensors: int | None) -> SplitRule:
+        """From --split-max-size (llama.cpp's size syntax) and --split-max-tensors.
+
+        Raises:
+            InputError: a size llama.cpp would not read, or both flags.
+        """
+        return cls(parse_size(max_size) if max_size else None, max_tensors)
 
     @property
     def given(self) -> bool:
@@ -111,19 +120,14 @@ def plan_shards(tensors: list[TensorInfo], rule: SplitRule, path: Path, *,
 
 def shard_path(first: Path, no: int, count: int) -> Path:
     """``<name>-0000k-of-0000n.gguf`` beside ``first`` (``<name>.gguf``), as ``llama_split_path`` names them."""
-    return first.with_name(f"{first.name.removesuffix('.gguf')}-{no:05d}-of-{count:05d}.gguf")
-
-
-def shard_count(path: Path, rule: SplitRule, *, converter: bool = False) -> int:
-    """How many shards ``path`` splits into under ``rule`` (1: it fits as it is)."""
-    meta = read_gguf(path)
-    return len(plan_shards(list(meta.tensors.values()), rule, path, converter=converter)) if rule.given else 1
+    return first.with_name(shard_name(first.name.removesuffix(".gguf"), no, count))
 
 
 def split_gguf(path: Path, rule: SplitRule, *, converter: bool = False,
                on_progress: Callable[[int, int], None] | None = None) -> list[tuple[Path, str]]:
     """Write ``path``'s shards beside it (``<name>-00001-of-0000N.gguf`` …), each atomically, and return them with
-    their sha256. ``path`` itself is left for the caller to remove. ``converter``: the shards b11434's
+    their sha256; nothing (an empty list) when it fits in one under ``rule``. ``path`` itself is left for the caller
+    to remove. ``converter``: the shards b11434's
     ``convert_hf_to_gguf.py --split-max-size/--split-max-tensors`` writes (its grouping, and ``split.count`` before
     ``split.tensors.count``), for a file the converter makes (an unquantized one); else llama-gguf-split's.
 
@@ -135,7 +139,9 @@ def split_gguf(path: Path, rule: SplitRule, *, converter: bool = False,
     if meta.get("general.alignment", ALIGNMENT) != ALIGNMENT:
         raise InputError(f"{path}: general.alignment is not {ALIGNMENT}; llama-gguf-split's shards use the default.")
     tensors = list(meta.tensors.values())
-    shards = plan_shards(tensors, rule, path, converter=converter)
+    shards = plan_shards(tensors, rule, path, converter=converter) if rule.given else [tensors]
+    if len(shards) < 2:
+        return []
     count, total = len(shards), sum(tensor_nbytes(t, path) for t in tensors)
     kvs = [raw for key, raw in raw_kv_bytes(meta).items() if key not in SPLIT_KEYS]
     out: list[tuple[Path, str]] = []

@@ -572,6 +572,19 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
                       tuning if isinstance(tuning, dict) else None)
 
 
+def _present(manifest: Path, what: str, name: str) -> Path:
+    """A file pair.json names beside it (its names were checked when it was read).
+
+    Raises:
+        InputError: it is not there.
+    """
+    found = inside(Path(manifest).parent, name)
+    if found is None or not found.is_file():
+        raise InputError(f"{manifest} names {what} {name}, which is not in {Path(manifest).parent}. Keep pair.json "
+                         "beside the files it names, or re-run dflash-convert to make them again.")
+    return found
+
+
 def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:
     """``dflash-verify pair.json``: the files it names, unchanged since they were written, judged as a pair (and,
     for a run of several drafters, every other drafter judged with the target too).
@@ -601,24 +614,14 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
                       f"target ({len(other.results)} checks, {len(other.warnings)} warnings)")
         checked.append((f"manifest.drafters.{f.name}", f, rec))
     if record.projector is not None:
-        projector = folder / record.projector.file
-        if not projector.is_file():
-            raise InputError(f"{path} names the projector {projector.name}, which is not in {folder}. Keep pair.json "
-                             "beside the GGUF files it names, or re-run dflash-convert to make it again.")
+        projector = _present(path, "the projector", record.projector.file)
         report.extend(check_projector(read_gguf(projector), read_gguf(files["target"])))
         checked.append(("manifest.projector", projector, record.projector))
-    for shard in record.target.shards or ():  # a split target: every shard as recorded
-        path_k = inside(folder, shard.file)
-        if path_k is None or not path_k.is_file():
-            raise InputError(f"{path} names the target's shard {shard.file}, which is not in {folder}. Keep every "
-                             "shard beside pair.json, or re-run dflash-convert to make them again.")
-        checked.append((f"manifest.target.{shard.file}", path_k, shard))
+    checked += [(f"manifest.target.{shard.file}", _present(path, "the target's shard", shard.file), shard)
+                for shard in record.target.shards or ()]  # a split target: every shard as recorded
     if record.imatrix is not None:
-        imatrix = inside(folder, record.imatrix.file)
-        if imatrix is None or not imatrix.is_file():
-            raise InputError(f"{path} names the importance matrix {record.imatrix.file}, which is not in {folder}. "
-                             "Keep pair.json beside the files it names, or re-run dflash-convert to copy it again.")
-        checked.append(("manifest.imatrix", imatrix, record.imatrix))
+        checked.append(("manifest.imatrix", _present(path, "the importance matrix", record.imatrix.file),
+                        record.imatrix))
     for check_id, f, want in checked:
         if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
             report.ok(check_id, f"{f.name}: size and sha256 as recorded in {Path(path).name}")

@@ -22,7 +22,7 @@ from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
-from ..ggufio.split import NO_SPLIT, SplitRule, shard_path
+from ..ggufio.split import NO_SPLIT, SplitRule, shard_path, split_gguf
 from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance, folder_label
@@ -365,7 +365,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         gguf_path = fetched.path
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
         sources = replace(sources, target_gguf=SourceRecord(fetched.spec, fetched.repo, fetched.commit,
-                                                            fetched.in_repo))
+                                                            fetched.name))
     try:
         with folder_lock.writing(outdir, f"dflash-convert --outdir {outdir}"):
             return _Run(opts, Manifest.load(outdir), progress, method, options).run(drafters, target, sources, header,
@@ -385,6 +385,7 @@ class _Run:
         self.tool = f"dflash-gguf {__version__}"
         self._tune_bar: Callable[[int, int], None] | None = None
         self.imatrix: Path | None = None  # the --imatrix file, copied into the folder by the target stage
+        self.imatrix_sha256: str | None = None
 
     def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
             gguf_path: Path | None) -> PipelineResult:
@@ -453,7 +454,8 @@ class _Run:
                     verdict=DrafterVerdict(not r.errors, len(r.errors), len(r.warnings)))
             for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None,
             self._output(*projector) if projector is not None else None,
-            self._output(self.imatrix, stages.imatrix_made(self.imatrix)) if self.imatrix is not None else None)
+            OutputRecord.of(file_record(self.imatrix, self.imatrix_sha256, m.name_of(self.imatrix)),
+                            stages.imatrix_made(self.imatrix)) if self.imatrix is not None else None)
         m.data["tools"] = _tool_versions(self.method, self.opts).to_json()
         m.data["verify"] = report.to_dict() | {"inputs": {  # by name: pair.json may be published
             side: m.name_of(Path(f)) if f else f for side, f in report.inputs.items()}}
@@ -575,8 +577,9 @@ class _Run:
             return None
         suffix = ".gguf" if stages.is_gguf(Path(given)) else ".dat"
         dest = self.outdir / IMATRIX_DIR / f"imatrix-{name}{suffix}"
+        self.imatrix_sha256 = sha256_file(Path(given))  # read once: the stage key and pair.json take it from here
         if not (dest.is_file() and dest.stat().st_size == Path(given).stat().st_size
-                and sha256_file(dest) == sha256_file(Path(given))):
+                and sha256_file(dest) == self.imatrix_sha256):
             dest.parent.mkdir(exist_ok=True)
             with atomic_output(dest) as tmp:
                 shutil.copyfile(given, tmp)
@@ -691,7 +694,7 @@ class _Run:
             q_key["overrides"] = overrides.args()
         if imatrix is not None:  # only when given: outputs made before the option existed stay reusable
             q_key["imatrix"] = {"file": Path(imatrix).name, "size": Path(imatrix).stat().st_size,
-                                "sha256": sha256_file(Path(imatrix))}
+                                "sha256": self.imatrix_sha256}
         if not self.manifest.reusable(f"{side}.quantize", q_key, self._finals(side, f"{side}.quantize", final)):
             if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
                 log.info("%s: converting to %s", side, inter)
@@ -725,13 +728,14 @@ class _Run:
         """Record ``stage``'s final output; with --split-max-size and a target above it, split it first and record
         the shards (the single file removed): byte for byte b11434's converter's for an unquantized target
         (``converter``), llama-gguf-split's for a quantized one."""
-        rule = self.opts.split
-        if side != "target" or not rule.given or stages.shard_count(final, rule, converter=converter) < 2:
+        shards: list[tuple[Path, str]] = []
+        if side == "target" and self.opts.split.given:
+            with _bar(self.progress, "split target") as bar:
+                shards = split_gguf(final, self.opts.split, converter=converter, on_progress=bar)
+        if not shards:  # not asked for, or the target fits in one
             self.manifest.record(stage, key, [final], hashes={final: sha}, **extra)
             return
-        log.info("target: splitting %s (%s)", final.name, rule.describe())
-        with _bar(self.progress, "split target") as bar:
-            shards = stages.split_target(final, rule, bar, converter=converter)
+        log.info("target: split %s into %d shards (%s)", final.name, len(shards), self.opts.split.describe())
         final.unlink()
         self.manifest.record(stage, key, [p for p, _ in shards], hashes=dict(shards), **extra)
 

@@ -71,8 +71,8 @@ class Source:
     def record(self) -> SourceRecord:
         """How pair.json records it: a repo at its commit, a local folder by its name only; with the license its
         card states (what publish puts on its own card)."""
-        name = None if self.repo else folder_label(self.path.resolve())
-        return SourceRecord(self.spec if self.repo else str(name), self.repo, self.commit, name,
+        return SourceRecord(self.spec if self.repo else self.public, self.repo, self.commit,
+                            None if self.repo else self.public,
                             tuple(str_list(front_matter(read_card(self.path)).get("license"))))
 
 

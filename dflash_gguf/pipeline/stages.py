@@ -28,10 +28,8 @@ from ..convert.targets import (
 )
 from ..drafters import convert_drafter
 from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
-from ..ggufio import split
 from ..ggufio.readahead import warm_up
 from ..ggufio.reader import split_siblings
-from ..ggufio.split import SplitRule
 from ..hf_configs import read_config
 from ..jsonfile import read_json
 from ..provenance import Provenance
@@ -295,18 +293,6 @@ def imatrix_made(path: Path) -> Made:
                                    f"of {size} tokens" if size is not None else "",
                                    f"on {', '.join(texts)}" if texts else "") if x)
     return Made("gguf", f"llama-imatrix ({detail})" if detail else "llama-imatrix")
-
-
-def shard_count(path: Path, rule: SplitRule, *, converter: bool) -> int:
-    """How many shards the target ``path`` splits into under --split-max-size/--split-max-tensors."""
-    return split.shard_count(path, rule, converter=converter)
-
-
-def split_target(path: Path, rule: SplitRule, on_progress: OnProgress = None, *,
-                 converter: bool) -> list[tuple[Path, str]]:
-    """The target's shards beside it, with their sha256: as b11434's converter writes them for an unquantized
-    target (``converter``), as llama-gguf-split writes them for a quantized one."""
-    return split.split_gguf(path, rule, converter=converter, on_progress=on_progress)
 
 
 def gguf_type(path: Path) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from .. import __version__, hub
 from ..drafters import family_of_gguf
 from ..drafters.findings import Report
 from ..errors import FileTooLargeRefused, PrivateDataRefused, PublishRefused
-from ..ggufio.reader import read_gguf, split_siblings
+from ..ggufio.reader import SPLIT_NAME, read_gguf, split_siblings
 from ..model_card import CARD, front_matter, read_card, str_list
 from ..pipeline.manifest import (
     MANIFEST_NAME,
@@ -297,13 +296,12 @@ def _source_card(src: SourceRecord) -> str | None:
 # ------------------------------------------------------------------------------------------------------ the card
 
 
-_SHARD = re.compile(r"-\d{5}-of-\d{5}$")
-
-
 def quant_tag(file_name: str) -> str:
     """The tag ``-hf REPO:TAG`` picks a file by: the last dash-separated part of its name (``Qwen3-8B-Q4_K_M.gguf``
     -> ``Q4_K_M``), a shard's number left out."""
-    stem = _SHARD.sub("", Path(file_name).name.removesuffix(".gguf"))
+    name = Path(file_name).name
+    shard = SPLIT_NAME.match(name)
+    stem = shard["prefix"] if shard else name.removesuffix(".gguf")
     return stem.rsplit("-", 1)[-1].upper()
 
 
