@@ -6,6 +6,7 @@ Two-step is checked both ways: with our built-in quantizer (always) and with rea
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import fixtures as mf
@@ -161,3 +162,62 @@ def test_a_released_scratch_name_is_never_given_to_a_tensor_still_read(tmp_path:
     assert fd_b != fd_c
     assert os.pread(fd_b, 8, 0) == b"B" * 8 and os.pread(fd_c, 8, 0) == b"C" * 8
     sources.close()
+
+
+def _bytes_read_from(monkeypatch: pytest.MonkeyPatch, folder: Path) -> dict[str, int]:
+    """Counts the bytes ``os.pread``/``os.preadv`` return from the safetensors files in ``folder``."""
+    prefix = f"{folder.resolve()}/"
+    counted = {"bytes": 0}
+    pread, preadv = os.pread, os.preadv
+    lock = threading.Lock()  # the quantizer's workers read at once
+
+    def count(fd: int, n: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if name.startswith(prefix) and name.endswith(".safetensors"):
+            with lock:
+                counted["bytes"] += n
+
+    def counting_pread(fd: int, length: int, offset: int) -> bytes:
+        data = pread(fd, length, offset)
+        count(fd, len(data))
+        return data
+
+    def counting_preadv(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        n = preadv(fd, buffers, offset, *flags)
+        count(fd, n)
+        return n
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    monkeypatch.setattr(os, "preadv", counting_preadv)
+    return counted
+
+
+@pytest.mark.parametrize("family", ["gemma4", "qwen3"])
+def test_several_tags_from_one_read_equal_one_run_each(tmp_path: Path, targets: dict[str, Path], family: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three quant tags in one pass: each file is the bytes of a run of its own, and the checkpoint's weights are read
+    once for the three (the bytes read equal a one-tag run's), not once per tag."""
+    from dflash_gguf.convert.targets import convert_target
+
+    tags = ["q4_k_m", "q6_k", "q8_0"]
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    alone.mkdir()
+    together.mkdir()
+    counted = _bytes_read_from(monkeypatch, targets[family])
+    reads = {}
+    for tag in tags:
+        counted["bytes"] = 0
+        convert_target(targets[family], alone / f"t-{tag}.gguf", quant=tag, read_ahead=False)
+        reads[tag] = counted["bytes"]
+    counted["bytes"] = 0
+    result = convert_target(targets[family], together / f"t-{tags[0]}.gguf", quant=tags[0], read_ahead=False,
+                            more=[(together / f"t-{tag}.gguf", tag) for tag in tags[1:]])
+    weights = sum(p.stat().st_size for p in targets[family].glob("*.safetensors"))
+    assert 0 < counted["bytes"] == reads["q4_k_m"] <= weights, (counted, reads, weights)
+    for tag in tags:
+        assert (together / f"t-{tag}.gguf").read_bytes() == (alone / f"t-{tag}.gguf").read_bytes(), tag
+    import hashlib
+
+    assert [result.sha256, *result.more_sha256] == [
+        hashlib.sha256((together / f"t-{tag}.gguf").read_bytes()).hexdigest() for tag in tags]
+    assert _leftovers(together) == []

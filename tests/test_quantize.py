@@ -709,12 +709,12 @@ def test_compiled_and_numpy_chunks_agree_and_a_shrunk_input_is_an_error(tmp_path
     try:
         for path_name in kernels.KERNEL_PATHS:
             for _ in use_kernels(path_name):
-                out[path_name] = bytes(_convert_chunk(fd, 4100, job, 4, 20))
+                out[path_name] = bytes(_convert_chunk(fd, 4100, (job,), 4, 20)[0])
         assert out["compiled"] == out["numpy"] and len(out["compiled"]) == 20 * row_bytes(dst_type, ne[0])
         os.truncate(path, 4100 + len(data) // 2)
         for path_name in kernels.KERNEL_PATHS:
             for _ in use_kernels(path_name):
                 with pytest.raises(QuantizeError, match="Short read in tensor t.weight"):
-                    _convert_chunk(fd, 4100, job, 4, 20)
+                    _convert_chunk(fd, 4100, (job,), 4, 20)
     finally:
         os.close(fd)

@@ -14,7 +14,7 @@ from ..drafters import convert_drafter
 from ..errors import QuantizeError
 from ..ggufio.split import SplitRule
 from ..pipeline import PipelineOptions, run_pipeline
-from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES
+from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES, encoding_tag
 from ..provenance import Provenance
 from ..quantize import Overrides
 from ..quantize.types import quant_type
@@ -34,15 +34,15 @@ from .tune import parse_methods, render_report
 from .verify import render
 
 
-def _quant_type(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Any type llama-quantize b11434 makes, any case (Q4_K_M, q8_0, IQ4_XS), as its lower-case name."""
+def _quant_types(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    """A comma list of types llama-quantize b11434 makes, any case (Q4_K_M,q8_0,IQ4_XS), as lower-case names."""
     if value is None:
-        return None
-
+        return ()
     try:
-        return quant_type(value, f"--{param.name.replace('_', '-')}").key
+        return tuple(quant_type(v.strip(), f"--{param.name.replace('_', '-')}").key for v in value.split(","))
     except QuantizeError as e:
         raise click.BadParameter(str(e)) from None
+
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
                   "imatrix", "pure", "token_embedding_type", "output_tensor_type", "no_mmproj", "mmproj_type",
@@ -58,15 +58,19 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
 @click.option("--target", "--target-model-dir", "target", required=True, metavar="SPEC",
               help="Target model: Hub repo id org/name[@revision], or a local folder. Its config.json and tokenizer "
                    "files are embedded in the drafter GGUF.")
-@click.option("--quant", default=None, callback=_quant_type, metavar="TYPE",
+@click.option("--quant", default=None, callback=_quant_types, metavar="TYPE[,TYPE...]",
               help="Type of the target GGUF (pipeline; default q4_0, and MXFP4_MOE for a checkpoint whose experts "
                    "are MXFP4, as gpt-oss's): any type llama-quantize makes, any case (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, "
                    "...); the types the built-in quantizer makes in one pass with the conversion, the others by "
                    "llama-quantize from the BF16 conversion. With --outfile (q4_0, q8_0): quantize the drafter in "
-                   "the same pass, the bytes of converting and then running llama-quantize.")
-@click.option("--draft-quant", default=None, callback=_quant_type, metavar="TYPE",
+                   "the same pass, the bytes of converting and then running llama-quantize. Pipeline: a comma list "
+                   "(Q4_K_M,Q6_K,Q8_0) makes every tag from one read of the checkpoint, each with its drafter, "
+                   "as one Hub repo of several tags holds them.")
+@click.option("--draft-quant", default=None, callback=_quant_types, metavar="TYPE[,TYPE...]",
               help="Type of the drafter GGUF (pipeline; default q8_0: the precision ggml-org publishes DFlash "
-                   "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice.")
+                   "drafters in; 4-bit drafters can lose their drafts). 'dflash-gguf tune' measures the choice. "
+                   "With several --quant tags: one type for all, or one per tag (default: each tag's own, named "
+                   "-TAG. as llama-server -hf REPO:TAG pairs them).")
 @click.option("--pure", is_flag=True,
               help="Pipeline: quantize the target as llama-quantize --pure does (no mixture rules; ggml-org makes "
                    "Gemma's QAT files as --pure q4_0 with --token-embedding-type q8_0).")
@@ -158,17 +162,18 @@ def convert_cmd(drafter: tuple[str, ...], target: str, outfile: Path | None, dry
         _pipeline(drafter, target, dry_run, json_, quant=options["quant"],
                   **{k: options[k] for k in _PIPELINE_ONLY})
         return
-    if given := [o for o in _PIPELINE_ONLY if options[o] not in (None, False)]:
+    if given := [o for o in _PIPELINE_ONLY if options[o] not in (None, False, ())]:
         raise click.UsageError(f"--{given[0].replace('_', '-')} is a pipeline option: drop --outfile to run the "
                                "pipeline.")
     if len(drafter) > 1:
         raise click.UsageError("--outfile converts one drafter: give --drafter once (the pipeline takes several).")
-    if options["quant"] not in (None, "q4_0", "q8_0"):
-        raise click.UsageError(f"--outfile quantizes in the same pass to q4_0 or q8_0; for {options['quant'].upper()} "
+    quant = options["quant"]
+    if len(quant) > 1 or quant and quant[0] not in ("q4_0", "q8_0"):
+        raise click.UsageError(f"--outfile quantizes in the same pass to q4_0 or q8_0; for {','.join(quant).upper()} "
                                "run the pipeline (no --outfile) or 'dflash-gguf quantize' on the BF16 file.")
     _drafter_only(Path(drafter[0]), Path(target), outfile, options["outtype"] or "auto", options["tokenizer_dir"],
-                  options["pair_with"], options["drafter_repo"], options["target_repo"], options["quant"], dry_run,
-                  json_)
+                  options["pair_with"], options["drafter_repo"], options["target_repo"], quant[0] if quant else None,
+                  dry_run, json_)
 
 
 def _drafter_only(drafter: Path, target: Path, outfile: Path, outtype: str, tokenizer_dir: Path | None,
@@ -198,9 +203,9 @@ _METHOD = {"builtin": "the built-in converter", "llama-cpp": "llama.cpp's conver
            "gguf": "--target-gguf"}
 
 
-def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool, *, quant: str | None,
+def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool, *, quant: tuple[str, ...],
               outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
-              allow_derived_target: bool, draft_quant: str | None, quantizer: str | None, tune: bool,
+              allow_derived_target: bool, draft_quant: tuple[str, ...], quantizer: str | None, tune: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
               no_mtp: bool, imatrix: Path | None, pure: bool, token_embedding_type: str | None,
               output_tensor_type: str | None, no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
@@ -214,8 +219,10 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
                                llama_server=llama_server, methods=parse_methods((tune_methods,) if tune_methods
                                                                                 else ()))
-    opts = PipelineOptions(target, drafter[0], quant, outdir, target_gguf, llama_cpp, keep_intermediate,
-                           allow_derived_target, dry_run, draft_quant=draft_quant or "q8_0",
+    opts = PipelineOptions(target, drafter[0], quant[0] if quant else None, outdir, target_gguf, llama_cpp,
+                           keep_intermediate, allow_derived_target, dry_run,
+                           draft_quant=draft_quant[0] if draft_quant else None, more_draft_quants=draft_quant[1:],
+                           more_quants=quant[1:],
                            quantizer=quantizer or "auto", tune=tune,
                            tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,
                            target_overrides=Overrides(output_tensor_type, token_embedding_type, pure),
@@ -260,6 +267,10 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     assert record is not None
     for side, out in (("target", record.target), ("drafter", record.drafter)):
         click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
+    for tag in record.tags[1:]:
+        verdict = "can be served" if tag.verdict.servable else f"refused by verify ({tag.verdict.errors} errors)"
+        click.echo(f"  tag {encoding_tag(tag.target.file)}: {record.folder / tag.target.file} ({_mb(tag.target.size)}) "
+                   f"with {tag.drafter.file}: {verdict}")
     if (projector := record.projector) is not None:
         click.echo(f"projector: {record.folder / projector.file} ({_mb(projector.size)}, {projector.type}, "
                    f"{projector.made_by})")

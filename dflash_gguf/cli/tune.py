@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +13,11 @@ from tqdm import tqdm
 
 from ..errors import ACCEPTANCE_COLLAPSED, PlotUnavailable, TuneError
 from ..pipeline import MANIFEST_NAME, read_manifest
-from ..pipeline.serve import record_tuning
+from ..pipeline.manifest import PairRecord, TagRecord
+from ..pipeline.naming import encoding_tag
+from ..pipeline.serve import record_tag_tuning, record_tuning
 from ..sidecar import is_sidecar
-from ..tune import METHODS, TuneOptions, Workload, plan_tune, tune
+from ..tune import METHODS, TagSpeed, TuneOptions, Workload, fastest_tag, plan_tune, tune
 from ..tune.plot import PLOT_NAME, write_plot
 from ..tune.workload import BUILTIN_PROMPTS, load_image, load_prompt_file
 
@@ -201,6 +203,10 @@ def render_report(report: TuneReport) -> str:
 @click.option("--plot", is_flag=True,
               help="Also draw tune.png (tokens/s against n-max per method) beside pair.json, or in the current folder "
                    "for GGUF arguments. Needs matplotlib: pip install 'dflash-gguf[plot]'.")
+@click.option("--tags", "tags", default=None, metavar="TAG[,TAG...]|all",
+              help="With the pair.json of several quant tags (dflash-convert --quant A,B,C): measure these tags (or "
+                   "all), each target with the drafter served beside it, and name the fastest; the first tag's "
+                   "measurement also sets the serve command. Default: the first tag.")
 @click.option("--no-record", is_flag=True, help="With pair.json: do not write the measurement into it.")
 @click.option("--dry-run", is_flag=True,
               help="Print the server, the flags and the configurations tune would start with; run nothing.")
@@ -211,7 +217,7 @@ def render_report(report: TuneReport) -> str:
 def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
              n_max: tuple[int, ...], prompts: Path | None, mmproj: Path | None, no_mmproj: bool, image: Path | None,
              n_predict: int | None, repeats: int | None, thinking: str, methods: tuple[str, ...],
-             allow_changed_output: bool, plot: bool, no_record: bool, dry_run: bool, json_: bool,
+             allow_changed_output: bool, plot: bool, tags: str | None, no_record: bool, dry_run: bool, json_: bool,
              verbose: bool) -> None:
     """Measure every way llama-server can speculate for the target here, and name the fastest.
 
@@ -252,6 +258,11 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
     options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
                           llama_server=llama_server, methods=parse_methods(methods),
                           serve_changed_output=allow_changed_output, projector=projector)
+    if tags is not None:
+        if manifest is None:
+            raise click.UsageError("--tags picks tags of a pair.json made with several --quant tags: pass that "
+                                   "pair.json or its folder.")
+        ctx.exit(_tune_tags(manifest, tags, options, dry_run=dry_run, no_record=no_record, json_=json_))
     if dry_run:
         plan = plan_tune(target, drafters, options)
         if json_:
@@ -305,3 +316,89 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         if picture or why_not:
             click.echo(f"picture: {picture}" if picture else why_not)
     ctx.exit(code)
+
+
+def chosen_tags(record: PairRecord, value: str) -> list[TagRecord]:
+    """``--tags``: the tags of ``record`` named (any case), or every one for ``all``, in pair.json's order.
+
+    Raises:
+        TuneError: the pair has one tag, or a tag is not one of its tags.
+    """
+    if not record.tags:
+        raise TuneError(f"{record.path} holds one quant tag ({record.target.type}): --tags compares the tags of a "
+                        "folder made with several (dflash-convert --quant Q4_K_M,Q6_K,Q8_0). Leave --tags out.")
+    if value.strip().lower() == "all":
+        return list(record.tags)
+    wanted = [v.strip().lower() for v in value.split(",") if v.strip()]
+    known = {t.tag.lower(): t for t in record.tags} | {encoding_tag(t.target.file).lower(): t for t in record.tags}
+    unknown = [w for w in wanted if w not in known]
+    if unknown or not wanted:
+        raise TuneError(f"--tags {value}: {', '.join(unknown) or 'no tag'} is not a tag of {record.path}; its tags are "
+                        f"{', '.join(encoding_tag(t.target.file) for t in record.tags)} (or 'all').")
+    picked = {id(known[w]) for w in wanted}
+    return [t for t in record.tags if id(t) in picked]
+
+
+def _tune_tags(manifest: Path, value: str, options: TuneOptions, *, dry_run: bool, no_record: bool,
+               json_: bool) -> int:
+    """Each tag's target with its drafter, measured one after the other with the same options; the first tag's
+    measurement recorded as any other, the comparison in pair.json's ``tag_tuning``. Returns the exit code."""
+    record = read_manifest(manifest)
+    tags = chosen_tags(record, value)
+    if dry_run:
+        for tag in tags:
+            click.echo(f"tag {encoding_tag(tag.target.file)}: {tag.target.file} with {tag.drafter.file}")
+        click.echo("dry run: no server was started.")
+        return 0
+    reports: list[tuple[TagRecord, TuneReport]] = []
+    for tag in tags:
+        bar = tqdm(desc=f"tune {encoding_tag(tag.target.file)}", total=0, unit="config", file=sys.stderr,
+                   disable=None, leave=False)
+
+        def progress(done: int, total: int, label: str, bar: tqdm = bar) -> None:
+            bar.total, bar.n = total, done
+            bar.set_postfix_str(label[:40])
+            bar.refresh()
+
+        try:
+            reports.append((tag, tune(record.folder / tag.target.file, [record.folder / tag.drafter.file], options,
+                                      progress)))
+        finally:
+            bar.close()
+    speeds = [TagSpeed.of(encoding_tag(tag.target.file), report) for tag, report in reports]
+    fastest = fastest_tag(speeds)
+    if not no_record:
+        first = next((report for tag, report in reports if tag.target.file == record.target.file), None)
+        if first is not None:
+            record_tuning(manifest, first)
+        record_tag_tuning(manifest, speeds, reports[0][1])
+    code = ACCEPTANCE_COLLAPSED if any(report.collapse_found for _, report in reports) else 0
+    if json_:
+        echo_json({"tags": [{"tag": s.tag, **report.to_dict()} for s, (_, report) in zip(speeds, reports, strict=True)],
+                   "comparison": [s.to_dict() for s in speeds], "fastest": fastest.tag if fastest else None,
+                   "recorded_in": None if no_record else str(manifest), "exit_code": code})
+        return code
+    for s, (_, report) in zip(speeds, reports, strict=True):
+        click.echo(f"== tag {s.tag}: {s.target} with {s.drafter} ==")
+        click.echo(render_report(report))
+        click.echo("")
+    click.echo(render_tag_speeds(speeds))
+    if not no_record:
+        click.echo(f"recorded in {manifest} (tag_tuning; the first tag's serve command and models.ini updated)")
+    return code
+
+
+def render_tag_speeds(speeds: Sequence[TagSpeed]) -> str:
+    """The tags side by side: the target alone, the fastest configuration, its speed-up, the drafter's acceptance."""
+    rows = [("tag", "target alone tok/s", "fastest", "tok/s", "speed-up", "accept")]
+    for s in speeds:
+        rows.append((s.tag, f"{s.alone_tps:.1f}" if s.alone_tps else "-", s.best or "-",
+                     f"{s.best_tps:.1f}" if s.best_tps else "-", f"{s.speedup:.2f}x" if s.speedup else "-",
+                     _pct(s.acceptance).strip() if s.acceptance is not None else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    fastest = fastest_tag(speeds)
+    lines.append(f"fastest tag on this machine: {fastest.tag} ({fastest.best}, {fastest.best_tps:.1f} tokens/s)"
+                 if fastest is not None and fastest.best_tps is not None else "no tag could be measured")
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,7 @@ class ConvertResult:
     dry_run: bool = False
     provenance: dict[str, str] = field(default_factory=dict)
     sha256: str | None = None  # of the file written, hashed while writing (None for a dry run)
+    more_sha256: tuple[str | None, ...] = ()  # of each further output of the same pass (``finish``'s ``more``)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready description for ``--json``."""
@@ -126,9 +127,10 @@ def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: 
 
 def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes: tuple[str, ...],
            recorded: dict[str, str], started: float, *, quant: str | None = None, dry_run: bool = False,
-           on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+           on_progress: Callable[[int, int], None] | None = None,
+           more: Sequence[tuple[Path, str]] = ()) -> ConvertResult:
     """Write ``recorded`` and ``notes`` as our keys, then write ``plan`` (or quantize it to ``quant`` in one
-    pass, or with ``dry_run`` only size it).
+    pass, and to each further (file, type) of ``more`` from the same read; or with ``dry_run`` only size it).
 
     Raises:
         OutputError, QuantizeError: as :func:`write_plan` and ``quantize.builtin.quantize_plan``.
@@ -139,15 +141,17 @@ def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes:
     if notes:
         plan.add_array(prov.key(prov.NOTES), list(notes))
     outfile = Path(outfile)
-    sha256 = None
+    sha256, more_sha256 = None, ()
     if quant is not None:
-        outcome = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress)
-        size, sha256 = outcome.n_bytes, outcome.sha256
+        outcome, *others = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress, more=more)
+        size, sha256, more_sha256 = outcome.n_bytes, outcome.sha256, tuple(o.sha256 for o in others)
         outtype = quant
+    elif more:
+        raise AssertionError("further outputs are quantized in the same pass: a type for the first is needed")
     elif dry_run:
         size = plan.data_bytes
     else:
         written = write_plan(plan, outfile, on_progress)
         size, sha256 = written.n_bytes, written.sha256
     return ConvertResult(outfile, len(plan.tensors), size, outtype, vocab, notes, time.perf_counter() - started,
-                         dry_run, recorded, sha256)
+                         dry_run, recorded, sha256, more_sha256)

@@ -168,15 +168,39 @@ class OutputRecord:
 
 
 @dataclass(frozen=True)
+class TagRecord:
+    """One quant tag of a run of several (``--quant Q4_K_M,Q6_K,Q8_0``): its target and the drafter served with it
+    (the sidecar ``-hf REPO:TAG`` pairs with it), and verify's verdict on the two."""
+
+    tag: str  # the target's type, as --quant names it (lower case)
+    target: OutputRecord
+    drafter: OutputRecord
+    verdict: DrafterVerdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tag": self.tag, "target": self.target.to_json(), "drafter": self.drafter.to_json(),
+                "verify": asdict(self.verdict)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> TagRecord:
+        """Raises KeyError/TypeError when ``d`` does not name a tag, a target and a drafter file."""
+        verdict = d["verify"]
+        return cls(str(d["tag"]), OutputRecord.from_json(d["target"]), OutputRecord.from_json(d["drafter"]),
+                   DrafterVerdict(bool(verdict.get("servable")), int(verdict.get("errors", 0)),
+                                  int(verdict.get("warnings", 0))))
+
+
+@dataclass(frozen=True)
 class Outputs:
-    """The outputs of a finished run: the target, the drafter served, every drafter of a run of several, and the
-    target's projector (mmproj) when it has vision or audio towers."""
+    """The outputs of a finished run: the target, the drafter served, every drafter of a run of several, the
+    target's projector (mmproj) when it has vision or audio towers, and every quant tag of a run of several."""
 
     target: OutputRecord
     drafter: OutputRecord
     several: tuple[OutputRecord, ...] | None = None  # None: a run of one drafter
     projector: OutputRecord | None = None
     imatrix: OutputRecord | None = None  # the importance matrix the target was quantized with (--imatrix)
+    tags: tuple[TagRecord, ...] | None = None  # None: a run of one tag; else every tag, the first ``target``'s
 
     @property
     def drafters(self) -> tuple[OutputRecord, ...]:
@@ -190,16 +214,19 @@ class Outputs:
             out["projector"] = self.projector.to_json()
         if self.imatrix is not None:
             out["imatrix"] = self.imatrix.to_json()
+        if self.tags is not None:
+            out["tags"] = [t.to_json() for t in self.tags]
         return out
 
     @classmethod
     def from_json(cls, d: Any) -> Outputs:
         """Raises KeyError/TypeError when ``d`` does not name a target and a drafter file."""
-        several, projector, imatrix = d.get("drafters"), d.get("projector"), d.get("imatrix")
+        several, projector, imatrix, tags = d.get("drafters"), d.get("projector"), d.get("imatrix"), d.get("tags")
         return cls(OutputRecord.from_json(d["target"]), OutputRecord.from_json(d["drafter"]),
                    tuple(OutputRecord.from_json(x) for x in several) if isinstance(several, list) else None,
                    OutputRecord.from_json(projector) if isinstance(projector, dict) else None,
-                   OutputRecord.from_json(imatrix) if isinstance(imatrix, dict) else None)
+                   OutputRecord.from_json(imatrix) if isinstance(imatrix, dict) else None,
+                   tuple(TagRecord.from_json(x) for x in tags) if isinstance(tags, list) else None)
 
 
 @dataclass(frozen=True)
@@ -332,12 +359,15 @@ class RunOptions:
     keep_intermediate: bool = False
     allow_derived_target: bool = False
     drop_mtp: bool = False
+    tags: tuple[str, ...] | None = None  # a run of several quant tags: every tag (``quant`` is the first)
+    draft_quants: tuple[str, ...] | None = None  # ... and the drafter's type served with each
 
     def to_json(self) -> dict[str, Any]:
+        several = {"tags": list(self.tags), "draft_quants": list(self.draft_quants or ())} if self.tags else {}
         return {"quant": self.quant, "draft_quant": self.draft_quant, "target_method": self.target_method,
                 "drafter_method": self.drafter_method, "target_gguf": self.target_gguf, "llama_cpp": self.llama_cpp,
                 "keep_intermediate": self.keep_intermediate, "allow_derived_target": self.allow_derived_target,
-                "drop_mtp": self.drop_mtp}
+                "drop_mtp": self.drop_mtp, **several}
 
     @classmethod
     def from_json(cls, d: Any) -> RunOptions:
@@ -346,7 +376,9 @@ class RunOptions:
         return cls(str(d.get("quant") or "q4_0"), str(d.get("draft_quant") or "q8_0"),
                    str(d.get("target_method") or "builtin"), str(d.get("drafter_method") or "builtin"),
                    _opt_str(d.get("target_gguf")), _opt_str(d.get("llama_cpp")), bool(d.get("keep_intermediate")),
-                   bool(d.get("allow_derived_target")), bool(d.get("drop_mtp")))
+                   bool(d.get("allow_derived_target")), bool(d.get("drop_mtp")),
+                   tuple(map(str, d["tags"])) if isinstance(d.get("tags"), list) else None,
+                   tuple(map(str, d["draft_quants"])) if isinstance(d.get("draft_quants"), list) else None)
 
 
 @dataclass(frozen=True)
@@ -481,6 +513,7 @@ class PairRecord:
     sources: Sources | None = None
     tools: ToolVersions | None = None
     tuning: Mapping[str, Any] | None = None  # tune's report as written (``status``: measured, skipped, ...)
+    tag_tuning: Mapping[str, Any] | None = None  # tune --tags: each tag's speed with its drafter, the fastest
 
     @property
     def target(self) -> OutputRecord:
@@ -512,6 +545,11 @@ class PairRecord:
     def imatrix(self) -> OutputRecord | None:
         """The importance matrix the target was quantized with, when one was given."""
         return self.outputs.imatrix
+
+    @property
+    def tags(self) -> tuple[TagRecord, ...]:
+        """Every quant tag of a run of several (the first is ``target``'s); empty for a run of one."""
+        return self.outputs.tags or ()
 
     def drafter_files(self) -> list[Path]:
         """Every drafter GGUF the run made (for a run of several, where they live: ``drafters/``)."""
@@ -558,18 +596,24 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
     named += [("outputs.projector.file", typed.projector)] if typed.projector is not None else []
     named += [("outputs.imatrix.file", typed.imatrix)] if typed.imatrix is not None else []
     named += [(f"outputs.target.shards[{i}].file", shard) for i, shard in enumerate(typed.target.shards or ())]
+    for i, tag in enumerate(typed.tags or ()):
+        named += [(f"outputs.tags[{i}].target.file", tag.target), (f"outputs.tags[{i}].drafter.file", tag.drafter)]
+        named += [(f"outputs.tags[{i}].target.shards[{k}].file", shard)
+                  for k, shard in enumerate(tag.target.shards or ())]
     for field_name, rec in named:
         if (problem := name_problem(rec.file)) is not None:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
                              "(or drafters/ inside it); re-run dflash-convert to write a new pair.json rather than "
                              "editing it.")
-    serve, options, sources, tools, tuning = (data.get(k) for k in ("serve", "options", "sources", "tools", "tuning"))
+    serve, options, sources, tools, tuning, tag_tuning = (data.get(k) for k in ("serve", "options", "sources", "tools",
+                                                                                "tuning", "tag_tuning"))
     return PairRecord(Path(path), str(data.get("status", "")), typed,
                       RunOptions.from_json(options).target_method if isinstance(options, dict) else None,
                       ServePlan.from_json(serve) if isinstance(serve, dict) else None,
                       Sources.from_json(sources) if isinstance(sources, dict) else None,
                       ToolVersions.from_json(tools) if isinstance(tools, dict) else None,
-                      tuning if isinstance(tuning, dict) else None)
+                      tuning if isinstance(tuning, dict) else None,
+                      tag_tuning if isinstance(tag_tuning, dict) else None)
 
 
 def _present(manifest: Path, what: str, name: str) -> Path:
@@ -583,6 +627,22 @@ def _present(manifest: Path, what: str, name: str) -> Path:
         raise InputError(f"{manifest} names {what} {name}, which is not in {Path(manifest).parent}. Keep pair.json "
                          "beside the files it names, or re-run dflash-convert to make them again.")
     return found
+
+
+def judge_tag(report: Report, tag: str, drafter: Path, target: Path, *, allow_derived_target: bool = False
+              ) -> DrafterVerdict:
+    """verify's verdict on one quant tag of a run of several (its target with the drafter served beside it), added to
+    ``report`` as ``pair.tags.TAG``."""
+    pair = verify_files(drafter, target, allow_derived_target=allow_derived_target)
+    what = f"the {tag} tag ({target.name} with {drafter.name})"
+    if pair.errors:
+        report.fail(f"pair.tags.{tag}", "error", f"{what} cannot be served: "
+                    + " ".join(f"[{r.id}] {r.message}" for r in pair.errors),
+                    f"'dflash-verify {drafter} {target}' prints its full report.")
+    else:
+        report.ok(f"pair.tags.{tag}", f"{what} can be served ({len(pair.results)} checks, {len(pair.warnings)} "
+                  "warnings)")
+    return DrafterVerdict(not pair.errors, len(pair.errors), len(pair.warnings))
 
 
 def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report:
@@ -622,6 +682,16 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
     if record.imatrix is not None:
         checked.append(("manifest.imatrix", _present(path, "the importance matrix", record.imatrix.file),
                         record.imatrix))
+    for tag in record.tags:  # a run of several tags: each tag's target with its drafter, as -hf REPO:TAG serves them
+        if tag.target.file == record.target.file:
+            continue
+        target = _present(path, f"the {tag.tag} target", tag.target.file)
+        drafter = _present(path, f"the {tag.tag} drafter", tag.drafter.file)
+        judge_tag(report, tag.tag, drafter, target, allow_derived_target=allow_derived_target)
+        names = {f.name for _, f, _ in checked}
+        checked += [(f"manifest.tags.{tag.tag}.{rec.file}", _present(path, f"the {tag.tag} tag's file", rec.file),
+                     rec) for rec in (tag.target, *(tag.target.shards or ()), tag.drafter)
+                    if Path(rec.file).name not in names]
     for check_id, f, want in checked:
         if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
             report.ok(check_id, f"{f.name}: size and sha256 as recorded in {Path(path).name}")

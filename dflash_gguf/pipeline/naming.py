@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..convert.outtype import resolve_outtype
 from ..convert.safetensors import index_checkpoint
+from ..ggufio.reader import SPLIT_NAME
 from ..quantize.types import quant_type
 
 # Inside --outdir: every drafter of a run that makes several, and a run's one drafter while it is not what is
@@ -34,6 +35,15 @@ def encoding(type_name: str) -> str:
 
 def gguf_name(model_name: str, type_name: str) -> str:
     return f"{model_name}-{encoding(type_name)}.gguf"
+
+
+def encoding_tag(file_name: str) -> str:
+    """The tag ``-hf REPO:TAG`` picks a file by: the last dash-separated part of its name (``Qwen3-8B-Q4_K_M.gguf``
+    -> ``Q4_K_M``), a shard's number left out."""
+    name = Path(file_name).name
+    shard = SPLIT_NAME.match(name)
+    stem = shard["prefix"] if shard else name.removesuffix(".gguf")
+    return stem.rsplit("-", 1)[-1].upper()
 
 
 # The projector's type when --mmproj-type is not given: F16, the type ggml-org and unsloth publish projectors in

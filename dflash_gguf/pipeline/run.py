@@ -47,8 +47,10 @@ from .manifest import (
     RunOptions,
     SourceRecord,
     Sources,
+    TagRecord,
     ToolVersions,
     file_record,
+    judge_tag,
     sha256_file,
 )
 from .naming import (
@@ -73,6 +75,10 @@ ProgressFactory = Callable[[str], Callable[[int, int], None]]
 
 
 DEFAULT_QUANT = "q4_0"  # the target's type when --quant is not given
+# The drafter's type of a run of one tag when --draft-quant is not given. Q8_0: ggml-org publishes DFlash drafters
+# only as BF16 and Q8_0, a 4-bit DFlash2 drafter collapsed to no useful drafts in another engine, and the drafter is
+# small next to the target, so the safe precision costs little. q4_0 stays available; `tune` decides between them.
+DEFAULT_DRAFT_QUANT = "q8_0"
 TARGET_PATTERNS = TOKENIZER_PATTERNS + PROCESSOR_PATTERNS  # a target's files beside its weights
 MXFP4_MOE = "mxfp4_moe"  # ... and for a checkpoint whose experts are MXFP4
 
@@ -91,10 +97,8 @@ class PipelineOptions:
     allow_derived_target: bool = False
     dry_run: bool = False
     threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
-    # The drafter's own type. Q8_0 by default: ggml-org publishes DFlash drafters only as BF16 and Q8_0, a
-    # 4-bit DFlash2 drafter collapsed to no useful drafts in another engine, and the drafter is small next to
-    # the target, so the safe precision costs little. q4_0 stays available; `tune` decides between them.
-    draft_quant: str = "q8_0"
+    # The drafter's own type (see drafter_types).
+    draft_quant: str | None = None  # None: DEFAULT_DRAFT_QUANT for one tag, each tag's own type for several
     quantizer: str = "auto"  # as dflash-gguf quantize --quantizer: see quantize.choose_quantizer
     tune: bool = False  # measure with llama-server at the end (when one is found)
     tune_options: TuneOptions | None = None
@@ -106,10 +110,32 @@ class PipelineOptions:
     mmproj: bool = True  # --no-mmproj: leave the target's vision/audio projector out
     mmproj_type: str = DEFAULT_PROJECTOR_TYPE  # --mmproj-type
     split: SplitRule = NO_SPLIT  # --split-max-size / --split-max-tensors: the target in shards above it
+    # --quant A,B,C: the tags after the first (``quant``), made from one read of the checkpoint, each with its drafter
+    more_quants: tuple[str, ...] = ()
+    more_draft_quants: tuple[str, ...] = ()  # --draft-quant A,B,C: the drafter's type for each tag after the first
 
     @property
     def drafters(self) -> tuple[str, ...]:
         return (self.drafter, *self.more_drafters)
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every target type the run makes, the first served by default (settled: see ``target_type``)."""
+        return (self.target_type, *self.more_quants)
+
+    @property
+    def several_tags(self) -> bool:
+        return bool(self.more_quants)
+
+    def drafter_types(self) -> tuple[str, ...]:
+        """The drafter's type served with each tag: ``--draft-quant`` (one for every tag, or one per tag); by default
+        Q8_0 for one tag, and for several each tag's own type, so ``-hf REPO:TAG`` pairs each target with the sidecar
+        named ``-TAG.`` (a type that only fits experts, MXFP4_MOE, becomes Q8_0: what it makes of the rest)."""
+        if self.more_draft_quants:
+            return (self.draft_quant or DEFAULT_DRAFT_QUANT, *self.more_draft_quants)
+        if self.draft_quant is not None or not self.several_tags:
+            return (self.draft_quant or DEFAULT_DRAFT_QUANT,) * len(self.tags)
+        return tuple(DEFAULT_DRAFT_QUANT if tag == MXFP4_MOE else tag for tag in self.tags)
 
     @property
     def target_type(self) -> str:
@@ -204,18 +230,36 @@ def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> ToolVe
 def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     """``--quant`` and ``--draft-quant`` as the types they name (any case, llama-quantize's aliases), refused before
     anything is fetched when they cannot be made here: a type only llama-quantize makes with none found, or one
-    that needs an importance matrix without ``--imatrix`` (the target's; the drafter's type gets none).
+    that needs an importance matrix without ``--imatrix`` (the target's; the drafter's type gets none), a tag named
+    twice, or a drafter type per tag that does not match the tags.
 
     Raises:
         QuantizeError: as above, naming the flag and the way out.
+        InputError: several tags with several --drafter, a tag twice, or --draft-quant's count off.
     """
-    drafter = quant_type(opts.draft_quant, "--draft-quant")
-    check_makeable(drafter, opts.quantizer, flag="--draft-quant")
-    if opts.quant is None:  # settled by target_quant once the target's config.json is here
-        return replace(opts, draft_quant=drafter.key)
-    target = quant_type(opts.quant, "--quant")
-    check_makeable(target, opts.quantizer, imatrix=opts.imatrix, flag="--quant")
-    return replace(opts, quant=target.key, draft_quant=drafter.key)
+    def checked(name: str, flag: str, target: bool) -> str:
+        found = quant_type(name, flag)
+        check_makeable(found, opts.quantizer, imatrix=opts.imatrix if target else None, flag=flag)
+        return found.key
+
+    drafts = [checked(d, "--draft-quant", False) for d in ((opts.draft_quant,) if opts.draft_quant else ())
+              + opts.more_draft_quants]
+    opts = replace(opts, draft_quant=drafts[0] if drafts else None, more_draft_quants=tuple(drafts[1:]))
+    tags = [checked(t, "--quant", True) for t in ((opts.quant,) if opts.quant else ()) + opts.more_quants]
+    if len(tags) != len(set(tags)):
+        raise InputError(f"--quant {','.join(tags)} names a tag twice; name each once.")
+    if len(tags) > 1 and opts.more_drafters:
+        raise InputError("Several --quant tags and several --drafter are two comparisons at once: make the tags with "
+                         "one drafter, or compare the drafters at one tag (two runs with two --outdir folders).")
+    if len(drafts) > 1 and len(drafts) != len(tags):
+        raise InputError(f"--draft-quant {','.join(drafts)} names {len(drafts)} types for {len(tags)} --quant "
+                         "tag(s): give one type for every tag, or one per tag in the order of --quant.")
+    if len(tags) > 1 and opts.target_gguf is not None:
+        raise InputError("Several --quant tags are made from the target's checkpoint; --target-gguf is used as it is. "
+                         "Leave out --target-gguf, or give one --quant.")
+    if not tags:  # settled by target_quant once the target's config.json is here
+        return opts
+    return replace(opts, quant=tags[0], more_quants=tuple(tags[1:]))
 
 
 def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
@@ -231,13 +275,15 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
         settled = replace(opts, quant=MXFP4_MOE if mxfp4 else DEFAULT_QUANT)
         check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant")
         return settled
-    if mxfp4 and opts.quant != MXFP4_MOE and not quant_type(opts.quant).unquantized:
-        raise QuantizeError(
-            f"{target.label}: its experts are MXFP4 (config.json: quantization_config.quant_method mxfp4), and "
-            f"llama-quantize b11434 does not requantize MXFP4 ('requantizing from type mxfp4 is disabled'), so "
-            f"--quant {opts.quant} cannot be made from this checkpoint. Leave --quant out (this target's default, "
-            f"{MXFP4_MOE}: the experts kept as they are and every other matrix Q8_0, as llama-quantize's MXFP4_MOE "
-            "makes them), or pass --quant bf16/f16 (the experts stay MXFP4), or convert the model's BF16 release.")
+    for tag in opts.tags:
+        if mxfp4 and tag != MXFP4_MOE and not quant_type(tag).unquantized:
+            raise QuantizeError(
+                f"{target.label}: its experts are MXFP4 (config.json: quantization_config.quant_method mxfp4), and "
+                f"llama-quantize b11434 does not requantize MXFP4 ('requantizing from type mxfp4 is disabled'), so "
+                f"--quant {tag} cannot be made from this checkpoint. Leave --quant out (this target's default, "
+                f"{MXFP4_MOE}: the experts kept as they are and every other matrix Q8_0, as llama-quantize's "
+                "MXFP4_MOE makes them), or pass --quant bf16/f16 (the experts stay MXFP4), or convert the model's "
+                "BF16 release.")
     return opts
 
 
@@ -251,6 +297,21 @@ def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> boo
     imatrix = target and opts.imatrix is not None
     return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
             and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix) == "builtin")
+
+
+def tag_side(tag: str, tags: tuple[str, ...]) -> str:
+    """The stage-record name of a tag's target: ``target`` for the first (a run of one tag has only it), then
+    ``target.<tag>``."""
+    return "target" if tag == tags[0] else f"target.{tag}"
+
+
+def is_target_side(side: str) -> bool:
+    return side == "target" or side.startswith("target.")
+
+
+def drafter_side(draft_quant: str, types: tuple[str, ...]) -> str:
+    """The stage-record name of the drafter at a type: ``drafter`` for the first tag's, then ``drafter.<type>``."""
+    return "drafter" if draft_quant == types[0] else f"drafter.{draft_quant}"
 
 
 def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
@@ -299,16 +360,18 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         if not local.is_file():
             downloads.append(Download(method.spec, method.spec.partition(":")[2], None, 0))
     src_t = _config_type(target.path / "config.json")
-    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, opts.target_type), weights["target"], src_t,
-                       opts.target_type, isinstance(method, stages.BuiltinConverter)
-                       and _one_pass(opts, opts.target_type, target=True), link)]
+    builtin = isinstance(method, stages.BuiltinConverter)
+    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, tag), weights["target"], src_t, tag,
+                       builtin and _one_pass(opts, tag, target=True), link) for tag in opts.tags]
     for i, drafter in enumerate(drafters):
         src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
-        sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, opts.draft_quant,
-                                                                        len(drafters) > 1),
-                               weights[f"drafter{i}"], src_d, opts.draft_quant,
-                               not drafter_by_llama_cpp and _one_pass(opts, opts.draft_quant)))
+        for draft_quant in dict.fromkeys(opts.drafter_types()):
+            sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, draft_quant,
+                                                                            len(drafters) > 1),
+                                   weights[f"drafter{i}"], src_d, draft_quant,
+                                   not drafter_by_llama_cpp and _one_pass(opts, draft_quant)))
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
+    outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
     if opts.mmproj and link is None and stages.has_projector(target.path):
         size = int(projector_params(read_json(target.path / "config.json")) * 2 * size_ratio(opts.mmproj_type))
         outputs.append(Output(projector_name(name_t, opts.mmproj_type), size, "final"))
@@ -333,7 +396,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     drafter, target = drafters[0], resolve_spec(opts.target)
     opts = target_quant(opts, target)
     log.info("drafter %s, target %s", ", ".join(d.label for d in drafters), target.label)
-    refuse_same_sidecar(target, drafters, opts.draft_quant)
+    refuse_same_sidecar(target, drafters, opts.drafter_types()[0])
     drafter_by_llama_cpp = opts.llama_cpp is not None and not stages.drafter_vocab_covered(target)
     prechecks = [stages.precheck_sources(d, target, allow_derived_target=opts.allow_derived_target,
                                          drafter_by_llama_cpp=drafter_by_llama_cpp) for d in drafters]
@@ -346,11 +409,12 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     plan = plan_run(opts, drafters, target, method, outdir, drafter_by_llama_cpp)
     sources = Sources(target.record(), drafter.record(),
                       tuple(d.record() for d in drafters) if len(drafters) > 1 else None)
-    options = RunOptions(opts.target_type, opts.draft_quant, method.kind,
+    options = RunOptions(opts.target_type, opts.drafter_types()[0], method.kind,
                          "llama-cpp" if drafter_by_llama_cpp else "builtin",
                          public_spec(opts.target_gguf), folder_label(opts.llama_cpp) if opts.llama_cpp else None,
                          opts.keep_intermediate,
-                         opts.allow_derived_target, opts.drop_mtp)
+                         opts.allow_derived_target, opts.drop_mtp, opts.tags if opts.several_tags else None,
+                         opts.drafter_types() if opts.several_tags else None)
     header: dict[str, Any] = {"precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
     if len(drafters) > 1:
         header["prechecks"] = [p.to_dict() for p in prechecks]
@@ -432,35 +496,51 @@ class _Run:
                                                    if tok.overlay else None}
             m.save()
 
-            final_t, made_t = self.target(target, tok, gguf_path)
-            final_t = self._served(final_t)  # a split target: its first shard
+            if opts.several_tags:
+                tagged = [(self._served(f, tag_side(tag, opts.tags)), made_tag)  # a split target: its first shard
+                          for tag, (f, made_tag) in zip(opts.tags, self.tag_targets(target, tok), strict=True)]
+            else:
+                final_t, made_t = self.target(target, tok, gguf_path)
+                tagged = [(self._served(final_t), made_t)]
+            final_t, made_t = tagged[0]
             jsonfile.forget()
             projector = self.projector(target, gguf_path)
         made: list[tuple[Path, Made, Report]] = []
-        for i, d in enumerate(drafters):
+        tag_drafters = self.tag_drafters(drafters[0], target, tok, [f for f, _ in tagged]) if opts.several_tags \
+            else []
+        for i, d in enumerate(drafters if not opts.several_tags else ()):
             with stages.reading_ahead(d.path):  # while its vocabulary is built
                 final_d, made_d = self.drafter(d, target, tok, final_t.name,
                                                "drafter" if i == 0 else f"drafter{i + 1}", several)
             jsonfile.forget()
             made.append((final_d, made_d, stages.verify_pair(final_d, final_t,
                                                              allow_derived_target=opts.allow_derived_target)))
+        if tag_drafters:  # the first tag's pair is the run's (served by default)
+            made.append((*tag_drafters[0], stages.verify_pair(tag_drafters[0][0], final_t,
+                                                               allow_derived_target=opts.allow_derived_target)))
         # served untuned: the first drafter verify takes (the user's order)
         served = next((i for i, (_, _, r) in enumerate(made) if not r.errors), 0)
         final_d, made_d, report = made[served]
         if projector is not None:  # the pair's verdict covers the projector served with it
             report.extend(check_projector(read_gguf(projector[0]), read_gguf(final_t)))
+        tags = tuple(TagRecord(tag, self._output(f_t, m_t), self._output(f_d, m_d),
+                               judge_tag(report, tag, f_d, f_t, allow_derived_target=opts.allow_derived_target)
+                               if i else DrafterVerdict(not report.errors, len(report.errors), len(report.warnings)))
+                     for i, (tag, (f_t, m_t), (f_d, m_d)) in enumerate(zip(opts.tags, tagged, tag_drafters,
+                                                                              strict=True))) if tag_drafters else None
         m.outputs = Outputs(self._output(final_t, made_t), self._output(final_d, made_d), tuple(
             replace(self._output(f, info), kind=drafter_kind(read_gguf(f)), source=d.public,
                     verdict=DrafterVerdict(not r.errors, len(r.errors), len(r.warnings)))
             for d, (f, info, r) in zip(drafters, made, strict=True)) if several else None,
             self._output(*projector) if projector is not None else None,
             OutputRecord.of(file_record(self.imatrix, self.imatrix_sha256, m.name_of(self.imatrix)),
-                            stages.imatrix_made(self.imatrix)) if self.imatrix is not None else None)
+                            stages.imatrix_made(self.imatrix)) if self.imatrix is not None else None, tags)
         m.data["tools"] = _tool_versions(self.method, self.opts).to_json()
         m.data["verify"] = report.to_dict() | {"inputs": {  # by name: pair.json may be published
             side: m.name_of(Path(f)) if f else f for side, f in report.inputs.items()}}
         m.data["status"] = "verify-failed" if report.errors else "complete"
         self._remove_superseded(earlier, {final_t.name, *(os.path.relpath(f, self.outdir) for f, _, _ in made),
+                                          *(f.name for f, _ in tagged), *(f.name for f, _ in tag_drafters),
                                           *((projector[0].name,) if projector is not None else ()),
                                           *((m.name_of(self.imatrix),) if self.imatrix is not None else ())})
         candidates = [f for f, _, r in made if not r.errors]
@@ -504,7 +584,8 @@ class _Run:
         start wasted), else the weights read ahead."""
         quant = self.opts.target_type
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
-        one_pass = _one_pass(self.opts, quant, target=True) and not final.exists()
+        # several tags are written together, never from one tag's head start: their read is warmed instead
+        one_pass = _one_pass(self.opts, quant, target=True) and not final.exists() and not self.opts.several_tags
         return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
 
     # -------------------------------------------------------------------------------------------- stages
@@ -540,12 +621,29 @@ class _Run:
                                                keep_input=True)
 
         src = checkpoint_type(target.path)
+        key = self._target_key(target, tok, src)
+        convert = self._target_converter(target, tok, src)
+        self.imatrix = self._imatrix_into_folder(name)
+        builtin = isinstance(self.method, stages.BuiltinConverter)
+        one_pass = convert if builtin and _one_pass(self.opts, quant, target=True) else None
+        final = self.outdir / gguf_name(name, quant)
+        inter = self.outdir / gguf_name(name, src)
+        return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
+
+    def _target_key(self, target: Source, tok: stages.TokenizerStage, src: str) -> dict[str, Any]:
+        """What the target's conversion depends on (its stage key)."""
         key = {"method": self.method.kind, "detail": stages.method_detail(self.method), "source": target.identity(),
                "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
         if self.opts.drop_mtp:  # only when set: outputs made before the option existed stay reusable
             key["drop_mtp"] = True
         if self.opts.split.given:
             key["split"] = self.opts.split.to_json()
+        return key
+
+    def _target_converter(self, target: Source, tok: stages.TokenizerStage, src: str
+                          ) -> Callable[..., str | None]:
+        """``convert(out, quant=None)``: the target converted to ``out`` (with ``quant``, quantized in one pass by
+        the built-in converter); returns the sha256 hashed while writing, None for llama.cpp's converter."""
         sources = Provenance(None, target.repo_spec, None, tok.provenance())
 
         def convert_builtin(out: Path, quant: str | None = None) -> str | None:
@@ -559,13 +657,51 @@ class _Run:
                                             self.opts.drop_mtp)
             return None  # an external tool's output: hashed by reading it
 
+        return convert_builtin if isinstance(self.method, stages.BuiltinConverter) else convert_with_llama_cpp
+
+    def tag_targets(self, target: Source, tok: stages.TokenizerStage) -> list[tuple[Path, Made]]:
+        """Every --quant tag's target, in the order given, from one read of the checkpoint: the tags the built-in
+        converter makes in one pass are written together (each chunk read once, made into each tag's type); the
+        others are quantized from the 16-bit conversion, made once for all of them (``target.intermediate``)."""
+        name = model_name(target.repo, target.path)
+        src = checkpoint_type(target.path)
+        key = self._target_key(target, tok, src)
+        convert = self._target_converter(target, tok, src)
         self.imatrix = self._imatrix_into_folder(name)
         builtin = isinstance(self.method, stages.BuiltinConverter)
-        convert = convert_builtin if builtin else convert_with_llama_cpp
-        one_pass = convert_builtin if builtin and _one_pass(self.opts, quant, target=True) else None
-        final = self.outdir / gguf_name(name, quant)
+        tags = self.opts.tags
+        finals = {tag: self.outdir / gguf_name(name, tag) for tag in tags}
         inter = self.outdir / gguf_name(name, src)
-        return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
+        made: dict[str, Made] = {}
+        together = [tag for tag in tags if builtin and tag != src and _one_pass(self.opts, tag, target=True)]
+        keys = {tag: {**key, "quant": tag, "one_pass": "builtin"} for tag in together}
+        todo = [tag for tag in together if not self.manifest.reusable(
+            f"{tag_side(tag, tags)}.convert", keys[tag],
+            self._finals(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", finals[tag]))]
+        if todo:
+            log.info("target: converting and quantizing in one pass to %s", ", ".join(finals[t].name for t in todo))
+            with _bar(self.progress, f"convert target to {len(todo)} tags") as bar:
+                shas = stages.convert_target_tags_builtin(target.path, [(finals[t], t) for t in todo], src, tok,
+                                                          Provenance(None, target.repo_spec, None, tok.provenance()),
+                                                          bar, self.opts.drop_mtp)
+            for tag, sha in zip(todo, shas, strict=True):
+                self._record_final(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", keys[tag], finals[tag], sha)
+        for tag in together:
+            made[tag] = Made(tag, "built-in converter and quantizer in one pass")
+        from_16_bit = [tag for tag in tags if tag not in together]
+        convert_stage = "target.intermediate"
+        if src in from_16_bit:  # the conversion itself is a tag: it is the file the others are quantized from
+            made[src] = self._side(tag_side(src, tags), key, convert, inter, finals[src], src, src)
+            convert_stage = f"{tag_side(src, tags)}.convert"
+            inter = self._served(finals[src], tag_side(src, tags))  # split: its first shard
+        quantized = [tag for tag in from_16_bit if tag != src]
+        for i, tag in enumerate(quantized):
+            made[tag] = self._quantized_side(tag_side(tag, tags), key, convert, inter, finals[tag], tag,
+                                             convert_stage=convert_stage,
+                                             last_use=i == len(quantized) - 1 and src not in tags)
+        if inter.exists() and src not in tags and not self.opts.keep_intermediate:
+            inter.unlink()  # left by an earlier run
+        return [(finals[tag], made[tag]) for tag in tags]
 
     def _imatrix_into_folder(self, name: str) -> Path | None:
         """The --imatrix file copied into ``imatrix/`` of the folder (``imatrix-<name>.gguf``, or ``.dat`` for the
@@ -614,8 +750,22 @@ class _Run:
             self.manifest.record("projector", key, [final], hashes={final: sha})
         return final, Made(kind, "built-in projector converter")
 
+    def tag_drafters(self, drafter: Source, target: Source, tok: stages.TokenizerStage, targets: list[Path]
+                     ) -> list[tuple[Path, Made]]:
+        """The drafter served with each tag's target (``targets``, in the order of --quant): one sidecar per drafter
+        type, each recording the target file of the first tag it serves (``dflash-verify DRAFTER.gguf`` finds it)."""
+        types = self.opts.drafter_types()
+        made: dict[str, tuple[Path, Made]] = {}
+        for draft_quant, target_file in zip(types, targets, strict=True):
+            if draft_quant not in made:
+                with stages.reading_ahead(drafter.path):  # while its vocabulary is built
+                    made[draft_quant] = self.drafter(drafter, target, tok, target_file.name,
+                                                     drafter_side(draft_quant, types), quant=draft_quant)
+                jsonfile.forget()
+        return [made[t] for t in types]
+
     def drafter(self, drafter: Source, target: Source, tok: stages.TokenizerStage, target_file: str,
-                side: str = "drafter", several: bool = False) -> tuple[Path, Made]:
+                side: str = "drafter", several: bool = False, quant: str | None = None) -> tuple[Path, Made]:
         name = model_name(drafter.repo, drafter.path)
         src = checkpoint_type(drafter.path)
         key = {"source": drafter.identity(), "target": target.identity(), "tokenizer": tok.model_sha256,
@@ -633,7 +783,7 @@ class _Run:
             with _bar(self.progress, "convert drafter") as bar:
                 return stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
 
-        quant = self.opts.draft_quant
+        quant = quant or self.opts.drafter_types()[0]
         final = self.outdir / drafter_file(target, drafter, quant, several)
         final.parent.mkdir(exist_ok=True)
         inter = final.parent / gguf_name(name, src)
@@ -646,7 +796,9 @@ class _Run:
         """Delete an earlier run's outputs this run no longer makes (a drafter under its pre-sidecar name, another
         --quant), when they are still the files pair.json recorded: llama-server --models-dir wants exactly one
         target and one sidecar per folder."""
-        for rec in (earlier.target, earlier.drafter, earlier.projector, earlier.imatrix) if earlier is not None else ():
+        tagged = [r for tag in (earlier.tags or ()) for r in (tag.target, tag.drafter)] if earlier is not None else []
+        for rec in (earlier.target, earlier.drafter, earlier.projector, earlier.imatrix, *tagged) \
+                if earlier is not None else ():
             if rec is None:
                 continue
             name = rec.file
@@ -685,9 +837,14 @@ class _Run:
         return self._quantized_side(side, key, convert, inter, final, quant)
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
-                        final: Path, quant: str, *, keep_input: bool = False) -> Made:
-        imatrix = self.imatrix if side == "target" else None
-        overrides = self.opts.target_overrides if side == "target" else NO_OVERRIDES
+                        final: Path, quant: str, *, keep_input: bool = False, convert_stage: str | None = None,
+                        last_use: bool = True) -> Made:
+        """``final`` quantized from ``inter`` (converted first unless ``keep_input``: it is the user's file), which is
+        removed after its ``last_use`` unless --keep-intermediate; ``convert_stage``: the stage recording ``inter``
+        (one for several tags)."""
+        convert_stage = convert_stage or f"{side}.convert"
+        imatrix = self.imatrix if is_target_side(side) else None
+        overrides = self.opts.target_overrides if is_target_side(side) else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
                  "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None)}
         if overrides.given:  # only when given: outputs made before the option existed stay reusable
@@ -696,28 +853,28 @@ class _Run:
             q_key["imatrix"] = {"file": Path(imatrix).name, "size": Path(imatrix).stat().st_size,
                                 "sha256": self.imatrix_sha256}
         if not self.manifest.reusable(f"{side}.quantize", q_key, self._finals(side, f"{side}.quantize", final)):
-            if not keep_input and not self.manifest.reusable(f"{side}.convert", key, [inter]):
+            if not keep_input and not self.manifest.reusable(convert_stage, key, [inter]):
                 log.info("%s: converting to %s", side, inter)
                 sha = convert(inter)
-                self.manifest.record(f"{side}.convert", key, [inter], hashes={inter: sha})
+                self.manifest.record(convert_stage, key, [inter], hashes={inter: sha})
             log.info("%s: quantizing to %s", side, final)
             with _bar(self.progress, f"quantize {side}") as bar:
                 q = stages.quantize_stage(inter, final, quant, self.opts.threads, self.opts.quantizer, bar,
                                           imatrix=imatrix, overrides=overrides)
             self._record_final(side, f"{side}.quantize", q_key, final, q.sha256, quantizer=q.quantizer,
                                quantizer_version=q.version)
-        if not keep_input and not self.opts.keep_intermediate and inter.exists():
+        if not keep_input and last_use and not self.opts.keep_intermediate and inter.exists():
             inter.unlink()
             log.info("%s: removed the intermediate %s", side, inter.name)
         rec = self.manifest.stages[f"{side}.quantize"]
         made_by = f"{rec.quantizer} quantizer: {rec.quantizer_version or '?'}"
         kept = self.opts.keep_intermediate and not keep_input and inter.exists()
-        return Made(quant, made_by, self._record_of(inter, f"{side}.convert") if kept else None)
+        return Made(quant, made_by, self._record_of(inter, convert_stage) if kept else None)
 
     def _finals(self, side: str, stage: str, final: Path) -> list[Path]:
         """What ``stage`` wrote for ``final``: the file, or the shards it was split into (--split-max-size)."""
         rec = self.manifest.stages.get(stage)
-        if side != "target" or not self.opts.split.given or rec is None or len(rec.outputs) < 2:
+        if not is_target_side(side) or not self.opts.split.given or rec is None or len(rec.outputs) < 2:
             return [final]
         names = [self.manifest.name_of(shard_path(final, k, len(rec.outputs)))
                  for k in range(1, len(rec.outputs) + 1)]
@@ -729,7 +886,7 @@ class _Run:
         the shards (the single file removed): byte for byte b11434's converter's for an unquantized target
         (``converter``), llama-gguf-split's for a quantized one."""
         shards: list[tuple[Path, str]] = []
-        if side == "target" and self.opts.split.given:
+        if is_target_side(side) and self.opts.split.given:
             with _bar(self.progress, "split target") as bar:
                 shards = split_gguf(final, self.opts.split, converter=converter, on_progress=bar)
         if not shards:  # not asked for, or the target fits in one
@@ -739,12 +896,12 @@ class _Run:
         final.unlink()
         self.manifest.record(stage, key, [p for p, _ in shards], hashes=dict(shards), **extra)
 
-    def _served(self, final: Path) -> Path:
+    def _served(self, final: Path, side: str = "target") -> Path:
         """The file llama.cpp is given for ``final``: itself, or the first shard its stage recorded."""
         if final.is_file():
             return final
-        for stage in ("target.quantize", "target.convert"):
-            shards = self._finals("target", stage, final)
+        for stage in (f"{side}.quantize", f"{side}.convert"):
+            shards = self._finals(side, stage, final)
             if len(shards) > 1 and shards[0].is_file():
                 return shards[0]
         return final

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,9 +20,9 @@ from ..atomic import atomic_output
 from ..drafters import family_of_kind, family_of_spec_type
 from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
-from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TuneReport, inspect_drafter
-from .manifest import Manifest, Outputs, PairRecord, ServePlan, read_manifest
-from .naming import DRAFTERS_DIR
+from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TagSpeed, TuneReport, fastest_tag, inspect_drafter
+from .manifest import Manifest, Outputs, PairRecord, ServePlan, TagRecord, read_manifest
+from .naming import DRAFTERS_DIR, encoding_tag
 
 
 def _served_configuration(drafter: Drafter, report: TuneReport | None) -> tuple[Configuration, Configuration, str]:
@@ -46,7 +47,7 @@ def _served_configuration(drafter: Drafter, report: TuneReport | None) -> tuple[
 
 
 def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
-               projector: Path | None = None) -> ServePlan:
+               projector: Path | None = None, several_tags: bool = False) -> ServePlan:
     """The ``serve`` section of pair.json: the command for the fastest method measured (the target alone, its own
     MTP head, n-gram drafting, the drafter, or n-gram drafting before it), and where it came from. With the
     target's ``projector``, the command loads it (``--mmproj``): llama-server b11434 speculates with one loaded."""
@@ -61,10 +62,14 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
     drafted = target_args + _files_in_folder(own.server_args(), folder)
     cmd = target_args + _files_in_folder(served.server_args(), folder)
     # Run in the folder, like the commands above: names, not paths, so pair.json and models.ini can be published.
-    models_dir = ["llama-server", "--models-dir", "..", "--models-preset", PRESET_NAME]
+    # Several tags: the preset names each tag's files (one folder of --models-dir is one model, load_from_models_dir).
+    models_dir = ["llama-server", "--models-preset", PRESET_NAME] if several_tags else \
+        ["llama-server", "--models-dir", "..", "--models-preset", PRESET_NAME]
     # The folder uploaded to a Hub repo: -hf fetches the dflash- sidecar only when the spec type is given, and
-    # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark).
-    hub = ["llama-server", "-hf", "USER/REPO", *_without_files(served.server_args())]
+    # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark). With
+    # several tags, the tag picks the target, and the sidecar named -TAG. with it (find_best_model, find_best_sibling).
+    repo = f"USER/REPO:{encoding_tag(target.name)}" if several_tags else "USER/REPO"
+    hub = ["llama-server", "-hf", repo, *_without_files(served.server_args())]
     family = family_of_spec_type(info.spec_type)
     if served.drafter is not None and family is not None and not family.models_dir_attaches:
         note += (f"; the --models-dir router does not attach {family.title} ({family.sidecar_prefix} file) in "
@@ -112,15 +117,26 @@ def _preset_options(config: Configuration) -> dict[str, str]:
     return options
 
 
-def write_models_preset(outdir: Path, serve: ServePlan) -> Path:
+def write_models_preset(outdir: Path, serve: ServePlan, tags: Sequence[TagRecord] = (),
+                        projector: str | None = None) -> Path:
     """``models.ini`` for ``llama-server --models-dir <parent> --models-preset models.ini``: this folder's
     model and the speculation measured fastest (the drafter sidecar beside the target is attached by the router
-    itself; it is there only when the drafter is what is served). Atomically written."""
+    itself; it is there only when the drafter is what is served). For several tags, one section per tag, named
+    after its target, with its target, drafter and projector as files (``--models-preset models.ini``, run in the
+    folder). Atomically written."""
     lines = [f"; written by dflash-gguf: {serve.note}",
              f"; serve, from this folder: {serve.models_dir}",
-             f"; uploaded to a Hub repo: {serve.hub}",
-             f"[{serve.model}]"]
-    lines += [f"{key} = {value}" for key, value in serve.preset.items()]
+             f"; uploaded to a Hub repo: {serve.hub}"]
+    if not tags:
+        lines.append(f"[{serve.model}]")
+        lines += [f"{key} = {value}" for key, value in serve.preset.items()]
+    for tag in tags:
+        lines += ["", f"[{Path(tag.target.file).name.removesuffix('.gguf')}]", f"model = {tag.target.file}"]
+        if serve.uses_drafter:
+            lines.append(f"model-draft = {tag.drafter.file}")
+        if projector is not None:
+            lines.append(f"mmproj = {projector}")
+        lines += [f"{key} = {value}" for key, value in serve.preset.items()]
     path = Path(outdir) / PRESET_NAME
     with atomic_output(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -132,14 +148,17 @@ def record_serving(manifest: Manifest, target: Path, drafter: Path, report: Tune
 
     A run of one drafter keeps it beside the target (where the --models-dir router attaches it) only while it is
     what is served; otherwise it waits in ``drafters/``, recorded in pair.json as before."""
-    if _outputs(manifest).several is None:
+    outputs = _outputs(manifest)
+    if outputs.several is None and outputs.tags is None:  # several tags: each tag's drafter stays beside its target
         drafter = _place_single_drafter(manifest, target, drafter, report)
-    projector = _outputs(manifest).projector
+    projector = outputs.projector
     manifest.serve = serve_plan(target, drafter, report,
-                                manifest.outdir / projector.file if projector is not None else None)
+                                manifest.outdir / projector.file if projector is not None else None,
+                                outputs.tags is not None)
     if report is not None:
         manifest.data["tuning"] = {"status": "measured", **report.to_dict()}
-    write_models_preset(manifest.outdir, manifest.serve)
+    write_models_preset(manifest.outdir, manifest.serve, outputs.tags or (),
+                        projector.file if projector is not None else None)
     manifest.save()
 
 
@@ -239,6 +258,27 @@ def _link(src: Path, dest: Path) -> None:
     except OSError:
         shutil.copy2(src, tmp)
     os.replace(tmp, dest)
+
+
+def record_tag_tuning(manifest_path: Path, speeds: Sequence[TagSpeed], report: TuneReport) -> PairRecord:
+    """``dflash-gguf tune pair.json --tags ...``: each tag's speed with its own drafter into pair.json's
+    ``tag_tuning``, with the fastest tag and what it was measured with (``report``: one tag's, for the server, the
+    workload and the flags, the same for every tag).
+
+    Raises:
+        InputError: the manifest cannot be read.
+        FolderBusyError: a pipeline run is writing the folder.
+    """
+    record = read_manifest(manifest_path)
+    with folder_lock.writing(record.folder, f"dflash-gguf tune {manifest_path} --tags"):
+        manifest = Manifest.load(record.folder)
+        fastest = fastest_tag(speeds)
+        measured = report.to_dict()
+        manifest.data["tag_tuning"] = {"tags": [s.to_dict() for s in speeds],
+                                       "fastest": fastest.tag if fastest is not None else None,
+                                       **{k: measured[k] for k in ("workload", "server", "user_flags")}}
+        manifest.save()
+    return manifest.record_of()
 
 
 def record_tuning(manifest_path: Path, report: TuneReport) -> PairRecord:

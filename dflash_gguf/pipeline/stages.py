@@ -365,6 +365,17 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
                           quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress).sha256
 
 
+def convert_target_tags_builtin(model_dir: Path, outputs: Sequence[tuple[Path, str]], outtype: str,
+                                tokenizer: TokenizerStage, sources: Provenance, on_progress: OnProgress = None,
+                                drop_mtp: bool = False) -> list[str | None]:
+    """The built-in target converter quantizing in one pass to every (file, type) of ``outputs`` from one read of
+    the checkpoint (several --quant tags); returns each output's sha256, hashed while writing."""
+    (first, quant), *more = outputs
+    result = convert_target(model_dir, first, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
+                            quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress, more=more)
+    return [result.sha256, *result.more_sha256]
+
+
 def has_projector(model_dir: Path) -> bool:
     """Whether the target has vision or audio towers the built-in projector converter makes an mmproj of."""
     return targets.has_projector(model_dir)

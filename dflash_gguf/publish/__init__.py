@@ -27,7 +27,7 @@ from .. import __version__, hub
 from ..drafters import family_of_gguf
 from ..drafters.findings import Report
 from ..errors import FileTooLargeRefused, PrivateDataRefused, PublishRefused
-from ..ggufio.reader import SPLIT_NAME, read_gguf, split_siblings
+from ..ggufio.reader import read_gguf, split_siblings
 from ..model_card import CARD, front_matter, read_card, str_list
 from ..pipeline.manifest import (
     MANIFEST_NAME,
@@ -39,7 +39,9 @@ from ..pipeline.manifest import (
     sha256_file,
     verify_manifest,
 )
+from ..pipeline.naming import encoding_tag
 from ..sidecar import PRESET_NAME
+from ..tune import TagSpeed
 from ..tune.plot import PLOT_NAME
 from . import privacy
 
@@ -214,9 +216,25 @@ def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -
     names = {record.target.file}
     if "/" not in served.file and (record.serve is None or record.serve.uses_drafter):
         role, kind = _drafter_role(record.file("drafter"))
+        tag = f", served with the {encoding_tag(record.target.file)} target" if record.tags else ", served"
         out.append(UploadFile(served.file, record.file("drafter"), served.size or 0, served.sha256 or "",
-                              f"drafter: {role}, served", kind))
+                              f"drafter: {role}{tag}", kind))
         names.add(served.file)
+    for tag in record.tags:  # a run of several tags: each tag's target and the drafter -hf REPO:TAG pairs with it
+        name = encoding_tag(tag.target.file)
+        if tag.target.file not in names and not drafter_only:
+            out.append(UploadFile(tag.target.file, record.folder / tag.target.file, tag.target.size or 0,
+                                  tag.target.sha256 or "", f"target, tag {name}"))
+            n = len(tag.target.shards or ()) + 1
+            out += [UploadFile(s.file, record.folder / s.file, s.size or 0, s.sha256 or "",
+                               f"target, tag {name}, shard {k} of {n}")
+                    for k, s in enumerate(tag.target.shards or (), start=2)]
+            names.add(tag.target.file)
+        if tag.drafter.file not in names and (record.serve is None or record.serve.uses_drafter):
+            role, kind = _drafter_role(record.folder / tag.drafter.file)
+            out.append(UploadFile(tag.drafter.file, record.folder / tag.drafter.file, tag.drafter.size or 0,
+                                  tag.drafter.sha256 or "", f"drafter: {role}, served with the {name} target", kind))
+            names.add(tag.drafter.file)
     if all_drafters:
         for d, path in zip(record.drafters, record.drafter_files(), strict=True):
             if d.file not in names:
@@ -296,15 +314,6 @@ def _source_card(src: SourceRecord) -> str | None:
 # ------------------------------------------------------------------------------------------------------ the card
 
 
-def quant_tag(file_name: str) -> str:
-    """The tag ``-hf REPO:TAG`` picks a file by: the last dash-separated part of its name (``Qwen3-8B-Q4_K_M.gguf``
-    -> ``Q4_K_M``), a shard's number left out."""
-    name = Path(file_name).name
-    shard = SPLIT_NAME.match(name)
-    stem = shard["prefix"] if shard else name.removesuffix(".gguf")
-    return stem.rsplit("-", 1)[-1].upper()
-
-
 def _hub_command(record: PairRecord, repo_id: str, drafter_only: bool) -> str:
     """The card's ``llama-server`` command: ``-hf`` this repo, or for a drafter-only repo, the target's repo (or
     file) with ``-hfd`` this repo at the drafter's tag."""
@@ -313,9 +322,9 @@ def _hub_command(record: PairRecord, repo_id: str, drafter_only: bool) -> str:
     command = serve.hub or ""
     if not drafter_only:
         return command.replace("USER/REPO", repo_id)
-    drafter = f"-hfd {repo_id}:{quant_tag(record.drafter.file)}"
+    drafter = f"-hfd {repo_id}:{encoding_tag(record.drafter.file)}"
     target = _hub_target(record)
-    where = f"-hf {target.repo}:{quant_tag(str(target.path))}" if target is not None else f"-m {record.target.file}"
+    where = f"-hf {target.repo}:{encoding_tag(str(target.path))}" if target is not None else f"-m {record.target.file}"
     return command.replace("-hf USER/REPO", f"{where} {drafter}")
 
 
@@ -361,7 +370,8 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
     lines += ["## Files", "", "| file | what | type | size | sha256 |", "|---|---|---|---|---|"]
     types = {record.target.file: record.target.type, **{d.file: d.type for d in record.drafters},
              record.drafter.file: record.drafter.type,
-             **({record.projector.file: record.projector.type} if record.projector else {})}
+             **({record.projector.file: record.projector.type} if record.projector else {}),
+             **{rec.file: rec.type for tag in record.tags for rec in (tag.target, tag.drafter)}}
     for f in files:
         lines.append(f"| `{f.path_in_repo}` | {f.role} | {types.get(f.path_in_repo) or ''} | "
                      f"{f.size / 1e6:,.1f} MB | `{f.sha256}` |")
@@ -373,10 +383,11 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
     elif serve is not None:
         text_only = (["", "The projector (`mmproj-`) lets the model take images (and, for Gemma-4, audio); `-hf` "
                       "loads it by itself. For text only, add `--no-mmproj`."] if record.projector else [])
-        lines += ["```", _hub_command(record, repo_id, False), "```", *text_only, "", f"{serve.note}.", "",
-                  "Or download the repo into a folder `MODELS/<name>/` and serve llama.cpp's folder layout with the "
-                  "preset beside it:", "", "```",
-                  f"llama-server --models-dir MODELS --models-preset MODELS/<name>/{PRESET_NAME}", "```", ""]
+        lines += ["```", _hub_command(record, repo_id, False), "```", *text_only, "", f"{serve.note}.", ""]
+        lines += _tags_table(record, repo_id) if record.tags else [
+            "Or download the repo into a folder `MODELS/<name>/` and serve llama.cpp's folder layout with the "
+            "preset beside it:", "", "```",
+            f"llama-server --models-dir MODELS --models-preset MODELS/<name>/{PRESET_NAME}", "```", ""]
     lines += ["## How it was made", ""]
     for side, s in sources:
         where = f"[{s.repo}](https://huggingface.co/{s.repo}) at commit `{s.commit}`" if s.repo \
@@ -385,14 +396,56 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
     tools = record.tools or ToolVersions.from_json({"dflash_gguf": __version__, "llama_cpp_build": "b11434"})
     lines += [f"- made by dflash-gguf {tools.dflash_gguf} (gguf {tools.gguf}), byte for byte what llama.cpp "
               f"{tools.llama_cpp_build}'s convert_hf_to_gguf.py and llama-quantize write; quantizer: {tools.quantizer}",
-              f"- target: {record.target.type}, {record.target.made_by}",
+              f"- target: {', '.join(t.tag for t in record.tags) if record.tags else record.target.type}, "
+              f"{record.target.made_by}",
               f"- drafter: {record.drafter.type}, {record.drafter.made_by}"]
     if record.imatrix is not None and not drafter_only:
         lines.append(f"- the target's importance matrix: `{record.imatrix.file}` (sha256 `{record.imatrix.sha256}`), "
                      f"made by {record.imatrix.made_by}")
     lines.append("")
     lines += _measured(record.tuning, serve is not None and serve.measured)
+    lines += _tags_measured(record.tag_tuning)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _tags_table(record: PairRecord, repo_id: str) -> list[str]:
+    """The card's tags: each target with the drafter ``-hf REPO:TAG`` serves beside it (``find_best_sibling`` picks
+    the sidecar whose name carries ``-TAG.``), and verify's verdict on the two."""
+    lines = ["Every tag is a target with its own drafter: `-hf` picks the target by the tag and the drafter whose name "
+             "carries the same tag.", "", "| tag | target | drafter | verify | run |", "|---|---|---|---|---|"]
+    for tag in record.tags:
+        name = encoding_tag(tag.target.file)
+        verdict = "passes" if tag.verdict.servable else f"refuses ({tag.verdict.errors} errors)"
+        words = (record.serve.hub or "").split(" ") if record.serve else []
+        run = " ".join([*words[:2], f"{repo_id}:{name}", *words[3:]]) if len(words) > 2 else ""
+        lines.append(f"| {name} | `{tag.target.file}` ({(tag.target.size or 0) / 1e6:,.1f} MB) | `{tag.drafter.file}` "
+                     f"({tag.drafter.type}) | {verdict} | `{run}` |")
+    lines += ["", "Or download the repo into a folder and serve every tag from it, as the preset beside them names "
+              "them:", "", "```", f"llama-server --models-preset {PRESET_NAME}", "```", ""]
+    return lines
+
+
+def _tags_measured(tag_tuning: Any) -> list[str]:
+    """``tune --tags``: each tag's speed with its own drafter, side by side, and what it was measured on."""
+    speeds = [s for d in (tag_tuning or {}).get("tags") or () if (s := TagSpeed.from_dict(d)) is not None]
+    if not speeds:
+        return []
+    server, workload = tag_tuning.get("server") or {}, tag_tuning.get("workload") or {}
+    lines = ["", "### Each tag with its drafter", "",
+             "| tag | target alone (tok/s) | fastest | tok/s | speed-up | drafter acceptance |",
+             "|---|---|---|---|---|---|"]
+    for s in speeds:
+        lines.append(f"| {s.tag} | {s.alone_tps or '-'} | {s.best or '-'} | {s.best_tps or '-'} | "
+                     f"{f'{s.speedup:.2f}x' if s.speedup else '-'} | "
+                     f"{f'{s.acceptance * 100:.1f}%' if s.acceptance is not None else '-'} |")
+    fastest = tag_tuning.get("fastest")
+    flags = " ".join(tag_tuning.get("user_flags") or ()) or "none"
+    lines += ["", (f"Fastest on the machine measured: **{fastest}**. " if fastest else "")
+              + f"Measured by `dflash-gguf tune --tags` with llama-server build {server.get('build') or 'unknown'}, "
+              f"{server.get('threads') or 'default'} threads, {workload.get('n_predict', '?')} tokens per prompt, "
+              f"{workload.get('repeats', '?')} repeat(s); flags: {flags}. Speed depends on the hardware: measure on "
+              "yours.", ""]
+    return lines
 
 
 def _yaml(data: dict[str, Any]) -> list[str]:

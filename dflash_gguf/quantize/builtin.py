@@ -15,6 +15,7 @@ compiled kernels release the GIL for a whole chunk, numpy inside its array loops
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -22,7 +23,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,19 +299,29 @@ def _read_rows(fd: int, length: int, start: int, copy: bool) -> bytes | memoryvi
 
 def _convert_rows(job: TensorJob, fd: int, row0: int, n_rows: int) -> ahead.Chunk:
     """A chunk of ``job``'s rows, converted (the work ahead's unit)."""
-    return _convert_chunk(fd, job.src.offset, job, row0, n_rows)
+    return _convert_chunk(fd, job.src.offset, (job,), row0, n_rows)[0]
 
 
-def _convert_chunk(fd: int, offset: int, job: TensorJob, row0: int, n_rows: int) -> ahead.Chunk:
-    n = job.src.ne[0]
-    src_row = row_bytes(Q(job.src.qtype), n)
-    raw = _read_rows(fd, n_rows * src_row, offset + row0 * src_row, job.copy)
+def _convert_chunk(fd: int, offset: int, jobs: tuple[TensorJob, ...], row0: int, n_rows: int
+                   ) -> tuple[ahead.Chunk, ...]:
+    """Rows of one input tensor, read once and made into each output's type (``jobs``: the tensor's job in every
+    output written from this read)."""
+    src = jobs[0].src
+    n = src.ne[0]
+    src_row = row_bytes(Q(src.qtype), n)
+    copied = any(job.copy for job in jobs)
+    raw = _read_rows(fd, n_rows * src_row, offset + row0 * src_row, copied)
     if len(raw) != n_rows * src_row:
-        raise QuantizeError(f"Short read in tensor {job.src.name}: the input changed or is truncated.")
+        raise QuantizeError(f"Short read in tensor {src.name}: the input changed or is truncated.")
+    src_type = Q(src.qtype)
+    _refuse_nonfinite(np.frombuffer(raw, np.uint8), src_type, src.name, result=False)
+    return tuple(raw if job.copy else _made(job, raw) for job in jobs)
+
+
+def _made(job: TensorJob, raw: bytes | memoryview) -> ahead.Chunk:
+    """Rows of ``job``'s input (``raw``, as stored) in its output type."""
+    n = job.src.ne[0]
     src_type = Q(job.src.qtype)
-    _refuse_nonfinite(np.frombuffer(raw, np.uint8), src_type, job.src.name, result=False)
-    if job.copy:
-        return raw
     if src_type in kernels.SOURCE_DTYPES:  # read as stored: the kernels widen exactly, fused into their loop
         values, values_type = np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type
     else:  # a quantized input (--allow-requantize), dequantized first
@@ -393,89 +404,134 @@ def ahead_jobs(jobs: list[TensorJob], default_path: Path) -> list[ahead.AheadJob
     return out
 
 
+@dataclass(frozen=True)
+class OutputPlan:
+    """One file a read of the input writes: its jobs (one per input tensor, in the same order as every other
+    output's), its type, and where it is written."""
+
+    jobs: list[TensorJob]
+    type_name: str
+    tmp: Path
+
+
+class _Writing:
+    """One output being written: its file, the hasher following it, and the bytes of its current tensor."""
+
+    def __init__(self, gguf: InputGGUF, out: OutputPlan, stack: contextlib.ExitStack) -> None:
+        self.plan = out
+        self.f = stack.enter_context(open(out.tmp, "wb"))
+        self.hasher = stack.enter_context(FollowingHasher(out.tmp))
+        self.written = 0
+        self.f.writelines(_header(gguf, out.jobs, out.type_name))
+
+    def end_tensor(self, job: TensorJob) -> None:
+        if self.written != job.dst_nbytes:
+            raise QuantizeError(f"Internal error: tensor {job.src.name} produced {self.written} bytes, "
+                                f"expected {job.dst_nbytes}.")
+        self.f.write(bytes(pad(self.written) - self.written))
+        self.written = 0
+        self.f.flush()  # the follower reads the file: hand it only bytes that are in it
+        self.hasher.advance(self.f.tell())
+
+    def finish(self) -> Written:
+        self.f.flush()
+        size = self.f.tell()
+        return Written(size, self.hasher.finish(size))
+
+
 def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
                     on_progress: Callable[[int, int], None] | None = None) -> Written:
     """Write the output to ``tmp`` tensor by tensor; return its size in bytes and its sha256, hashed by a thread
     that follows the writer (see ``ggufio.hashing``), so the pipeline need not read the output again."""
-    total = sum(j.src.nbytes for j in jobs)
-    done = written = 0
+    return write_outputs(gguf, [OutputPlan(jobs, type_name, tmp)], threads, on_progress)[0]
+
+
+def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int,
+                  on_progress: Callable[[int, int], None] | None = None) -> list[Written]:
+    """Write every output from one read of the input: each chunk of rows is read once and made into each output's
+    type (several quant tags cost one read of the source, not one per tag). Returns each output's size and sha256."""
+    jobs_by_tensor = list(zip(*(o.jobs for o in outputs), strict=True))
+    if any(len({j.src.name for j in tensor}) != 1 for tensor in jobs_by_tensor):
+        raise AssertionError("every output's jobs list the input tensors in one order (llama-quantize's)")
+    total = sum(tensor[0].src.nbytes for tensor in jobs_by_tensor)
+    done = 0
+    one = len(outputs) == 1
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
-    pending: deque[tuple[TensorJob, Future[ahead.Chunk] | None, bool]] = deque()
-    sources = _Sources(gguf, Path(tmp).parent)
+    pending: deque[tuple[tuple[TensorJob, ...], Future[tuple[ahead.Chunk, ...]] | None, bool]] = deque()
+    sources = _Sources(gguf, Path(outputs[0].tmp).parent)
     try:
-        ranges = [ByteRange(sources.open(j.src.path or gguf.path), j.src.offset, j.src.nbytes)
-                  for j in jobs if _streamed(j)]
-        with open(tmp, "wb") as f, FollowingHasher(tmp) as hasher, \
-                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        ranges = [ByteRange(sources.open(t[0].src.path or gguf.path), t[0].src.offset, t[0].src.nbytes)
+                  for t in jobs_by_tensor if _streamed(t[0])]
+        with contextlib.ExitStack() as stack:
+            files = [_Writing(gguf, o, stack) for o in outputs]
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=max(1, threads)))
             dropped = DropBehind(ranges)  # each input byte is read once: keep the page cache from filling
-            f.writelines(_header(gguf, jobs, type_name))
 
             def write_next() -> None:
-                nonlocal done, written
-                job, fut, last = pending.popleft()
+                nonlocal done
+                tensor, fut, last = pending.popleft()
                 if fut is not None:
-                    written += f.write(ahead.byte_view(fut.result()))
+                    for out, chunk in zip(files, fut.result(), strict=True):
+                        out.written += out.f.write(ahead.byte_view(chunk))
                 if not last:
                     return
-                if written != job.dst_nbytes:
-                    raise QuantizeError(f"Internal error: tensor {job.src.name} produced {written} bytes, "
-                                        f"expected {job.dst_nbytes}.")
-                f.write(bytes(pad(written) - written))
-                written = 0
-                done += job.src.nbytes
-                if _streamed(job):
-                    dropped.consumed(job.src.nbytes)
-                sources.release(job.src)
-                f.flush()  # the follower reads the file: hand it only bytes that are in it
-                hasher.advance(f.tell())
+                for out, job in zip(files, tensor, strict=True):
+                    out.end_tensor(job)
+                src = tensor[0].src
+                done += src.nbytes
+                if _streamed(tensor[0]):
+                    dropped.consumed(src.nbytes)
+                sources.release(src)
                 if on_progress is not None:
                     on_progress(done, total)
 
+            def drain() -> None:
+                while pending:
+                    write_next()
+
             try:
-                for job in jobs:
-                    if job.copy and job.src.spool is not None:  # produced straight into the output
-                        while pending:
-                            write_next()
-                        f.flush()
-                        start = f.tell()
-                        job.src.spool(f)
-                        f.seek(0, os.SEEK_END)
-                        written = f.tell() - start
-                        pending.append((job, None, True))
+                for tensor in jobs_by_tensor:
+                    job = tensor[0]
+                    if one and job.copy and job.src.spool is not None:  # produced straight into the output
+                        drain()
+                        out = files[0]
+                        out.f.flush()
+                        start = out.f.tell()
+                        job.src.spool(out.f)
+                        out.f.seek(0, os.SEEK_END)
+                        out.written = out.f.tell() - start
+                        pending.append((tensor, None, True))
                         write_next()
                         continue
                     rows_total = job.src.nbytes // max(1, row_bytes(Q(job.src.qtype), job.src.ne[0]))
                     step = max(1, CHUNK_ELEMENTS // job.src.ne[0])
                     first = 0
-                    if _streamed(job) and (early := ahead.claim(_job_key(job))) is not None:
-                        while pending:
-                            write_next()
-                        f.flush()
-                        written += copy_range(early.fd, 0, early.nbytes, f.fileno())
-                        f.seek(0, os.SEEK_END)
+                    if one and _streamed(job) and (early := ahead.claim(_job_key(job))) is not None:
+                        drain()
+                        out = files[0]
+                        out.f.flush()
+                        out.written += copy_range(early.fd, 0, early.nbytes, out.f.fileno())
+                        out.f.seek(0, os.SEEK_END)
                         first = early.rows
                     if first == rows_total:
-                        pending.append((job, None, True))
+                        pending.append((tensor, None, True))
                         if rows_total:  # a tensor the head start made whole
                             write_next()
                         continue
                     fd, offset = sources.locate(job.src)
                     for row0 in range(first, rows_total, step):
                         n_rows = min(step, rows_total - row0)
-                        pending.append((job, pool.submit(_convert_chunk, fd, offset, job, row0, n_rows),
+                        pending.append((tensor, pool.submit(_convert_chunk, fd, offset, tensor, row0, n_rows),
                                         row0 + n_rows == rows_total))
                         if len(pending) >= DEPTH_PER_THREAD * max(1, threads):  # bounded memory
                             write_next()
-                while pending:
-                    write_next()
+                drain()
             finally:
                 for _, fut, _ in pending:
                     if fut is not None:
                         fut.cancel()
-            f.flush()
-            size = f.tell()
-            return Written(size, hasher.finish(size))
+            return [out.finish() for out in files]
     finally:
         sources.close()
 
@@ -500,30 +556,55 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
         QuantizeError: see :func:`plan_tensors`; also a GGUF alignment other than 32.
         OutputError: no space, or the output folder is missing.
     """
+    return run_builtin_outputs(gguf, [(Path(outfile), type_name)], threads=threads, allow_requantize=allow_requantize,
+                               overrides=overrides, dry_run=dry_run, on_progress=on_progress)[0]
+
+
+def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *, threads: int = 2,
+                        allow_requantize: bool = False, overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
+                        on_progress: Callable[[int, int], None] | None = None) -> list[BuiltinOutcome]:
+    """:func:`run_builtin` for several (file, type) outputs from one read of the input, each the bytes a run of its
+    own would write; all are written or none (each atomically, renamed once all are complete).
+
+    Raises:
+        QuantizeError, OutputError: as :func:`run_builtin`.
+    """
     t0 = time.monotonic()
     if gguf.alignment != ALIGNMENT:
         raise QuantizeError(f"{gguf.path} uses general.alignment={gguf.alignment}; the built-in quantizer writes "
                             "32-byte alignment only. Use --quantizer llama-quantize.")
-    jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides)
-    types: dict[str, int] = {}
-    for j in jobs:
-        types[j.dst_type.name] = types.get(j.dst_type.name, 0) + 1
-    fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
-    for msg in fallbacks:
-        log.warning("%s", msg)
-    size = sum(map(len, _header(gguf, jobs, type_name))) + sum(pad(j.dst_nbytes) for j in jobs)
+    planned = []
+    for outfile, type_name in outputs:
+        jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides)
+        types: dict[str, int] = {}
+        for j in jobs:
+            types[j.dst_type.name] = types.get(j.dst_type.name, 0) + 1
+        fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
+        for msg in fallbacks:
+            log.warning("%s", msg)
+        size = sum(map(len, _header(gguf, jobs, type_name))) + sum(pad(j.dst_nbytes) for j in jobs)
+        planned.append((Path(outfile), type_name, jobs, types, fallbacks, size))
     if dry_run:
-        return BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
-    check_free_space(Path(outfile), size)
-    with atomic_output(Path(outfile)) as tmp:
-        written = write_quantized(gguf, jobs, type_name, tmp, threads, on_progress)
-    return BuiltinOutcome(written.n_bytes, types, fallbacks, time.monotonic() - t0, written.sha256)
+        return [BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
+                for _, _, _, types, fallbacks, size in planned]
+    for folder in {outfile.parent for outfile, *_ in planned}:  # all of a folder's outputs at once
+        check_free_space(next(p[0] for p in planned if p[0].parent == folder),
+                         sum(p[-1] for p in planned if p[0].parent == folder))
+    with contextlib.ExitStack() as stack:
+        tmps = [stack.enter_context(atomic_output(outfile)) for outfile, *_ in planned]
+        written = write_outputs(gguf, [OutputPlan(jobs, type_name, tmp) for (_, type_name, jobs, *_), tmp
+                                       in zip(planned, tmps, strict=True)], threads, on_progress)
+    seconds = time.monotonic() - t0
+    return [BuiltinOutcome(w.n_bytes, types, fallbacks, seconds, w.sha256)
+            for (_, _, _, types, fallbacks, _), w in zip(planned, written, strict=True)]
 
 
 def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int = 2,
                   overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
-                  on_progress: Callable[[int, int], None] | None = None) -> BuiltinOutcome:
-    """Convert and quantize in one pass: the bytes of converting ``plan`` and then quantizing that file.
+                  on_progress: Callable[[int, int], None] | None = None,
+                  more: Sequence[tuple[Path, str]] = ()) -> list[BuiltinOutcome]:
+    """Convert and quantize in one pass: the bytes of converting ``plan`` and then quantizing that file, to
+    ``outfile`` and to each further (file, type) of ``more`` from the same read.
 
     No intermediate GGUF is written; only a tensor that exists nowhere on disk in its converted form (and
     must be quantized) is spooled to a scratch file beside ``outfile``, one at a time.
@@ -531,5 +612,5 @@ def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int
     Raises:
         QuantizeError, OutputError: as :func:`run_builtin`.
     """
-    return run_builtin(input_from_plan(plan, Path(outfile)), Path(outfile), type_name, threads=threads,
-                       overrides=overrides, dry_run=dry_run, on_progress=on_progress)
+    return run_builtin_outputs(input_from_plan(plan, Path(outfile)), [(Path(outfile), type_name), *more],
+                               threads=threads, overrides=overrides, dry_run=dry_run, on_progress=on_progress)

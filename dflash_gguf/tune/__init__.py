@@ -38,9 +38,11 @@ from .report import (
     Measurement,
     Sample,
     ServerInfo,
+    TagSpeed,
     TuneReport,
     compare_greedy,
     device_memory_from_log,
+    fastest_tag,
 )
 from .server import Server, find_llama_server, serve
 from .workload import MEDIA_MARKER, Rendered, Workload, render
@@ -656,6 +658,6 @@ class _Sweep:
 
 
 __all__ = ["DEFAULT_N_MAX", "METHODS", "OWN_MTP_METHOD", "Configuration", "Drafter", "Measurement",
-           "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_projector_file", "check_target",
-           "coarse_n_max", "find_llama_server", "inspect_drafter", "plan_tune", "refine_n_max", "served_projector",
-           "tune"]
+           "TagSpeed", "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_projector_file",
+           "check_target", "coarse_n_max", "fastest_tag", "find_llama_server", "inspect_drafter", "plan_tune",
+           "refine_n_max", "served_projector", "tune"]

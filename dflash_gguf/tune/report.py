@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from statistics import median
@@ -622,3 +622,43 @@ class TuneReport:
                 "verdict": self.verdict,
                 "image_prompts": self.image_note or None,
                 "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class TagSpeed:
+    """One quant tag of a folder of several, measured on its own: its target alone, and the fastest way it served
+    (with its own drafter, the target's MTP head or n-gram drafting), as pair.json's ``tag_tuning`` records it."""
+
+    tag: str
+    target: str  # the target's file name
+    drafter: str | None  # the drafter measured with it (the sidecar -hf REPO:TAG serves)
+    alone_tps: float | None
+    best: str | None  # the fastest configuration's label
+    best_tps: float | None
+    speedup: float | None
+    acceptance: float | None  # the drafter's, at its fastest configuration
+
+    @classmethod
+    def of(cls, tag: str, report: TuneReport) -> TagSpeed:
+        best, drafting = report.best, report.best_drafting
+        return cls(tag, report.target.name, report.drafters[0].path.name if report.drafters else None,
+                   _r(report.baseline.gen_tps if report.baseline else None), best.config.label if best else None,
+                   _r(best.gen_tps if best else None), _r(report.speedup(best), 3) if best else None,
+                   _r(drafting.acceptance, 4) if drafting is not None else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TagSpeed | None:
+        """None for a record this version cannot read."""
+        try:
+            return cls(**{f: d.get(f) for f in cls.__dataclass_fields__})
+        except (AttributeError, TypeError):
+            return None
+
+
+def fastest_tag(speeds: Sequence[TagSpeed]) -> TagSpeed | None:
+    """The tag that served fastest (its best configuration's tokens/s), among those measured."""
+    measured = [s for s in speeds if s.best_tps is not None]
+    return max(measured, key=lambda s: s.best_tps or 0.0) if measured else None

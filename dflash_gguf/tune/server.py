@@ -131,10 +131,12 @@ class Server:
 
 @contextlib.contextmanager
 def serve(binary: FoundBinary, model_args: Sequence[str], *, startup_timeout: float = 300,
-          workdir: Path | None = None, env: dict[str, str] | None = None) -> Iterator[Server]:
+          workdir: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None
+          ) -> Iterator[Server]:
     """Run ``llama-server MODEL_ARGS --host 127.0.0.1 --port P`` until ``/health`` answers 200; stop on exit.
 
-    ``env`` replaces the binary's environment (its library path is always added).
+    ``env`` replaces the binary's environment (its library path is always added). ``cwd``: where it runs (a folder
+    whose commands name its files relatively, as pair.json's do); by default a temporary folder in ``workdir``.
 
     Raises:
         ServerFailed: the process exited during start-up, or was not healthy within ``startup_timeout``.
@@ -146,7 +148,7 @@ def serve(binary: FoundBinary, model_args: Sequence[str], *, startup_timeout: fl
         with open(server.log_path, "wb") as log_file:
             run_env = binary.env(env)
             run_env.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would otherwise attach gdb and hang the sweep
-            server.process = subprocess.Popen(cmd, cwd=tmp, env=run_env, stdout=log_file,
+            server.process = subprocess.Popen(cmd, cwd=cwd or tmp, env=run_env, stdout=log_file,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True)
         try:

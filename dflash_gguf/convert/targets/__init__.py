@@ -48,7 +48,7 @@ import importlib
 import logging
 import pkgutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +223,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    dry_run: bool = False,
                    read_ahead: bool = True,
                    drop_mtp: bool = False,
-                   on_progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+                   on_progress: Callable[[int, int], None] | None = None,
+                   more: Sequence[tuple[Path, str]] = ()) -> ConvertResult:
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
     ``tokenizer_dir`` (default ``model_dir``) is where the tokenizer files are read; ``provenance`` adds
@@ -232,7 +233,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     (its Q6_K output rule included), with no intermediate file. ``read_ahead=False``: the caller already
     works ahead itself (:func:`working_ahead`; the pipeline does, from its first stage on), so the vocabulary is
     built without. ``drop_mtp``: as b11434's ``--no-mtp``, a multi-token-prediction head is left out (the target's
-    own ``draft-mtp`` drafting then cannot be served).
+    own ``draft-mtp`` drafting then cannot be served). ``more``: further (file, type) outputs of the same one pass
+    (several quant tags from one read of the checkpoint; ``quant`` is the first).
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
@@ -242,15 +244,15 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir, drop_mtp=drop_mtp)
     specs = plan_tensors(fam)
-    ahead = (working_ahead(fam, specs, Path(outfile), outtype, quant) if read_ahead and not dry_run
-             else contextlib.nullcontext())
+    ahead = (working_ahead(fam, specs, Path(outfile), outtype, None if more else quant)
+             if read_ahead and not dry_run else contextlib.nullcontext())
     with ahead:  # the disk streams, and the output's first tensor is quantized, while the vocabulary builds
         plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name,
                                           specs)
         recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256,
                                  provenance)
         return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
-                      dry_run=dry_run, on_progress=on_progress)
+                      dry_run=dry_run, on_progress=on_progress, more=more)
 
 
 @contextlib.contextmanager
