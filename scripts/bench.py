@@ -718,9 +718,38 @@ def pipeline_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path)
                  "| | | | | | | | |")
     shutil.rmtree(out)
     shutil.rmtree(manual_dir)
+    lines += tags_rows(work, venv_bin, target, drafter, inputs, mb)
     shutil.rmtree(target)
     shutil.rmtree(drafter)
     return lines
+
+
+TAGS = ("q4_k_m", "q6_k", "q8_0")
+
+
+def tags_rows(work: Path, venv_bin: Path, target: Path, drafter: Path, inputs: list[Path], mb: float) -> list[str]:
+    """Three quant tags, each with its drafter: one dflash-convert run of ``--quant Q4_K_M,Q6_K,Q8_0`` (the
+    checkpoint read once, every tag written from that read) against three runs of one tag each; inputs warmed in the
+    page cache before each run."""
+    def run(out: Path, *quant: str) -> tuple[float, float, float]:
+        for p in inputs:
+            warm(p)
+        return timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
+                           *quant, "--outdir", str(out)], out, cwd=work)
+
+    alone = []
+    for tag in TAGS:  # the drafter at the tag's type, as the run of three makes it
+        alone.append(run(work / f"tag-{tag}", "--quant", tag, "--draft-quant", tag))
+        shutil.rmtree(work / f"tag-{tag}")
+    together = run(work / "tags", "--quant", ",".join(TAGS))
+    shutil.rmtree(work / "tags")
+    three = sum(r[0] for r in alone)
+    return [f"| three tags ({', '.join(t.upper() for t in TAGS)}) with their drafters, one run ({mb:.0f} MB BF16 "
+            f"in) | {together[0]:.2f} s | {together[1]:.0f} MB | {together[2]:.0f} MB | three runs of one tag: "
+            f"{three:.2f} s | {max(r[1] for r in alone):.0f} MB | {max(r[2] for r in alone):.0f} MB | "
+            f"{three / together[0]:.2f}x | |",
+            f"|   one tag alone: {', '.join(f'{t.upper()} {r[0]:.1f} s' for t, r in zip(TAGS, alone, strict=True))} "
+            "| | | | | | | | |"]
 
 
 
@@ -898,6 +927,7 @@ def full_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path, lay
     shutil.rmtree(target)
     shutil.rmtree(drafter)
     return lines
+
 
 
 def _hand_loop(server: Path, target: Path, configs: list[dict], n_requests: int, n_predict: int) -> float:
