@@ -141,7 +141,8 @@ def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes:
     if notes:
         plan.add_array(prov.key(prov.NOTES), list(notes))
     outfile = Path(outfile)
-    sha256, more_sha256 = None, ()
+    sha256: str | None = None
+    more_sha256: tuple[str | None, ...] = ()
     if quant is not None:
         outcome, *others = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress, more=more)
         size, sha256, more_sha256 = outcome.n_bytes, outcome.sha256, tuple(o.sha256 for o in others)

@@ -689,9 +689,9 @@ def verify_manifest(path: Path, *, allow_derived_target: bool = False) -> Report
         drafter = _present(path, f"the {tag.tag} drafter", tag.drafter.file)
         judge_tag(report, tag.tag, drafter, target, allow_derived_target=allow_derived_target)
         names = {f.name for _, f, _ in checked}
+        recs: list[OutputRecord | FileRecord] = [tag.target, *(tag.target.shards or ()), tag.drafter]
         checked += [(f"manifest.tags.{tag.tag}.{rec.file}", _present(path, f"the {tag.tag} tag's file", rec.file),
-                     rec) for rec in (tag.target, *(tag.target.shards or ()), tag.drafter)
-                    if Path(rec.file).name not in names]
+                     rec) for rec in recs if Path(rec.file).name not in names]
     for check_id, f, want in checked:
         if f.stat().st_size == want.size and sha256_file(f) == want.sha256:
             report.ok(check_id, f"{f.name}: size and sha256 as recorded in {Path(path).name}")

@@ -632,8 +632,9 @@ class _Run:
 
     def _target_key(self, target: Source, tok: stages.TokenizerStage, src: str) -> dict[str, Any]:
         """What the target's conversion depends on (its stage key)."""
-        key = {"method": self.method.kind, "detail": stages.method_detail(self.method), "source": target.identity(),
-               "tokenizer": tok.model_sha256, "outtype": src, "tool": self.tool}
+        key: dict[str, Any] = {"method": self.method.kind, "detail": stages.method_detail(self.method),
+                               "source": target.identity(), "tokenizer": tok.model_sha256, "outtype": src,
+                               "tool": self.tool}
         if self.opts.drop_mtp:  # only when set: outputs made before the option existed stay reusable
             key["drop_mtp"] = True
         if self.opts.split.given:

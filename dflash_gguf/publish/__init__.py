@@ -216,9 +216,9 @@ def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -
     names = {record.target.file}
     if "/" not in served.file and (record.serve is None or record.serve.uses_drafter):
         role, kind = _drafter_role(record.file("drafter"))
-        tag = f", served with the {encoding_tag(record.target.file)} target" if record.tags else ", served"
+        with_tag = f", served with the {encoding_tag(record.target.file)} target" if record.tags else ", served"
         out.append(UploadFile(served.file, record.file("drafter"), served.size or 0, served.sha256 or "",
-                              f"drafter: {role}{tag}", kind))
+                              f"drafter: {role}{with_tag}", kind))
         names.add(served.file)
     for tag in record.tags:  # a run of several tags: each tag's target and the drafter -hf REPO:TAG pairs with it
         name = encoding_tag(tag.target.file)
