@@ -80,6 +80,12 @@ class QuantizeError(DflashGgufError):
     exit_code = 8
 
 
+class ImatrixMismatch(QuantizeError):
+    """An importance matrix made for another model than the one to quantize."""
+
+    exit_code = 24
+
+
 class ResolveError(DflashGgufError):
     """A repo id or revision cannot be resolved or fetched."""
 

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -37,6 +38,41 @@ def split_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any
     tensors = click.option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N",
                            help=f"Write {what} in shards of at most N tensors (as llama-gguf-split).")
     return lambda fn: size(tensors(fn))
+
+
+def imatrix_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--imatrix FILE|auto`` and the calibration of ``auto`` (``--calibration``, ``--calibration-ctx``,
+    ``--calibration-chunks``) for a command that quantizes ``what``; read them with :func:`imatrix_choice`."""
+    imatrix = click.option("--imatrix", default=None, metavar="FILE|auto",
+                           help=f"An importance matrix for {what}: llama-imatrix's output (GGUF or legacy .dat), "
+                                "checked against the model (exit 24 for another model's) and passed to "
+                                "llama-quantize by name; or auto: made with b11434's llama-imatrix from the 16-bit "
+                                "model over --calibration. IQ1/IQ2/IQ3_XXS and Q2_K_S need one.")
+    text = click.option("--calibration", default=None, metavar="TEXT|REPO[@REV]:FILE",
+                        help="With --imatrix auto: the calibration text, a file or one from the Hub at a commit.")
+    ctx = click.option("--calibration-ctx", type=click.IntRange(min=8), default=None, metavar="N",
+                       help="With --imatrix auto: llama-imatrix's context (-c), tokens per chunk (default 512, "
+                            "llama-imatrix's own).")
+    chunks = click.option("--calibration-chunks", type=click.IntRange(min=1), default=None, metavar="N",
+                          help="With --imatrix auto: at most N chunks of the text (llama-imatrix --chunks; default "
+                               "all).")
+    return lambda fn: imatrix(text(ctx(chunks(fn))))
+
+
+def imatrix_choice(imatrix: str | None, calibration: str | None) -> tuple[Path | None, bool]:
+    """(the --imatrix file or None, whether it is made: auto), checked against --calibration.
+
+    Raises:
+        click.UsageError: --calibration without --imatrix auto, or auto without --calibration.
+    """
+    auto = imatrix is not None and imatrix.lower() == "auto"
+    if calibration is not None and not auto:
+        raise click.UsageError("--calibration is the text --imatrix auto computes the matrix over: add --imatrix "
+                               "auto, or drop --calibration.")
+    if auto and calibration is None:
+        raise click.UsageError("--imatrix auto needs --calibration TEXT (a text file, or REPO[@REV]:FILE from the "
+                               "Hub): llama-imatrix measures the activations on it.")
+    return (Path(imatrix) if imatrix is not None and not auto else None), auto
 
 
 def setup_logging(verbose: bool) -> None:

@@ -17,6 +17,7 @@ from ..pipeline import PipelineOptions, run_pipeline
 from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES, encoding_tag
 from ..provenance import Provenance
 from ..quantize import Overrides
+from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
 from ..quantize.types import quant_type
 from ..tokenizer_fixups import overlay_provenance
 from ..tune import TuneOptions
@@ -25,6 +26,8 @@ from ._common import (
     echo_conversion,
     echo_json,
     handle_errors,
+    imatrix_choice,
+    imatrix_options,
     json_option,
     setup_logging,
     split_options,
@@ -45,7 +48,8 @@ def _quant_types(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
-                  "imatrix", "pure", "token_embedding_type", "output_tensor_type", "no_mmproj", "mmproj_type",
+                  "imatrix", "calibration", "calibration_ctx", "calibration_chunks", "pure", "token_embedding_type",
+                  "output_tensor_type", "no_mmproj", "mmproj_type",
                   "split_max_size", "split_max_tensors")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
@@ -78,9 +82,7 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="Pipeline: the target's token_embd.weight type, as llama-quantize's flag of that name.")
 @click.option("--output-tensor-type", default=None, metavar="TYPE",
               help="Pipeline: the target's output.weight type (or a tied embedding's), as llama-quantize's flag.")
-@click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Pipeline: an importance matrix (llama-imatrix's output) for the target's quantization, passed to "
-                   "llama-quantize; needed by IQ1/IQ2/IQ3_XXS and Q2_K_S.")
+@imatrix_options("the target (pipeline)")
 @click.option("--quantizer", type=click.Choice(["auto", "builtin", "llama-quantize"]), default=None,
               help="Pipeline: who quantizes (default auto: the built-in bit-exact quantizer, in one pass with the "
                    "conversion, when its compiled kernels make the type; else llama-quantize if found). "
@@ -207,7 +209,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               outdir: Path | None, target_gguf: str | None, llama_cpp: Path | None, keep_intermediate: bool,
               allow_derived_target: bool, draft_quant: tuple[str, ...], quantizer: str | None, tune: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
-              no_mtp: bool, imatrix: Path | None, pure: bool, token_embedding_type: str | None,
+              no_mtp: bool, imatrix: str | None, calibration: str | None, calibration_ctx: int | None,
+              calibration_chunks: int | None, pure: bool, token_embedding_type: str | None,
               output_tensor_type: str | None, no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
               split_max_tensors: int | None) -> None:
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
@@ -219,12 +222,16 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
     tune_options = TuneOptions(user_flags=tuple(shlex.split(tune_flags or "")), budget=tune_budget,
                                llama_server=llama_server, methods=parse_methods((tune_methods,) if tune_methods
                                                                                 else ()))
+    imatrix_file, imatrix_auto = imatrix_choice(imatrix, calibration)
     opts = PipelineOptions(target, drafter[0], quant[0] if quant else None, outdir, target_gguf, llama_cpp,
                            keep_intermediate, allow_derived_target, dry_run,
                            draft_quant=draft_quant[0] if draft_quant else None, more_draft_quants=draft_quant[1:],
                            more_quants=quant[1:],
                            quantizer=quantizer or "auto", tune=tune,
-                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix,
+                           tune_options=tune_options, more_drafters=drafter[1:], drop_mtp=no_mtp, imatrix=imatrix_file,
+                           imatrix_auto=imatrix_auto, calibration=calibration,
+                           calibration_ctx=calibration_ctx or DEFAULT_IMATRIX_CTX,
+                           calibration_chunks=calibration_chunks,
                            target_overrides=Overrides(output_tensor_type, token_embedding_type, pure),
                            mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE,
                            split=SplitRule.from_flags(split_max_size, split_max_tensors))

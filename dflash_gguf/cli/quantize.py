@@ -7,8 +7,20 @@ from pathlib import Path
 import click
 
 from ..ggufio.split import SplitRule, split_gguf
+from ..hub import fetch_file
 from ..quantize import Overrides, quantize_gguf
-from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, split_options, verbose_option
+from ..quantize.imatrix import DEFAULT_CTX, make_imatrix
+from ._common import (
+    Progress,
+    echo_json,
+    handle_errors,
+    imatrix_choice,
+    imatrix_options,
+    json_option,
+    setup_logging,
+    split_options,
+    verbose_option,
+)
 
 
 @click.command("quantize")
@@ -31,9 +43,7 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
               help="llama-quantize's --pure: no mixture rules, every quantizable tensor at TYPE (the output tensor "
                    "too, unless --output-tensor-type). ggml-org makes Gemma's QAT files as --pure q4_0 with "
                    "--token-embedding-type q8_0.")
-@click.option("--imatrix", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="An importance matrix (llama-imatrix's output) passed to llama-quantize; IQ1/IQ2/IQ3_XXS and Q2_K_S "
-                   "need one. The built-in quantizer declines it.")
+@imatrix_options("INFILE (made from INFILE itself with auto, into imatrix-<INFILE's name>.gguf beside OUTFILE)")
 @split_options("OUTFILE")
 @click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
 @json_option
@@ -41,7 +51,8 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
                  threads: int, allow_requantize: bool, output_tensor_type: str | None,
-                 token_embedding_type: str | None, pure: bool, imatrix: Path | None, split_max_size: str | None,
+                 token_embedding_type: str | None, pure: bool, imatrix: str | None, calibration: str | None,
+                 calibration_ctx: int | None, calibration_chunks: int | None, split_max_size: str | None,
                  split_max_tensors: int | None, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Quantize a BF16/F16 GGUF to TYPE as llama-quantize b11434 would: any type it makes, any case (Q4_K_M, Q4_K_S,
     Q5_K_M, Q5_K_S, Q6_K, Q5_0, Q5_1, Q4_0, Q8_0, F16, BF16, F32 by the built-in quantizer; IQ4_XS, Q3_K_M, ... by
@@ -53,11 +64,18 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     """
     setup_logging(verbose)
     rule = SplitRule.from_flags(split_max_size, split_max_tensors)
+    matrix, auto = imatrix_choice(imatrix, calibration)
+    if auto and not dry_run:  # the matrix of INFILE (a 16-bit GGUF) over the text, beside the output
+        assert calibration is not None
+        matrix = Path(outfile).absolute().parent / f"imatrix-{Path(infile).name.removesuffix('.gguf')}.gguf"
+        made = make_imatrix(infile, fetch_file(calibration).path, matrix, ctx=calibration_ctx or DEFAULT_CTX,
+                            chunks=calibration_chunks, threads=threads)
+        click.echo(f"importance matrix: {matrix} (made by {made.tool} in {made.seconds:.1f} s)", err=True)
     progress = Progress("quantize")
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
                                allow_requantize=allow_requantize, llama_quantize=llama_quantize,
-                               overrides=Overrides(output_tensor_type, token_embedding_type, pure), imatrix=imatrix,
+                               overrides=Overrides(output_tensor_type, token_embedding_type, pure), imatrix=matrix,
                                dry_run=dry_run,
                                on_progress=progress)
     finally:

