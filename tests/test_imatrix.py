@@ -37,10 +37,10 @@ def _tools_env() -> dict[str, str]:
 
 def _by_hand(model: Path, text: Path, out: Path, *extra: str) -> Path:
     """b11434's llama-imatrix as a user runs it: in the text's folder, the text by name."""
-    proc = subprocess.run([str(reference.llama_bin("llama-imatrix")), "-m", str(model), "-f", text.name, "-o",
-                           str(out), "-c", "64", "--chunks", "2", "-t", str(THREADS), "--no-ppl", *extra], cwd=text.parent,
-                          capture_output=True, text=True, env=reference._bin_env(), stdin=subprocess.DEVNULL,
-                          timeout=600)
+    cmd = [str(reference.llama_bin("llama-imatrix")), "-m", str(model), "-f", text.name, "-o", str(out), "-c", "64",
+           "--chunks", "2", "-t", str(THREADS), "--no-ppl", *extra]
+    proc = subprocess.run(cmd, cwd=text.parent, capture_output=True, text=True, env=reference._bin_env(),
+                          stdin=subprocess.DEVNULL, timeout=600)
     assert proc.returncode == 0 and out.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
     return out
 
@@ -78,9 +78,10 @@ def test_imatrix_auto_is_llama_imatrix_by_hand(tmp_path: Path) -> None:
     assert "2 chunks of 64 tokens on calib.txt" in doc["outputs"]["imatrix"]["made_by"]
     assert doc["stages"]["imatrix"]["key"]["text"]["name"] == "calib.txt"
     for tag in ("Q4_K_M", "IQ4_XS"):  # llama-quantize --imatrix of the same file, given by name as we do
-        proc = subprocess.run([str(reference.llama_bin("llama-quantize")), "--imatrix", ours.name, str(bf16),
-                               str(tmp_path / f"hand-{tag}.gguf"), tag, str(THREADS)], cwd=ours.parent, capture_output=True,
-                              text=True, env=reference._bin_env(), stdin=subprocess.DEVNULL, timeout=600)
+        cmd = [str(reference.llama_bin("llama-quantize")), "--imatrix", ours.name, str(bf16),
+               str(tmp_path / f"hand-{tag}.gguf"), tag, str(THREADS)]
+        proc = subprocess.run(cmd, cwd=ours.parent, capture_output=True, text=True, env=reference._bin_env(),
+                              stdin=subprocess.DEVNULL, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert (folder / f"gemma-4-tiny-it-{tag}.gguf").read_bytes() == (tmp_path / f"hand-{tag}.gguf").read_bytes()
     stamps = {p: p.stat().st_mtime_ns for p in [ours, *folder.glob("*.gguf")]}
