@@ -13,6 +13,7 @@ from .. import __version__
 from .convert import convert_cmd
 from .convert_target import convert_target_cmd
 from .publish import publish_cmd
+from .quality import quality_cmd
 from .quantize import quantize_cmd
 from .tokenizer import fix_tokenizer_cmd
 from .tune import tune_cmd
@@ -26,7 +27,7 @@ def main() -> None:
 
 
 for command in (convert_cmd, verify_cmd, precheck_cmd, quantize_cmd, fix_tokenizer_cmd, convert_target_cmd, tune_cmd,
-                publish_cmd):
+                publish_cmd, quality_cmd):
     main.add_command(command)
 
 

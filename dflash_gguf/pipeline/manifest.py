@@ -514,6 +514,7 @@ class PairRecord:
     tools: ToolVersions | None = None
     tuning: Mapping[str, Any] | None = None  # tune's report as written (``status``: measured, skipped, ...)
     tag_tuning: Mapping[str, Any] | None = None  # tune --tags: each tag's speed with its drafter, the fastest
+    quality: Mapping[str, Any] | None = None  # dflash-gguf quality: each tag's KL divergence from the 16-bit target
 
     @property
     def target(self) -> OutputRecord:
@@ -605,15 +606,16 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
             raise InputError(f"{path}: {field_name} is {problem}. Every file pair.json names lies in its own folder "
                              "(or drafters/ inside it); re-run dflash-convert to write a new pair.json rather than "
                              "editing it.")
-    serve, options, sources, tools, tuning, tag_tuning = (data.get(k) for k in ("serve", "options", "sources", "tools",
-                                                                                "tuning", "tag_tuning"))
+    serve, options, sources, tools, tuning, tag_tuning, quality = (
+        data.get(k) for k in ("serve", "options", "sources", "tools", "tuning", "tag_tuning", "quality"))
     return PairRecord(Path(path), str(data.get("status", "")), typed,
                       RunOptions.from_json(options).target_method if isinstance(options, dict) else None,
                       ServePlan.from_json(serve) if isinstance(serve, dict) else None,
                       Sources.from_json(sources) if isinstance(sources, dict) else None,
                       ToolVersions.from_json(tools) if isinstance(tools, dict) else None,
                       tuning if isinstance(tuning, dict) else None,
-                      tag_tuning if isinstance(tag_tuning, dict) else None)
+                      tag_tuning if isinstance(tag_tuning, dict) else None,
+                      quality if isinstance(quality, dict) else None)
 
 
 def _present(manifest: Path, what: str, name: str) -> Path:

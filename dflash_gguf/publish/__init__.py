@@ -405,6 +405,7 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
     lines.append("")
     lines += _measured(record.tuning, serve is not None and serve.measured)
     lines += _tags_measured(record.tag_tuning)
+    lines += _quality(record.quality)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -445,6 +446,23 @@ def _tags_measured(tag_tuning: Any) -> list[str]:
               f"{server.get('threads') or 'default'} threads, {workload.get('n_predict', '?')} tokens per prompt, "
               f"{workload.get('repeats', '?')} repeat(s); flags: {flags}. Speed depends on the hardware: measure on "
               "yours.", ""]
+    return lines
+
+
+def _quality(quality: Any) -> list[str]:
+    """``dflash-gguf quality``: each tag's KL divergence from the 16-bit target, and what it was measured with."""
+    rows = [t for t in (quality or {}).get("tags") or () if isinstance(t, dict)]
+    if not rows:
+        return []
+    s, text = quality.get("settings") or {}, quality.get("text") or {}
+    lines = ["", "## Quality", "", f"Each tag against the logits of `{quality.get('base')}` (llama-perplexity "
+             "`--kl-divergence`):", "", "| tag | mean KLD | 99% KLD | same top token | perplexity |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {t.get('tag')} | {t.get('mean_kld')} | {t.get('kld_99')} | {t.get('same_top_pct')}% | "
+              f"{t.get('ppl')} |" for t in rows]
+    lines += ["", f"On `{text.get('name')}` (sha256 `{text.get('sha256')}`), context {s.get('ctx')}, batch "
+              f"{s.get('batch')}, {s.get('chunks') or 'all'} chunk(s), {s.get('threads')} threads; "
+              f"{quality.get('tool')}; hardware: {quality.get('hardware') or 'not recorded'}.", ""]
     return lines
 
 
