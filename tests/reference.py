@@ -368,6 +368,7 @@ import numpy as np
 cfg = json.loads(sys.argv[1])
 lib = ctypes.CDLL(cfg["lib"])
 x = np.fromfile(cfg["inp"], dtype=np.float32)
+w = np.fromfile(cfg["weights"], dtype=np.float32) if cfg.get("weights") else None
 chunk = lib.ggml_quantize_chunk
 chunk.restype = ctypes.c_size_t
 chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -376,7 +377,7 @@ for job in cfg["jobs"]:
     out = np.zeros(x.size // job["block"] * job["type_size"], np.uint8)
     if job["n_per_row"]:
         size = chunk(job["type"], x.ctypes.data, out.ctypes.data, 0, x.size // job["n_per_row"], job["n_per_row"],
-                     None)
+                     w.ctypes.data if w is not None else None)
         assert size == out.size, size
     else:
         fn = getattr(lib, "quantize_row_" + job["name"] + "_ref")
@@ -387,10 +388,11 @@ print("ok", flush=True)
 """
 
 
-def ggml_quantize(x: Any, jobs: Sequence[tuple[Any, int | None]], tmp: Path) -> list[Any]:
+def ggml_quantize(x: Any, jobs: Sequence[tuple[Any, int | None]], tmp: Path, weights: Any = None) -> list[Any]:
     """b11434's libggml-base bytes for the float32 values ``x``, one array of blocks (n x type size, uint8) per
     job. A job is (``GGMLQuantizationType``, None) for ``quantize_row_<type>_ref``, or (type, n_per_row) for
-    ``ggml_quantize_chunk`` over rows of that length without an imatrix, which is what llama-quantize calls."""
+    ``ggml_quantize_chunk`` over rows of that length, which is what llama-quantize calls: with ``weights`` (float32,
+    one per column) as its importance matrix for every row, else without one."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES
 
@@ -400,7 +402,10 @@ def ggml_quantize(x: Any, jobs: Sequence[tuple[Any, int | None]], tmp: Path) -> 
               "n_per_row": n_per_row, "out": str(tmp / f"ggml-{i}.q"),
               "block": GGML_QUANT_SIZES[qtype][0], "type_size": GGML_QUANT_SIZES[qtype][1]}
              for i, (qtype, n_per_row) in enumerate(jobs)]
-    cfg = {"lib": str(llama_bin("libggml-base.so")), "inp": str(inp), "jobs": specs}
+    cfg = {"lib": str(llama_bin("libggml-base.so")), "inp": str(inp), "jobs": specs, "weights": None}
+    if weights is not None:
+        cfg["weights"] = str(tmp / "ggml-weights.f32")
+        np.ascontiguousarray(weights, np.float32).tofile(cfg["weights"])
     res = subprocess.run([sys.executable, "-c", _GGML_QUANTIZE_CHILD, json.dumps(cfg)], env=_bin_env(),
                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert res.returncode == 0 and "ok" in res.stdout, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])

@@ -1533,9 +1533,565 @@ static PyObject *count_nonfinite(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(bad);
 }
 
+/* ------------------------------------------------------------------------------------------------------------------
+ * Importance-weighted quantizers: what ggml_quantize_chunk runs when llama-quantize has an importance matrix for a
+ * tensor (quantize_q4_0 / q5_0 / q5_1 / q4_K / q5_K / q6_K with quant_weights, their quantize_row_*_impl), and
+ * IQ4_NL / IQ4_XS with or without one (quantize_iq4_nl / quantize_iq4_xs: the chunk functions llama-quantize calls,
+ * which try 7 scales either way). Scalar, row by row: the weighted paths fit each block against weights derived
+ * from the whole row (or super-block), in the order ggml sums them.
+ * ---------------------------------------------------------------------------------------------------------------- */
+
+enum { T_IQ4_NL = 20, T_IQ4_XS = 23 };
+
+static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static inline float fmax_c(float a, float b) { return a > b ? a : b; }  /* C's MAX(a, b) on floats, NaN as there */
+
+/* The signed fit of make_qx_quants with weights (rmse_type 1): levels L in [0, 2*nmax), the scale returned. */
+static float fit_signed_w(int n, int nmax, const float *x, int8_t *L, const float *w) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)(l + nmax);
+        sumlx += w[i] * x[i] * (float)l;
+        suml2 += w[i] * (float)l * (float)l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            sumlx += w[i] * x[i] * (float)l;
+            suml2 += w[i] * (float)l * (float)l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) {
+                int l = nearest_int(iscale * x[i]);
+                l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+                L[i] = (int8_t)(nmax + l);
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* The scale-and-minimum fit of make_qkx3_quants (squared error, weights given): levels in [0, nmax], the scale
+ * returned and -min in *neg_min. */
+static float fit_min_w(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, uint8_t *aux,
+                       float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0];
+    float sum_w = w[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max <= min) {
+        memset(L, 0, (size_t)n);
+        *neg_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        const float diff = scale * L[i] + min - x[i];
+        best += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            const float v = iscale * (x[i] - min);
+            const int l = v > 0 ? nearest_int(v < nmax ? v : (float)nmax) : 0;
+            aux[i] = (uint8_t)l;
+            sum_l += w[i] * (float)l;
+            sum_l2 += w[i] * (float)l * (float)l;
+            sum_xl += w[i] * (float)l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; ++i) {
+                const float diff = this_scale * aux[i] + this_min - x[i];
+                err += w[i] * (diff * diff);
+            }
+            if (err < best) {
+                memcpy(L, aux, (size_t)n);
+                best = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *neg_min = -min;
+    return scale;
+}
+
+/* make_qp_quants: the positive levels (<= nmax) of a super-block's scales or minimums, weighted by each sub-block's
+ * weight sum; the scale returned. */
+static float fit_positive_w(int n, int nmax, const float *x, uint8_t *L, const float *w) {
+    float max = 0;
+    for (int i = 0; i < n; ++i) max = fmax_c(max, x[i]);
+    if (max < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = nmax / max;
+    for (int i = 0; i < n; ++i) L[i] = (uint8_t)nearest_int(iscale * x[i]);
+    const float scale = 1 / iscale;
+    float best = 0;
+    for (int i = 0; i < n; ++i) {
+        const float diff = x[i] - scale * L[i];
+        best += w[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; ++is) {
+        if (is == 0) continue;
+        const float iscale_is = (0.1f * is + nmax) / max;
+        const float scale_is = 1 / iscale_is;
+        float err = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale_is * x[i]);
+            l = l < nmax ? l : nmax;
+            const float diff = x[i] - scale_is * (float)l;
+            err += w[i] * diff * diff;
+        }
+        if (err < best) {
+            best = err;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = nearest_int(iscale * x[i]);
+        l = l < nmax ? l : nmax;
+        L[i] = (uint8_t)l;
+        sumlx += w[i] * x[i] * (float)l;
+        suml2 += w[i] * (float)l * (float)l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int changed = 0;
+        for (int i = 0; i < n; ++i) {
+            float slx = sumlx - w[i] * x[i] * L[i];
+            float sl2 = suml2 - w[i] * L[i] * L[i];
+            if (slx > 0 && sl2 > 0) {
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = new_l < nmax ? new_l : nmax;
+                if (new_l != L[i]) {
+                    slx += w[i] * x[i] * (float)new_l;
+                    sl2 += w[i] * (float)new_l * (float)new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (uint8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++changed;
+                    }
+                }
+            }
+        }
+        if (!changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Q4_0 / Q5_0 / Q5_1 with weights (quantize_row_q4_0_impl, q5_0, q5_1): each block's weights are the row's importance
+ * times sqrt(sigma2 + x^2), sigma2 the row's mean square. */
+static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
+    float sum_x2 = 0;
+    for (int j = 0; j < n; ++j) sum_x2 += x[j] * x[j];
+    const float sigma2 = sum_x2 / n;
+    float weight[QK];
+    for (int ib = 0; ib < n / QK; ++ib) {
+        const float *xb = x + QK * ib;
+        const float *q = qw + QK * ib;
+        for (int j = 0; j < QK; ++j) weight[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        if (dst_type == T_Q4_0) {
+            int8_t L[QK];
+            uint8_t *b = y + 18 * ib;
+            store_fp16(b, fp32_to_fp16(fit_signed_w(QK, 8, xb, L, weight)));
+            for (int j = 0; j < 16; ++j) b[2 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+            continue;
+        }
+        uint8_t L[QK], aux[QK], *b;
+        if (dst_type == T_Q5_0) {
+            int8_t S[QK];
+            b = y + 22 * ib;
+            store_fp16(b, fp32_to_fp16(fit_signed_w(QK, 16, xb, S, weight)));
+            for (int j = 0; j < QK; ++j) L[j] = (uint8_t)S[j];
+            b += 2;
+        } else {
+            float neg_min;
+            b = y + 24 * ib;
+            const float d = fit_min_w(QK, 31, xb, weight, L, &neg_min, aux, -0.9f, 0.05f, 36);
+            store_fp16(b, fp32_to_fp16(d));
+            store_fp16(b + 2, fp32_to_fp16(-neg_min));
+            b += 4;
+        }
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const uint8_t lo = L[j], hi = L[j + 16];
+            b[4 + j] = (uint8_t)((lo & 0x0F) | ((hi & 0x0F) << 4));
+            qh |= ((lo & 0x10u) >> 4) << j;
+            qh |= ((hi & 0x10u) >> 4) << (j + 16);
+        }
+        memcpy(b, &qh, 4);
+    }
+}
+
+/* Q4_K / Q5_K with weights (quantize_row_q4_K_impl, q5_K): one super-block of 256. */
+static void qk_block_w(const float *x, const float *qw, uint8_t *y, int q5) {
+    const int nmax = q5 ? 31 : 15;
+    uint8_t L[QK_K], aux[32], Ls[8], Lm[8];
+    float weights[32], sw[8], mins[8], scales[8];
+    float sum_x2 = 0;
+    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
+    const float sigma2 = 2 * sum_x2 / QK_K;
+    for (int j = 0; j < 8; ++j) {
+        const float *q = qw + 32 * j;
+        for (int l = 0; l < 32; ++l) weights[l] = q[l] * sqrtf(sigma2 + x[32 * j + l] * x[32 * j + l]);
+        float sumw = 0;
+        for (int l = 0; l < 32; ++l) sumw += weights[l];
+        sw[j] = sumw;
+        scales[j] = fit_min_w(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], aux, -0.9f, 0.05f, 36);
+    }
+    const float d_block = fit_positive_w(8, 63, scales, Ls, sw);
+    const float m_block = fit_positive_w(8, 63, mins, Lm, sw);
+    uint8_t *sc = y + 4;
+    memset(sc, 0, 12);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t ls = Ls[j], lm = Lm[j];
+        if (q5) {
+            ls = ls < 63 ? ls : 63;
+            lm = lm < 63 ? lm : 63;
+        }
+        if (j < 4) {
+            sc[j] = ls;
+            sc[j + 4] = lm;
+        } else {
+            sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            sc[j - 0] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    const uint16_t dh = fp32_to_fp16(d_block), mh = fp32_to_fp16(m_block);
+    store_fp16(y, dh);
+    store_fp16(y + 2, mh);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t s, m;
+        if (j < 4) {
+            s = sc[j] & 63; m = sc[j + 4] & 63;
+        } else {
+            s = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+            m = (uint8_t)((sc[j + 4] >> 4) | ((sc[j - 0] >> 6) << 4));
+        }
+        const float d = fp16_to_fp32(dh) * s;
+        if (!d) continue;
+        const float dm = fp16_to_fp32(mh) * m;
+        for (int i = 0; i < 32; ++i) {
+            const int l = nearest_int((x[32 * j + i] + dm) / d);
+            L[32 * j + i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        }
+    }
+    if (!q5) {
+        uint8_t *q = y + 16;
+        for (int j = 0; j < QK_K; j += 64) {
+            for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+            q += 32;
+        }
+        return;
+    }
+    uint8_t *qh = y + 16, *ql = y + 48;
+    memset(qh, 0, 32);
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < QK_K; n += 64) {
+        for (int j = 0; j < 32; ++j) {
+            int l1 = L[n + j], l2 = L[n + j + 32];
+            if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
+            if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
+            ql[j] = (uint8_t)(l1 | (l2 << 4));
+        }
+        m1 <<= 2; m2 <<= 2;
+        ql += 32;
+    }
+}
+
+/* Q6_K with weights (quantize_row_q6_K_impl): each 16-value group fitted against the importance itself. */
+static void q6_k_block_w(const float *x, const float *qw, uint8_t *y) {
+    int8_t L[QK_K];
+    float scales[16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < 16; ++ib) {
+        const float scale = fit_signed_w(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
+        scales[ib] = scale;
+        const float abs_scale = fabsf(scale);
+        if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scale; }
+    }
+    uint8_t *ql = y, *qh = y + 128;
+    int8_t *sc = (int8_t *)(y + 192);
+    if (max_abs_scale < GROUP_MAX_EPS) {
+        memset(y, 0, 210);
+        store_fp16(y + 208, fp32_to_fp16(0.f));
+        return;
+    }
+    const float iscale = -128.f / max_scale;
+    const uint16_t dh = fp32_to_fp16(1 / iscale);
+    store_fp16(y + 208, dh);
+    for (int ib = 0; ib < 16; ++ib) {
+        const int v = nearest_int(iscale * scales[ib]);
+        sc[ib] = (int8_t)(v < 127 ? v : 127);
+    }
+    for (int j = 0; j < 16; ++j) {
+        const float d = fp16_to_fp32(dh) * sc[j];
+        if (!d) continue;
+        for (int i = 0; i < 16; ++i) {
+            int l = nearest_int(x[16 * j + i] / d);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            L[16 * j + i] = (int8_t)(l + 32);
+        }
+    }
+    for (int j = 0; j < QK_K; j += 128) {
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t q1 = L[j + l] & 0xF, q2 = L[j + l + 32] & 0xF, q3 = L[j + l + 64] & 0xF,
+                          q4 = L[j + l + 96] & 0xF;
+            ql[l] = (uint8_t)(q1 | (q3 << 4));
+            ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+            qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) |
+                              ((L[j + l + 96] >> 4) << 6));
+        }
+        ql += 64;
+        qh += 32;
+    }
+}
+
+/* best_index_int8: the nearest of the 16 IQ4 values (below the first: 0, above the last: 15, ties to the lower). */
+static inline int iq4_index(float x) {
+    if (x <= iq4_values[0]) return 0;
+    if (x >= iq4_values[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < iq4_values[mid]) hi = mid; else lo = mid;
+    }
+    return x - iq4_values[hi - 1] < iq4_values[hi] - x ? hi - 1 : hi;
+}
+
+/* quantize_row_iq4_nl_impl with 7 trial scales (what quantize_iq4_nl / quantize_iq4_xs run): one block of 32 (NL,
+ * `super` 32) or a super-block of 256 in 8 blocks with 6-bit block scales (XS). Weights: the importance times
+ * sqrt(sigma2 + x^2), else x^2. */
+static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
+    const int ntry = 7, nb = super / 32;
+    uint8_t L[QK_K];
+    float weight[32], scales[8];
+    float sigma2 = 0;
+    for (int j = 0; j < super; ++j) sigma2 += x[j] * x[j];
+    sigma2 *= 2.f / super;
+    uint8_t *q4 = super == 32 ? y + 2 : y + 8;
+    memset(q4, 0, (size_t)super / 2);
+    store_fp16(y, fp32_to_fp16(0.f));
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < nb; ++ib) {
+        const float *xb = x + 32 * ib;
+        uint8_t *Lb = L + 32 * ib;
+        if (qw) {
+            for (int j = 0; j < 32; ++j) weight[j] = qw[32 * ib + j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        } else {
+            for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
+        }
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; ++j) {
+            const float ax = fabsf(xb[j]);
+            if (ax > amax) { amax = ax; max = xb[j]; }
+        }
+        if (amax < GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float d = -max / iq4_values[0];
+        float id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; ++j) {
+            const int l = iq4_index(id * xb[j]);
+            Lb[j] = (uint8_t)l;
+            const float q = iq4_values[l];
+            sumqx += weight[j] * q * xb[j];
+            sumq2 += weight[j] * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; ++itry) {
+            id = (itry + iq4_values[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; ++j) {
+                const float q = iq4_values[iq4_index(id * xb[j])];
+                sumqx += weight[j] * q * xb[j];
+                sumq2 += weight[j] * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        const float abs_d = fabsf(d);
+        if (abs_d > amax_scale) { amax_scale = abs_d; max_scale = d; }
+    }
+    if (nb > 1) {
+        uint16_t scales_h = 0;
+        uint8_t *scales_l = y + 4;
+        const float d = -max_scale / 32;
+        store_fp16(y, fp32_to_fp16(d));
+        const float id = d ? 1 / d : 0.f;
+        for (int ib = 0; ib < nb; ++ib) {
+            int l = nearest_int(id * scales[ib]);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            const float dl = d * l;
+            const float idl = dl ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; ++j) L[32 * ib + j] = (uint8_t)iq4_index(idl * x[32 * ib + j]);
+            l += 32;
+            const uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
+            if (ib % 2 == 0) scales_l[ib / 2] = l_l;
+            else scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+            scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+        }
+        memcpy(y + 2, &scales_h, 2);
+    } else {
+        store_fp16(y, fp32_to_fp16(scales[0]));
+        const float id = scales[0] ? 1 / scales[0] : 0;
+        for (int j = 0; j < super; ++j) L[j] = (uint8_t)iq4_index(id * x[j]);
+    }
+    for (int i = 0; i < super / 32; ++i) {
+        for (int j = 0; j < 16; ++j) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+    }
+}
+
+/* One row of n values of dst_type with the row's importance qw (NULL: IQ4_NL/IQ4_XS without one). */
+static void weighted_row(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
+    switch (dst_type) {
+    case T_Q4_0:
+    case T_Q5_0:
+    case T_Q5_1:
+        q_small_row_w(x, n, qw, y, dst_type);
+        return;
+    case T_Q4_K:
+    case T_Q5_K:
+        for (int i = 0; i < n / QK_K; ++i) qk_block_w(x + QK_K * i, qw + QK_K * i, y + (dst_type == T_Q5_K ? 176 : 144) * i,
+                                                       dst_type == T_Q5_K);
+        return;
+    case T_Q6_K:
+        for (int i = 0; i < n / QK_K; ++i) q6_k_block_w(x + QK_K * i, qw + QK_K * i, y + 210 * i);
+        return;
+    case T_IQ4_NL:
+        for (int i = 0; i < n / QK; ++i) iq4_block(x + QK * i, qw ? qw + QK * i : NULL, y + 18 * i, QK);
+        return;
+    case T_IQ4_XS:
+        for (int i = 0; i < n / QK_K; ++i) iq4_block(x + QK_K * i, qw ? qw + QK_K * i : NULL, y + 136 * i, QK_K);
+        return;
+    }
+}
+
+static int weighted_layout(int dst_type, int *block, Py_ssize_t *out_bytes) {
+    switch (dst_type) {
+    case T_Q4_0: *block = QK; *out_bytes = 18; return 1;
+    case T_Q5_0: *block = QK; *out_bytes = 22; return 1;
+    case T_Q5_1: *block = QK; *out_bytes = 24; return 1;
+    case T_Q4_K: *block = QK_K; *out_bytes = 144; return 1;
+    case T_Q5_K: *block = QK_K; *out_bytes = 176; return 1;
+    case T_Q6_K: *block = QK_K; *out_bytes = 210; return 1;
+    case T_IQ4_NL: *block = QK; *out_bytes = 18; return 1;
+    case T_IQ4_XS: *block = QK_K; *out_bytes = 136; return 1;
+    default: return 0;
+    }
+}
+
+static PyObject *quantize_weighted(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, dst, imp;
+    int src_type, dst_type;
+    Py_ssize_t n_per_row;
+    if (!PyArg_ParseTuple(args, "y*iw*iny*", &src, &src_type, &dst, &dst_type, &n_per_row, &imp)) {
+        return NULL;
+    }
+    const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
+    int block = 1;
+    Py_ssize_t out_bytes = 0;
+    const char *err = NULL;
+    if (src_type != T_F32 && src_type != T_F16 && src_type != T_BF16) {
+        err = "source type must be F32, F16 or BF16";
+    } else if (!weighted_layout(dst_type, &block, &out_bytes)) {
+        err = "destination type must be Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS";
+    } else if (n_per_row <= 0 || n_per_row % block || n_per_row > (1 << 24) || src.len % (item * n_per_row)) {
+        err = "rows must be whole blocks, and the source whole rows";
+    } else if (dst.len != src.len / (item * block) * out_bytes) {
+        err = "destination size does not match the source";
+    } else if (imp.len != 0 && imp.len != n_per_row * 4) {
+        err = "the importance must be one float32 per column of a row";
+    } else if (imp.len == 0 && dst_type != T_IQ4_NL && dst_type != T_IQ4_XS) {
+        err = "this type is weighted only with an importance";
+    }
+    if (err == NULL) {
+        float *x = PyMem_RawMalloc((size_t)n_per_row * sizeof(float));
+        if (x == NULL) {
+            err = "out of memory";
+        } else {
+            const Py_ssize_t rows = src.len / (item * n_per_row);
+            const Py_ssize_t row_out = n_per_row / block * out_bytes;
+            const float *qw = imp.len ? (const float *)imp.buf : NULL;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t r = 0; r < rows; ++r) {
+                const uint8_t *row = (const uint8_t *)src.buf + r * item * n_per_row;
+                for (Py_ssize_t j = 0; j < n_per_row; j += QK_K) {  /* load_block widens at most QK_K at a time */
+                    load_block(row + j * item, src_type, (int)(n_per_row - j < QK_K ? n_per_row - j : QK_K), x + j);
+                }
+                weighted_row(x, (int)n_per_row, qw, (uint8_t *)dst.buf + r * row_out, dst_type);
+            }
+            Py_END_ALLOW_THREADS
+            PyMem_RawFree(x);
+        }
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&imp);
+    if (err != NULL) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"count_nonfinite", count_nonfinite, METH_VARARGS,
      "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (the block types)."},
+    {"quantize_weighted", quantize_weighted, METH_VARARGS,
+     "quantize_weighted(src, src_type, dst, dst_type, n_per_row, importance): rows of n_per_row values -> blocks, "
+     "with the rows' importance (float32 per column; empty: IQ4_NL/IQ4_XS without one)."},
     {"quantize", quantize, METH_VARARGS,
      "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 "
      "blocks, F16/BF16)."},

@@ -94,6 +94,41 @@ def quantize_mxfp4(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -
     return quantize_rows(values, src_type, Q.MXFP4)
 
 
+# What ggml_quantize_chunk weights by an importance matrix (quantize_q4_0 ... quantize_q6_K with quant_weights) and the
+# two IQ4 types, made with or without one; ggml type id -> (values per block, bytes per block).
+WEIGHTED_TYPES = {Q.Q4_0: (32, 18), Q.Q5_0: (32, 22), Q.Q5_1: (32, 24), Q.Q4_K: (QK_K, 144), Q.Q5_K: (QK_K, 176),
+                  Q.Q6_K: (QK_K, 210), Q.IQ4_NL: (32, 18), Q.IQ4_XS: (QK_K, 136)}
+UNWEIGHTED_TOO = (Q.IQ4_NL, Q.IQ4_XS)  # made by quantize_weighted without an importance as well
+
+
+def quantize_weighted(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: GGMLQuantizationType,
+                      n_per_row: int, importance: np.ndarray | None) -> np.ndarray:
+    """Rows of ``n_per_row`` values (as for :func:`quantize_rows`) quantized as ggml_quantize_chunk does with an
+    importance matrix: ``importance`` holds one float32 per column, the same for every row (one expert's slice of a
+    stacked tensor); IQ4_NL/IQ4_XS also without one (None). Compiled kernels only: without them the built-in
+    quantizer leaves an importance matrix to llama-quantize.
+
+    Raises:
+        ValueError: the compiled kernels are not active, or the type, sizes or importance do not fit.
+    """
+    lib = compiled()
+    src_type, dst_type = Q(src_type), Q(dst_type)
+    if lib is None:
+        raise ValueError("the importance-weighted kernels are compiled only; the compiled kernels are not active")
+    if dst_type not in WEIGHTED_TYPES or (importance is None and dst_type not in UNWEIGHTED_TOO):
+        raise ValueError(f"{dst_type.name} is not made by the weighted kernels"
+                         f"{'' if importance is not None else ' without an importance'}")
+    if values.dtype != SOURCE_DTYPES[src_type] or values.size % n_per_row:
+        raise ValueError(f"cannot quantize {values.dtype} values ({values.size}) given as {src_type.name} in rows of "
+                         f"{n_per_row}")
+    block, size = WEIGHTED_TYPES[dst_type]
+    flat = np.ascontiguousarray(values).reshape(-1)
+    out = np.empty(flat.size // block * size, np.uint8)
+    weights = b"" if importance is None else np.ascontiguousarray(importance, np.float32)
+    lib.quantize_weighted(flat, int(src_type), out, int(dst_type), n_per_row, weights)
+    return out
+
+
 def round_floats(values: np.ndarray, src_type: GGMLQuantizationType, dst_type: GGMLQuantizationType) -> np.ndarray:
     """``values`` (as for :func:`quantize_rows`) rounded to F16 or BF16 as ggml_quantize_chunk does: the bits as
     a flat uint16 array (ggml's NaN rules included, which numpy's ``astype`` does not follow)."""
@@ -130,6 +165,7 @@ def count_nonfinite(data: np.ndarray, qtype: GGMLQuantizationType) -> int:
 
 
 __all__ = ["CHECKED_TYPES", "FLOAT_TYPES", "GROUP_BLOCKS", "KERNELS_ENV", "KERNEL_PATHS", "K_GROUP", "Q6_K_BYTES",
-           "Q6_K_GROUP", "QK", "QK_K", "QK_K_SUB", "QUANT_TYPES", "SOURCE_DTYPES", "compiled_available",
-           "count_nonfinite", "kernel_path", "quantize_mxfp4", "quantize_q4_k", "quantize_q5_0", "quantize_q5_1",
-           "quantize_q5_k", "quantize_q6_k", "quantize_rows", "round_floats", "set_kernel_path"]
+           "Q6_K_GROUP", "QK", "QK_K", "QK_K_SUB", "QUANT_TYPES", "SOURCE_DTYPES", "UNWEIGHTED_TOO",
+           "WEIGHTED_TYPES", "compiled_available", "count_nonfinite", "kernel_path", "quantize_mxfp4",
+           "quantize_q4_k", "quantize_q5_0", "quantize_q5_1", "quantize_q5_k", "quantize_q6_k", "quantize_rows",
+           "quantize_weighted", "round_floats", "set_kernel_path"]
