@@ -717,10 +717,59 @@ def pipeline_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path)
     lines.append(f"|   q4_k_m: {ours[0] / read:.2f}x the time cat takes to read the input ({read:.2f} s, page cache) "
                  "| | | | | | | | |")
     shutil.rmtree(out)
+    lines += imatrix_rows(work, venv_bin, target, drafter, inputs, mb, t_bf16, manual[0], llama_quantize)
     shutil.rmtree(manual_dir)
     lines += tags_rows(work, venv_bin, target, drafter, inputs, mb)
     shutil.rmtree(target)
     shutil.rmtree(drafter)
+    return lines
+
+
+def imatrix_rows(work: Path, venv_bin: Path, target: Path, drafter: Path, inputs: list[Path], mb: float,
+                 t_bf16: Path, convert: tuple[float, float, float], llama_quantize: Path) -> list[str]:
+    """An importance-matrix Q4_K_M: the manual b11434 workflow (the converter's BF16 file, llama-imatrix over a
+    calibration text, llama-quantize --imatrix) against dflash-convert --imatrix FILE (the same matrix; the built-in's
+    weighted kernels in one pass from safetensors) and --imatrix auto (llama-imatrix on the run's own BF16 file, then
+    the built-in from it). Parity: the one pass's target against llama-quantize --imatrix's."""
+    from gguf_compare import diff
+
+    calib = work / "calib" / "calib.txt"
+    calib.parent.mkdir(exist_ok=True)
+    words = ("the model reads a long text and predicts each next token from the ones before it; " * 400).split()
+    calib.write_text(" ".join(words[i % len(words)] + ("." if i % 17 == 16 else "") for i in range(6000)))
+    bins = Path(llama_quantize).parent
+    matrix = calib.parent / "imatrix-bench.gguf"
+    by_hand = timed_disk([str(bins / "llama-imatrix"), "-m", str(t_bf16), "-f", calib.name, "-o", str(matrix),
+                          "-c", "128", "--chunks", "4", "-t", "2", "--no-ppl"], calib.parent, cwd=calib.parent)
+    ref_out = work / "manual-imatrix-Q4_K_M.gguf"
+    quant = timed_disk([str(llama_quantize), "--imatrix", matrix.name, str(t_bf16), str(ref_out), "Q4_K_M", "2"],
+                       calib.parent, cwd=calib.parent)
+    manual_wall = convert[0] + by_hand[0] + quant[0]
+    manual_rss = max(convert[1], by_hand[1], quant[1])
+    lines = []
+    for label, args in (("--imatrix FILE, one pass", ["--imatrix", str(matrix)]),
+                        ("--imatrix auto", ["--imatrix", "auto", "--calibration", str(calib), "--calibration-ctx",
+                                            "128", "--calibration-chunks", "4"])):
+        out = work / "pair-imatrix"
+        for p in inputs:
+            warm(p)
+        ours = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
+                           "--quant", "q4_k_m", *args, "--outdir", str(out)], out,
+                          {"LLAMA_IMATRIX": str(bins / "llama-imatrix"), "LLAMA_QUANTIZE": str(llama_quantize)},
+                          cwd=work)
+        made = next(out.glob("*-Q4_K_M.gguf"))
+        same = diff(made, ref_out) if label.startswith("--imatrix FILE") else None
+        baseline = convert[0] + quant[0] if label.startswith("--imatrix FILE") else manual_wall
+        lines.append(f"| Q4_K_M with an importance matrix, {label} ({mb:.0f} MB BF16 in) | {ours[0]:.2f} s | "
+                     f"{ours[1]:.0f} MB | {ours[2]:.0f} MB | {baseline:.2f} s | {manual_rss:.0f} MB | | "
+                     f"{baseline / ours[0]:.2f}x | |")
+        if same is not None:
+            lines.append(f"|   target vs llama-quantize --imatrix: {'identical' if not same else same[:3]}; manual: "
+                         f"convert {convert[0]:.1f} s, llama-imatrix {by_hand[0]:.1f} s, llama-quantize "
+                         f"{quant[0]:.1f} s | | | | | | | | |")
+        shutil.rmtree(out)
+    ref_out.unlink()
+    shutil.rmtree(calib.parent)
     return lines
 
 

@@ -1,8 +1,11 @@
 """Importance matrices made and checked built in: ``--imatrix auto --calibration TEXT``.
 
 - The pipeline's matrix is llama-imatrix's by hand on the same 16-bit file, text, context, chunks and threads (same
-  tensors, same values, the text named by its file name only), and its Q4_K_M and IQ4_XS are llama-quantize
-  ``--imatrix`` of that file by hand, byte for byte; a second run reuses the matrix and every quant.
+  tensors, same values, the text named by its file name only), and its Q4_K_M (the built-in's weighted kernels) and
+  IQ4_XS (llama-quantize) are llama-quantize ``--imatrix`` of that file by hand; a second run reuses them all.
+- ``--imatrix FILE`` with the built-in quantizer is one pass from safetensors: Q4_K_M, Q5_K_M, Q6_K and Q5_1 (three
+  of them from one read) equal llama-quantize ``--imatrix`` of the BF16 conversion on the tied dense, untied dense
+  and MoE fixtures.
 - A matrix of another model is refused (exit 24) by ``dflash-gguf quantize`` and the pipeline, before llama-quantize
   would quietly quantize without it; the legacy ``.dat`` format is read as well as the GGUF one.
 """
@@ -16,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 import fixtures as mf
+import gguf_compare
 import numpy as np
 import pytest
 import reference
@@ -83,11 +87,49 @@ def test_imatrix_auto_is_llama_imatrix_by_hand(tmp_path: Path) -> None:
         proc = subprocess.run(cmd, cwd=ours.parent, capture_output=True, text=True, env=reference._bin_env(),
                               stdin=subprocess.DEVNULL, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert (folder / f"gemma-4-tiny-it-{tag}.gguf").read_bytes() == (tmp_path / f"hand-{tag}.gguf").read_bytes()
+        assert gguf_compare.diff(folder / f"gemma-4-tiny-it-{tag}.gguf", tmp_path / f"hand-{tag}.gguf") == [], tag
     stamps = {p: p.stat().st_mtime_ns for p in [ours, *folder.glob("*.gguf")]}
     again = run_cli(*args, env=_tools_env())
     assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the cache is reused
     REFERENCE_COMPARISONS.append("--imatrix auto = llama-imatrix by hand; its Q4_K_M/IQ4_XS = llama-quantize")
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("family", ["gemma4-tied", "qwen3-untied", "qwen3moe"])
+def test_one_pass_with_an_imatrix_is_llama_quantize_imatrix(tmp_path: Path, family: str) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    from dflash_gguf.convert.targets import convert_target
+    from dflash_gguf.quantize.imatrix import load_importance
+
+    if family == "gemma4-tied":
+        model = mf.make_gemma4_target(tmp_path / "targets")
+    elif family == "qwen3-untied":
+        model = mf.make_acceptance_fixture(tmp_path / "fx").target
+    else:
+        reference.require_or_skip(reference.llama_cpp_src_available())
+        model = mf.make_qwen3moe_target(tmp_path / "targets", llama_cpp_src=reference.env.llama_cpp_src())
+    text = tmp_path / "calibration" / "calib.txt"
+    text.parent.mkdir()
+    text.write_text(TEXT)
+    bf16 = tmp_path / "model-BF16.gguf"
+    convert_target(model, bf16)
+    (tmp_path / "imatrix").mkdir()
+    matrix = _by_hand(bf16, text, tmp_path / "imatrix" / "imatrix-model.gguf")
+    tags = ["q4_k_m", "q5_k_m", "q6_k", "q5_1"]
+    out = tmp_path / "ours"
+    out.mkdir()
+    importance = load_importance(matrix)
+    convert_target(model, out / "t-q4_k_m.gguf", quant="q4_k_m", importance=importance)  # one tag
+    convert_target(model, out / "t-q5_k_m.gguf", quant="q5_k_m", importance=importance,  # three from one read
+                   more=[(out / f"t-{t}.gguf", t) for t in tags[2:]])
+    for tag in tags:
+        cmd = [str(reference.llama_bin("llama-quantize")), "--imatrix", matrix.name, str(bf16),
+               str(tmp_path / f"hand-{tag}.gguf"), tag.upper(), "2"]
+        proc = subprocess.run(cmd, cwd=matrix.parent, capture_output=True, text=True, env=reference._bin_env(),
+                              stdin=subprocess.DEVNULL, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert gguf_compare.diff(out / f"t-{tag}.gguf", tmp_path / f"hand-{tag}.gguf") == [], (family, tag)
+    REFERENCE_COMPARISONS.append(f"one-pass --imatrix {family} = llama-quantize --imatrix")
 
 
 @pytest.mark.reference

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import fixtures as mf
+import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, run_cli
 
@@ -31,6 +32,7 @@ def _by_hand(model: Path, text: Path, log: Path, *args: str) -> str:
     return log.read_text()
 
 
+@pytest.mark.reference
 def test_quality_of_every_tag(tmp_path: Path) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
     target = mf.make_gemma4_target(tmp_path / "targets")

@@ -29,7 +29,7 @@ from ..provenance import Provenance, folder_label
 from ..quantize import check_makeable, quant_type
 from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
-from ..quantize.imatrix import imatrix_tool, make_imatrix
+from ..quantize.imatrix import Importance, imatrix_tool, load_importance, make_imatrix
 from ..quantize.rules import ONE_PASS_TYPES
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
@@ -302,10 +302,10 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
 
 def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
     """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
-    BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target: not with an
-    importance matrix, which only llama-quantize reads, or --pure / a tensor-type override), and no intermediate is
-    to be kept."""
-    if target and opts.target_overrides.given:  # the one pass writes llama-quantize's default choices
+    BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target with --imatrix
+    FILE: its weighted kernels; not with --imatrix auto, whose matrix is made from the 16-bit GGUF, nor --pure / a
+    tensor-type override), and no intermediate is to be kept."""
+    if target and (opts.target_overrides.given or opts.imatrix_auto):  # the one pass writes the default choices
         return False
     imatrix = target and opts.uses_imatrix
     return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
@@ -470,6 +470,7 @@ class _Run:
         self.imatrix_sha256: str | None = None
         self.imatrix_name = ""  # the target's model name, which the matrix's file name carries
         self.calibration: hub.FetchedFile | None = None  # --imatrix auto's text, resolved by run_pipeline
+        self._loaded_importance: Importance | None = None
 
     def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
             gguf_path: Path | None) -> PipelineResult:
@@ -605,7 +606,8 @@ class _Run:
         quant = self.opts.target_type
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
         # several tags are written together, never from one tag's head start: their read is warmed instead
-        one_pass = _one_pass(self.opts, quant, target=True) and not final.exists() and not self.opts.several_tags
+        one_pass = _one_pass(self.opts, quant, target=True) and not final.exists() and not self.opts.several_tags \
+            and not self.opts.uses_imatrix  # a head start quantizes without the matrix
         return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
 
     # -------------------------------------------------------------------------------------------- stages
@@ -670,7 +672,7 @@ class _Run:
         def convert_builtin(out: Path, quant: str | None = None) -> str | None:
             with _bar(self.progress, "convert target") as bar:
                 return stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant,
-                                                     self.opts.drop_mtp)
+                                                     self.opts.drop_mtp, self._importance() if quant else None)
 
         def convert_with_llama_cpp(out: Path) -> str | None:
             assert self.opts.llama_cpp is not None
@@ -695,7 +697,7 @@ class _Run:
         inter = self.outdir / gguf_name(name, src)
         made: dict[str, Made] = {}
         together = [tag for tag in tags if builtin and tag != src and _one_pass(self.opts, tag, target=True)]
-        keys = {tag: {**key, "quant": tag, "one_pass": "builtin"} for tag in together}
+        keys = {tag: {**key, "quant": tag, "one_pass": "builtin", **self._imatrix_key()} for tag in together}
         todo = [tag for tag in together if not self.manifest.reusable(
             f"{tag_side(tag, tags)}.convert", keys[tag],
             self._finals(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", finals[tag]))]
@@ -704,7 +706,7 @@ class _Run:
             with _bar(self.progress, f"convert target to {len(todo)} tags") as bar:
                 shas = stages.convert_target_tags_builtin(target.path, [(finals[t], t) for t in todo], src, tok,
                                                           Provenance(None, target.repo_spec, None, tok.provenance()),
-                                                          bar, self.opts.drop_mtp)
+                                                          bar, self.opts.drop_mtp, self._importance())
             for tag, sha in zip(todo, shas, strict=True):
                 self._record_final(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", keys[tag], finals[tag], sha)
         for tag in together:
@@ -723,6 +725,22 @@ class _Run:
         if inter.exists() and src not in tags and not self.opts.keep_intermediate:
             inter.unlink()  # left by an earlier run
         return [(finals[tag], made[tag]) for tag in tags]
+
+    def _importance(self) -> Importance | None:
+        """The --imatrix file as the built-in quantizer reads it (loaded once), or None without one."""
+        if self.imatrix is None:
+            return None
+        if self._loaded_importance is None:
+            self._loaded_importance = load_importance(self.imatrix)
+        return self._loaded_importance
+
+    def _imatrix_key(self) -> dict[str, Any]:
+        """What a one-pass target's stage key records of the matrix (nothing without one: earlier outputs stay
+        reusable)."""
+        if self.imatrix is None:
+            return {}
+        return {"imatrix": {"file": self.imatrix.name, "size": self.imatrix.stat().st_size,
+                            "sha256": self.imatrix_sha256}}
 
     def _imatrix_into_folder(self, name: str) -> Path | None:
         """The --imatrix file copied into ``imatrix/`` of the folder (``imatrix-<name>.gguf``, or ``.dat`` for the
@@ -842,7 +860,8 @@ class _Run:
         The converters return the sha256 they computed while writing (None for external tools), so recording
         an output does not read it again."""
         if one_pass is not None and src != quant:
-            key = {**key, "quant": quant, "one_pass": "builtin"}
+            matrix = self._imatrix_key() if is_target_side(side) else {}
+            key = {**key, "quant": quant, "one_pass": "builtin", **matrix}
             if not self.manifest.reusable(f"{side}.convert", key, self._finals(side, f"{side}.convert", final)):
                 log.info("%s: converting and quantizing in one pass to %s", side, final)
                 sha = one_pass(final, quant)

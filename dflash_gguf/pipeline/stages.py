@@ -35,6 +35,7 @@ from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize import choose_quantizer, quantize_gguf
 from ..quantize.builtin import NO_OVERRIDES, Overrides
+from ..quantize.imatrix import Importance
 from ..quantize.rules import is_quantized
 from ..tokenizer_fixups import fix_tokenizer, overlay_provenance
 from ..verify import Report, precheck, read_gguf, verify_files
@@ -356,23 +357,25 @@ def working_ahead_of_target(model_dir: Path, outfile: Path, quant: str | None, d
 
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
                            sources: Provenance, on_progress: OnProgress = None, quant: str | None = None,
-                           drop_mtp: bool = False) -> str | None:
+                           drop_mtp: bool = False, importance: Importance | None = None) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
     ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
     are already read ahead, or its head start made (:func:`working_ahead_of_target`, entered by the run before its
     first stage)."""
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
-                          quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress).sha256
+                          quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress,
+                          importance=importance).sha256
 
 
 def convert_target_tags_builtin(model_dir: Path, outputs: Sequence[tuple[Path, str]], outtype: str,
                                 tokenizer: TokenizerStage, sources: Provenance, on_progress: OnProgress = None,
-                                drop_mtp: bool = False) -> list[str | None]:
+                                drop_mtp: bool = False, importance: Importance | None = None) -> list[str | None]:
     """The built-in target converter quantizing in one pass to every (file, type) of ``outputs`` from one read of
     the checkpoint (several --quant tags); returns each output's sha256, hashed while writing."""
     (first, quant), *more = outputs
     result = convert_target(model_dir, first, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
-                            quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress, more=more)
+                            quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress, more=more,
+                            importance=importance)
     return [result.sha256, *result.more_sha256]
 
 

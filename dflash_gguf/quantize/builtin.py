@@ -20,12 +20,13 @@ import functools
 import itertools
 import logging
 import os
+import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,6 +44,7 @@ from ..ggufio.readahead import ByteRange, DropBehind
 from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from ..provenance import PROVENANCE_PREFIX
 from . import ahead, kernels
+from .imatrix import Importance
 from .rules import (
     FTYPES,
     OVERRIDE_TYPES,
@@ -135,6 +137,9 @@ class TensorJob:
     dst_nbytes: int
     reason: str = ""
     fallback: bool = False
+    # the importance matrix's weights for it (one float32 per column, per expert for a stack), when it has some and
+    # its type is one ggml_quantize_chunk weights (kernels.WEIGHTED_TYPES)
+    importance: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def copy(self) -> bool:
@@ -202,8 +207,9 @@ def requantize_refusal(path: Path, name: str, stored: GGMLQuantizationType) -> s
 
 
 def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False,
-                 overrides: Overrides = NO_OVERRIDES) -> list[TensorJob]:
-    """Per-tensor output types in llama-quantize's order.
+                 overrides: Overrides = NO_OVERRIDES, importance: Importance | None = None) -> list[TensorJob]:
+    """Per-tensor output types in llama-quantize's order, each with its importance weights when ``importance`` has
+    some for it (llama-quantize's rules with an importance matrix).
 
     Raises:
         QuantizeError: unknown type, quantized input without ``allow_requantize``, a tensor type the
@@ -215,7 +221,7 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
     output_type, token_embd_type = overrides.parsed()
     facts = ModelFacts.of(gguf.values, [t.name for t in gguf.tensors])
     mixture = Mixture(facts, type_name, output_type=output_type, token_embd_type=token_embd_type,
-                      pure=overrides.pure)
+                      pure=overrides.pure, has_imatrix=importance is not None)
     jobs = []
     for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name)):
         stored = Q(t.qtype)
@@ -233,17 +239,24 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
         n_rows = 1
         for d in t.ne[1:]:
             n_rows *= d
+        weights = importance.for_tensor(t.name, t.ne) if importance is not None and choice.qtype != stored \
+            and choice.qtype in kernels.WEIGHTED_TYPES else None
         jobs.append(TensorJob(t, choice.qtype, n_rows * row_bytes(choice.qtype, t.ne[0]), choice.reason,
-                              choice.fallback))
+                              choice.fallback, weights))
     return jobs
 
 
-def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> list[bytes]:
-    """The output's header as pieces (the input's KV encodings are shared, never joined into one copy)."""
+def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str,
+            importance: Importance | None = None) -> list[bytes]:
+    """The output's header as pieces (the input's KV encodings are shared, never joined into one copy). With an
+    importance matrix, llama-quantize's own keys for it follow the file type (its kv_overrides, in its order)."""
+    recorded = _importance_kvs(importance)
     kvs = [raw for key, raw in gguf.kv_raw.items()
            if key not in _MOVED_KEYS and key not in (KEY_QUANTIZER, KEY_QUANTIZER_VERSION)]
+    kvs = [raw for raw in kvs if _kv_key(raw) not in recorded] if recorded else kvs
     kvs.append(layout.pack_kv("general.quantization_version", VT.UINT32, layout.GGML_QUANT_VERSION))
     kvs.append(layout.pack_kv("general.file_type", VT.UINT32, int(FTYPES[type_name][0])))
+    kvs += recorded.values()
     kvs.append(layout.pack_kv(KEY_QUANTIZER, VT.STRING, "builtin"))
     kvs.append(layout.pack_kv(KEY_QUANTIZER_VERSION, VT.STRING, BUILTIN_VERSION))
     infos, offset = [], 0
@@ -252,6 +265,34 @@ def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str) -> list[byte
         infos.append(layout.pack_tensor_info(j.src.name, j.src.ne[:ggml_n_dims(j.src.ne)], j.dst_type, offset))
         offset += pad(j.dst_nbytes)
     return layout.header_parts(kvs, infos)
+
+
+def _importance_kvs(importance: Importance | None) -> dict[str, bytes]:
+    """What llama-quantize b11434 writes of the matrix (quantize.cpp's kv_overrides): its file and first text as given
+    (127 bytes at most), its entries and, when known, its chunks (as UINT32)."""
+    if importance is None:
+        return {}
+    out = {"quantize.imatrix.file": layout.pack_kv("quantize.imatrix.file", VT.STRING, _c127(importance.file))}
+    if importance.dataset is not None:
+        out["quantize.imatrix.dataset"] = layout.pack_kv("quantize.imatrix.dataset", VT.STRING,
+                                                         _c127(importance.dataset))
+    out["quantize.imatrix.entries_count"] = layout.pack_kv("quantize.imatrix.entries_count", VT.UINT32,
+                                                           len(importance.weights))
+    if importance.chunks > 0:
+        out["quantize.imatrix.chunks_count"] = layout.pack_kv("quantize.imatrix.chunks_count", VT.UINT32,
+                                                              importance.chunks)
+    return out
+
+
+def _c127(text: str) -> str:
+    """strncpy into llama_model_kv_override's 128-byte val_str: the first 127 bytes."""
+    return text.encode("utf-8")[:127].decode("utf-8", "ignore")
+
+
+def _kv_key(raw: bytes) -> str:
+    """The key of a packed KV (uint64 length, then the name)."""
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    return raw[8:8 + n].decode("utf-8")
 
 
 def _to_f32(raw: bytes | memoryview, qtype: GGMLQuantizationType, n_per_row: int) -> np.ndarray:
@@ -315,18 +356,20 @@ def _convert_chunk(fd: int, offset: int, jobs: tuple[TensorJob, ...], row0: int,
         raise QuantizeError(f"Short read in tensor {src.name}: the input changed or is truncated.")
     src_type = Q(src.qtype)
     _refuse_nonfinite(np.frombuffer(raw, np.uint8), src_type, src.name, result=False)
-    return tuple(raw if job.copy else _made(job, raw) for job in jobs)
+    return tuple(raw if job.copy else _made(job, raw, row0) for job in jobs)
 
 
-def _made(job: TensorJob, raw: bytes | memoryview) -> ahead.Chunk:
-    """Rows of ``job``'s input (``raw``, as stored) in its output type."""
+def _made(job: TensorJob, raw: bytes | memoryview, row0: int) -> ahead.Chunk:
+    """Rows of ``job``'s input (``raw``, as stored; its first row ``row0``) in its output type."""
     n = job.src.ne[0]
     src_type = Q(job.src.qtype)
     if src_type in kernels.SOURCE_DTYPES:  # read as stored: the kernels widen exactly, fused into their loop
         values, values_type = np.frombuffer(raw, dtype=kernels.SOURCE_DTYPES[src_type]), src_type
     else:  # a quantized input (--allow-requantize), dequantized first
         values, values_type = _to_f32(raw, src_type, n).reshape(-1), Q.F32
-    if job.dst_type in kernels.QUANT_TYPES:
+    if job.importance is not None:
+        out = _weighted(job, values, values_type, row0)
+    elif job.dst_type in kernels.QUANT_TYPES:
         out = kernels.quantize_rows(values, values_type, job.dst_type)
     elif job.dst_type in kernels.FLOAT_TYPES:  # ggml's roundings (numpy's astype keeps NaN payloads)
         out = kernels.round_floats(values, values_type, job.dst_type).view(np.uint8)
@@ -337,6 +380,26 @@ def _made(job: TensorJob, raw: bytes | memoryview) -> ahead.Chunk:
                             "use --quantizer llama-quantize.")
     _refuse_nonfinite(out, Q(job.dst_type), job.src.name, result=True)
     return out
+
+
+def _weighted(job: TensorJob, values: np.ndarray, values_type: GGMLQuantizationType, row0: int) -> np.ndarray:
+    """Rows quantized with their importance weights: each expert's rows of a stack with that expert's
+    (llama_tensor_quantize_impl's imatrix_for_row: row / rows per expert)."""
+    assert job.importance is not None
+    n = job.src.ne[0]
+    per_expert = job.src.ne[1] if len(job.src.ne) > 2 else None
+    rows = values.size // n
+    if per_expert is None:
+        return kernels.quantize_weighted(values, values_type, job.dst_type, n, job.importance)
+    parts = []
+    row = 0
+    while row < rows:
+        expert = (row0 + row) // per_expert
+        take = min(rows - row, (expert + 1) * per_expert - (row0 + row))
+        parts.append(kernels.quantize_weighted(values[row * n:(row + take) * n], values_type, job.dst_type, n,
+                                               job.importance[expert * n:(expert + 1) * n]))
+        row += take
+    return np.concatenate(parts)
 
 
 class _Sources:
@@ -393,7 +456,7 @@ def ahead_jobs(jobs: list[TensorJob], default_path: Path) -> list[ahead.AheadJob
     on disk (a copied or spooled tensor, small and cheap, is made when its turn comes)."""
     out = []
     for job in jobs:
-        if job.copy or not _streamed(job) or job.dst_type not in kernels.QUANT_TYPES:
+        if job.copy or not _streamed(job) or job.dst_type not in kernels.QUANT_TYPES or job.importance is not None:
             continue
         n = job.src.ne[0]
         in_row = row_bytes(Q(job.src.qtype), n)
@@ -412,6 +475,7 @@ class OutputPlan:
     jobs: list[TensorJob]
     type_name: str
     tmp: Path
+    importance: Importance | None = None  # the matrix the jobs' weights come from (its keys go in the header)
 
 
 class _Writing:
@@ -422,7 +486,7 @@ class _Writing:
         self.f = stack.enter_context(open(out.tmp, "wb"))
         self.hasher = stack.enter_context(FollowingHasher(out.tmp))
         self.written = 0
-        self.f.writelines(_header(gguf, out.jobs, out.type_name))
+        self.f.writelines(_header(gguf, out.jobs, out.type_name, out.importance))
 
     def end_tensor(self, job: TensorJob) -> None:
         if self.written != job.dst_nbytes:
@@ -549,7 +613,8 @@ class BuiltinOutcome:
 
 def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int = 2, allow_requantize: bool = False,
                 overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
-                on_progress: Callable[[int, int], None] | None = None) -> BuiltinOutcome:
+                on_progress: Callable[[int, int], None] | None = None,
+                importance: Importance | None = None) -> BuiltinOutcome:
     """Plan, check space, and write ``outfile`` atomically (``<out>.partial`` renamed on success).
 
     Raises:
@@ -557,14 +622,17 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
         OutputError: no space, or the output folder is missing.
     """
     return run_builtin_outputs(gguf, [(Path(outfile), type_name)], threads=threads, allow_requantize=allow_requantize,
-                               overrides=overrides, dry_run=dry_run, on_progress=on_progress)[0]
+                               overrides=overrides, dry_run=dry_run, on_progress=on_progress,
+                               importance=importance)[0]
 
 
 def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *, threads: int = 2,
                         allow_requantize: bool = False, overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
-                        on_progress: Callable[[int, int], None] | None = None) -> list[BuiltinOutcome]:
+                        on_progress: Callable[[int, int], None] | None = None,
+                        importance: Importance | None = None) -> list[BuiltinOutcome]:
     """:func:`run_builtin` for several (file, type) outputs from one read of the input, each the bytes a run of its
-    own would write; all are written or none (each atomically, renamed once all are complete).
+    own would write; all are written or none (each atomically, renamed once all are complete). ``importance``: the
+    importance matrix, as llama-quantize --imatrix uses it (compiled kernels only).
 
     Raises:
         QuantizeError, OutputError: as :func:`run_builtin`.
@@ -575,14 +643,15 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
                             "32-byte alignment only. Use --quantizer llama-quantize.")
     planned = []
     for outfile, type_name in outputs:
-        jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides)
+        jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides,
+                            importance=importance)
         types: dict[str, int] = {}
         for j in jobs:
             types[j.dst_type.name] = types.get(j.dst_type.name, 0) + 1
         fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
         for msg in fallbacks:
             log.warning("%s", msg)
-        size = sum(map(len, _header(gguf, jobs, type_name))) + sum(pad(j.dst_nbytes) for j in jobs)
+        size = sum(map(len, _header(gguf, jobs, type_name, importance))) + sum(pad(j.dst_nbytes) for j in jobs)
         planned.append((Path(outfile), type_name, jobs, types, fallbacks, size))
     if dry_run:
         return [BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
@@ -592,7 +661,7 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
                          sum(p[-1] for p in planned if p[0].parent == folder))
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_output(outfile)) for outfile, *_ in planned]
-        written = write_outputs(gguf, [OutputPlan(jobs, type_name, tmp) for (_, type_name, jobs, *_), tmp
+        written = write_outputs(gguf, [OutputPlan(jobs, type_name, tmp, importance) for (_, type_name, jobs, *_), tmp
                                        in zip(planned, tmps, strict=True)], threads, on_progress)
     seconds = time.monotonic() - t0
     return [BuiltinOutcome(w.n_bytes, types, fallbacks, seconds, w.sha256)
@@ -602,7 +671,7 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
 def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int = 2,
                   overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None,
-                  more: Sequence[tuple[Path, str]] = ()) -> list[BuiltinOutcome]:
+                  more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None) -> list[BuiltinOutcome]:
     """Convert and quantize in one pass: the bytes of converting ``plan`` and then quantizing that file, to
     ``outfile`` and to each further (file, type) of ``more`` from the same read.
 
@@ -613,4 +682,5 @@ def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int
         QuantizeError, OutputError: as :func:`run_builtin`.
     """
     return run_builtin_outputs(input_from_plan(plan, Path(outfile)), [(Path(outfile), type_name), *more],
-                               threads=threads, overrides=overrides, dry_run=dry_run, on_progress=on_progress)
+                               threads=threads, overrides=overrides, dry_run=dry_run, on_progress=on_progress,
+                               importance=importance)

@@ -14,8 +14,11 @@ import os
 import struct
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import ImatrixMismatch, InputError, QuantizeError
 from ..ggufio.reader import read_gguf
@@ -81,6 +84,93 @@ def _read_legacy(path: Path) -> dict[str, int]:
     return out
 
 
+@dataclass(frozen=True)
+class Importance:
+    """An importance matrix as llama-quantize b11434 hands it to the quantizer (``load_imatrix``): each tensor's
+    weights, one float32 per column of each matrix (a stack of experts: one row of columns per expert), normalized
+    by its counts; and what llama-quantize records of it in the quant (``quantize.imatrix.*``)."""
+
+    weights: dict[str, np.ndarray]
+    file: str  # as llama-quantize is given it: the name, from its folder
+    dataset: str | None  # the first calibration text it names
+    chunks: int  # the chunks it was computed on (0: not recorded)
+
+    def for_tensor(self, name: str, ne: tuple[int, ...]) -> np.ndarray | None:
+        """The weights of tensor ``name`` (``ne`` in ggml order), or None when the matrix has none for it, or none
+        of its size for the token embedding (which llama-quantize then quantizes without them)."""
+        found = self.weights.get(name)
+        if found is None:
+            return None
+        want = ne[0] * (ne[2] if len(ne) > 2 else 1)
+        if found.size != want:
+            if name == _TOKEN_EMBD:
+                return None
+            raise ImatrixMismatch(f"--imatrix {self.file}: its entry for {name} has {found.size} values, and the "
+                                  f"tensor needs {want}; llama-quantize b11434 stops on it ('imatrix size is "
+                                  "different from tensor size'). Make the matrix from this model.")
+        return found
+
+
+def load_importance(path: Path) -> Importance:
+    """The matrix at ``path`` (GGUF or legacy .dat) as llama-quantize loads it: GGUF sums divided by each matrix's
+    count (1 where a count is 0), legacy sums divided by their call count.
+
+    Raises:
+        InputError: unreadable, or not an importance matrix.
+        QuantizeError: it holds a NaN or infinite value (llama-quantize refuses it too).
+    """
+    path = Path(path)
+    weights: dict[str, np.ndarray] = {}
+    datasets: list[str] = []
+    read_imatrix(path)  # the format check, with its message
+    if _is_gguf(path):
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        tensors = {t.name: np.array(t.data, np.float32).reshape(-1) for t in reader.tensors}
+        for name, sums in tensors.items():
+            if not name.endswith(SUM2) or (counts := tensors.get(name.removesuffix(SUM2) + ".counts")) is None:
+                continue
+            n_mat = counts.size
+            ne0 = sums.size // n_mat
+            out = np.empty(sums.size, np.float32)
+            for j in range(n_mat):
+                count = np.float32(float(np.rint(counts[j])))  # std::lround of the stored float, back to float
+                out[j * ne0:(j + 1) * ne0] = sums[j * ne0:(j + 1) * ne0] / count if count > 0 else np.float32(1)
+            weights[name.removesuffix(SUM2)] = out
+        meta = read_gguf(path)
+        given = meta.get("imatrix.datasets")
+        datasets = [str(d) for d in given] if isinstance(given, Sequence) and not isinstance(given, str) else []
+        chunks = int(meta.get("imatrix.chunk_count") or 0)
+    else:
+        data = path.read_bytes()
+        (n_entries,), at = struct.unpack_from("<i", data, 0), 4
+        for _ in range(n_entries):
+            (length,), at = struct.unpack_from("<i", data, at), at + 4
+            name, at = data[at:at + length].decode("utf-8"), at + length
+            (ncall, n_values), at = struct.unpack_from("<ii", data, at), at + 8
+            sums = np.frombuffer(data, np.float32, n_values, at).copy()
+            at += 4 * n_values
+            weights[name] = sums / np.float32(ncall) if ncall > 0 else sums
+        chunks = 0
+        if at + 4 <= len(data):
+            (chunks,), at = struct.unpack_from("<i", data, at), at + 4
+            if at + 4 <= len(data):
+                (length,), at = struct.unpack_from("<i", data, at), at + 4
+                if length > 0:
+                    datasets = [data[at:at + length].split(b"\0")[0].decode("utf-8", "replace")]
+    bad = [n for n, w in weights.items() if not np.isfinite(w).all()]
+    if bad:
+        raise QuantizeError(f"--imatrix {path.name} holds NaN or infinite values ({bad[0]}); llama-quantize b11434 "
+                            "refuses it ('imatrix contains non-finite value'). Make the matrix again.")
+    return Importance(weights, path.name, datasets[0] if datasets else None, chunks)
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
 def check_imatrix(imatrix: Path, model: Path) -> None:
     """Refuse a matrix that does not belong to ``model`` (the GGUF to quantize; a split one by its first shard): none
     of its tensors is one of the model's, or one has another width than the tensor it weights.
@@ -89,29 +179,37 @@ def check_imatrix(imatrix: Path, model: Path) -> None:
         ImatrixMismatch: as above, naming the tensor and both sizes.
         InputError: either file is unreadable.
     """
-    entries = read_imatrix(imatrix)
-    tensors = read_gguf(model).tensors
+    check_entries(read_imatrix(imatrix), {n: t.ne for n, t in read_gguf(model).tensors.items()}, Path(imatrix).name,
+                  Path(model).name)
+
+
+def check_entries(entries: Mapping[str, int], tensors: Mapping[str, tuple[int, ...]], imatrix: str, model: str) -> None:
+    """:func:`check_imatrix` on the matrix's entries (tensor -> values) and the model's tensors (name -> ne): also
+    for a model that is a converter's plan, quantized in the same pass.
+
+    Raises:
+        ImatrixMismatch: as :func:`check_imatrix`.
+    """
     found = [name for name in entries if name in tensors]
     if not found:
         sample = ", ".join(sorted(entries)[:3]) or "none"
         raise ImatrixMismatch(
-            f"--imatrix {Path(imatrix).name} belongs to another model: none of its {len(entries)} tensors ({sample}, "
-            f"...) is a tensor of {Path(model).name}, so llama-quantize would quantize every tensor without it. Make "
-            "the matrix from this model (--imatrix auto --calibration TEXT, or llama-imatrix -m on its BF16 GGUF).")
+            f"--imatrix {imatrix} belongs to another model: none of its {len(entries)} tensors ({sample}, ...) is a "
+            f"tensor of {model}, so llama-quantize would quantize every tensor without it. Make the matrix from this "
+            "model (--imatrix auto --calibration TEXT, or llama-imatrix -m on its BF16 GGUF).")
     for name in found:
-        ne = tensors[name].ne
+        ne = tensors[name]
         want = ne[0] * (ne[2] if len(ne) > 2 else 1)
         if entries[name] != want and name != _TOKEN_EMBD:
             raise ImatrixMismatch(
-                f"--imatrix {Path(imatrix).name} belongs to another model: its entry for {name} has {entries[name]} "
-                f"values, and {Path(model).name}'s tensor needs {want} (its row width"
-                f"{' times its experts' if len(ne) > 2 else ''}); llama-quantize b11434 stops on it ('imatrix size "
-                "is different from tensor size'). Make the matrix from this model (--imatrix auto --calibration "
-                "TEXT, or llama-imatrix -m on its BF16 GGUF).")
-    missing = [name for name, t in tensors.items() if len(t.ne) >= 2 and name not in entries and name != _TOKEN_EMBD]
+                f"--imatrix {imatrix} belongs to another model: its entry for {name} has {entries[name]} values, and "
+                f"{model}'s tensor needs {want} (its row width{' times its experts' if len(ne) > 2 else ''}); "
+                "llama-quantize b11434 stops on it ('imatrix size is different from tensor size'). Make the matrix "
+                "from this model (--imatrix auto --calibration TEXT, or llama-imatrix -m on its BF16 GGUF).")
+    missing = [name for name, ne in tensors.items() if len(ne) >= 2 and name not in entries and name != _TOKEN_EMBD]
     if missing:
-        log.info("--imatrix %s has no entry for %d of %s's matrices (%s...): llama-quantize quantizes those "
-                 "without one", Path(imatrix).name, len(missing), Path(model).name, ", ".join(missing[:3]))
+        log.info("--imatrix %s has no entry for %d of %s's matrices (%s...): they are quantized without one",
+                 imatrix, len(missing), model, ", ".join(missing[:3]))
 
 
 def find_llama_imatrix() -> FoundBinary:

@@ -4,7 +4,7 @@ Source: ``src/llama-quant.cpp`` of llama.cpp b11434 (``tensor_allows_quantizatio
 ``init_quantize_state_counters``, ``llama_tensor_get_type``, ``llama_tensor_get_type_impl``,
 ``tensor_type_fallback``), ``weight_name_comparer`` in ``src/llama-model-loader.h`` (the tensor order the counters
 run in), and the model types the rules ask for (``LLM_TYPE_70B`` in ``src/models/*.cpp``). The branches reachable for
-the file types in ``ALL_FTYPES`` without an importance matrix are mirrored, with ``--output-tensor-type``,
+the file types in ``ALL_FTYPES``, with and without an importance matrix, are mirrored, with ``--output-tensor-type``,
 ``--token-embedding-type`` and ``--pure``.
 """
 
@@ -46,6 +46,8 @@ ALL_FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
 # the built-in makes (``TensorType.builtin``).
 FTYPES = ALL_FTYPES
 SUPPORTED_TYPES = tuple(FTYPES)
+# ... and with an importance matrix (every one but Q4_0, whose rules then take Q4_1 for the first ffn_down layers)
+IMATRIX_TYPES = tuple(key for key in FTYPES if key != "q4_0")
 
 # Types that are not "quantized" for ggml_is_quantized(); everything else is a block quant.
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.F64)
@@ -191,8 +193,10 @@ class Mixture:
     row-length fallbacks."""
 
     def __init__(self, facts: ModelFacts, type_key: str, *, output_type: GGMLQuantizationType | None = None,
-                 token_embd_type: GGMLQuantizationType | None = None, pure: bool = False) -> None:
+                 token_embd_type: GGMLQuantizationType | None = None, pure: bool = False,
+                 has_imatrix: bool = False) -> None:
         self.facts, self.ftype = facts, ALL_FTYPES[type_key][0]
+        self.has_imatrix = has_imatrix  # llama-quantize given an importance matrix (qs.has_imatrix)
         self.default = ALL_FTYPES[type_key][1]
         self.output_type, self.token_embd_type, self.pure = output_type, token_embd_type, pure
         self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
@@ -239,7 +243,8 @@ class Mixture:
         return i_layer, n_layer
 
     def _mixture(self, name: str, ne: tuple[int, ...], category: Category) -> tuple[GGMLQuantizationType, str]:
-        """llama_tensor_get_type_impl for the file types of ALL_FTYPES (no importance matrix)."""
+        """llama_tensor_get_type_impl for the file types of ALL_FTYPES (with an importance matrix: its Q4_0/Q5_0
+        ffn_down rule too)."""
         f, facts, new = self.ftype, self.facts, self.default
         if category is Category.OUTPUT or (facts.has_tied_embeddings and category is Category.TOKEN_EMBD):
             if self.output_type is not None:  # a tied embedding follows --output-tensor-type
@@ -282,6 +287,8 @@ class Mixture:
                 new = Q.Q6_K
             elif f == F.MOSTLY_Q4_K_S and facts.arch != "falcon" and i_layer < n_layer // 8:
                 new = Q.Q5_K
+            elif f in (F.MOSTLY_Q4_0, F.MOSTLY_Q5_0) and self.has_imatrix and i_layer < n_layer // 8:
+                new = Q.Q4_1 if f == F.MOSTLY_Q4_0 else Q.Q5_1  # with a matrix: the first eighth of ffn_down
             return new, "" if new == self.default else "ffn_down rule"
         if category is Category.ATTENTION_OUTPUT:
             if facts.arch != "falcon" and facts.n_expert == 8 and f in (F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M):

@@ -61,6 +61,7 @@ from ...hf_configs import read_config
 from ...quantize.ahead import HeadStart
 from ...quantize.builtin import TensorJob, ahead_jobs, input_from_plan
 from ...quantize.builtin import plan_tensors as quant_plan
+from ...quantize.imatrix import Importance
 from ..configs import TargetArch, TargetConfig, parse_target_config
 from ..general import add_general
 from ..outtype import OUTTYPES, resolve_outtype, tensor_type
@@ -224,7 +225,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    read_ahead: bool = True,
                    drop_mtp: bool = False,
                    on_progress: Callable[[int, int], None] | None = None,
-                   more: Sequence[tuple[Path, str]] = ()) -> ConvertResult:
+                   more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None) -> ConvertResult:
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
     ``tokenizer_dir`` (default ``model_dir``) is where the tokenizer files are read; ``provenance`` adds
@@ -234,7 +235,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     works ahead itself (:func:`working_ahead`; the pipeline does, from its first stage on), so the vocabulary is
     built without. ``drop_mtp``: as b11434's ``--no-mtp``, a multi-token-prediction head is left out (the target's
     own ``draft-mtp`` drafting then cannot be served). ``more``: further (file, type) outputs of the same one pass
-    (several quant tags from one read of the checkpoint; ``quant`` is the first).
+    (several quant tags from one read of the checkpoint; ``quant`` is the first). ``importance``: an importance
+    matrix the one pass quantizes with, as llama-quantize --imatrix does.
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
@@ -244,7 +246,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir, drop_mtp=drop_mtp)
     specs = plan_tensors(fam)
-    ahead = (working_ahead(fam, specs, Path(outfile), outtype, None if more else quant)
+    ahead = (working_ahead(fam, specs, Path(outfile), outtype, None if more or importance else quant)
              if read_ahead and not dry_run else contextlib.nullcontext())
     with ahead:  # the disk streams, and the output's first tensor is quantized, while the vocabulary builds
         plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name,
@@ -252,7 +254,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
         recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256,
                                  provenance)
         return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
-                      dry_run=dry_run, on_progress=on_progress, more=more)
+                      dry_run=dry_run, on_progress=on_progress, more=more, importance=importance)
 
 
 @contextlib.contextmanager
