@@ -281,7 +281,7 @@ def test_auto_takes_the_builtin_when_its_compiled_kernels_make_the_type(
     for _ in use_kernels(kernels_now):
         res = quantize_gguf(drafter_bf16, tmp_path / "q8.gguf", "q8_0")
         assert res.quantizer == ("builtin" if kernels_now == "compiled" else "llama-quantize")
-        res = quantize_gguf(drafter_bf16, tmp_path / "k.gguf", "iq4_xs")  # a type only llama-quantize makes
+        res = quantize_gguf(drafter_bf16, tmp_path / "k.gguf", "q3_k_m")  # a type only llama-quantize makes
         assert res.quantizer == "llama-quantize" and res.binary == str(fake)
         assert quantize_gguf(drafter_bf16, tmp_path / "b.gguf", "q8_0", quantizer="builtin").quantizer == "builtin"
 

@@ -28,8 +28,9 @@ F = LlamaFileType
 # (include/llama.h). MXFP4_MOE: experts MXFP4 (kept as they are when already), the rest Q8_0.
 _MIRRORED = {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q6_k": F.MOSTLY_Q6_K, "q4_k_m": F.MOSTLY_Q4_K_M,
              "q4_k_s": F.MOSTLY_Q4_K_S, "q5_k_m": F.MOSTLY_Q5_K_M, "q5_k_s": F.MOSTLY_Q5_K_S, "q5_0": F.MOSTLY_Q5_0,
-             "q5_1": F.MOSTLY_Q5_1, "mxfp4_moe": F.MOSTLY_MXFP4_MOE, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16,
-             "f32": F.ALL_F32}
+             "q5_1": F.MOSTLY_Q5_1, "mxfp4_moe": F.MOSTLY_MXFP4_MOE, "iq4_nl": F.MOSTLY_IQ4_NL,
+             "iq4_xs": F.MOSTLY_IQ4_XS, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "f32": F.ALL_F32}
+_IQ4 = (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
 
 
 def _default_type(key: str) -> GGMLQuantizationType:
@@ -145,6 +146,7 @@ class ModelFacts:
     is_70b: bool = False
     n_attention_wv: int = 0
     has_tied_embeddings: bool = True
+    n_gqa: int = 0  # hparams.n_gqa(): layer 0's heads per K/V head (0 without K/V heads)
 
     @classmethod
     def of(cls, values: Mapping[str, object], names: Sequence[str]) -> ModelFacts:
@@ -164,7 +166,7 @@ class ModelFacts:
         is_70b = n_expert != 8 and _70B_LAYERS.get(arch) == n_layer and (arch != "llama" or n_head != n_head_kv)
         cats = [category_of(n) for n in names]
         return cls(arch, n_layer_all, n_expert, is_70b, sum(c in _ATTN_V_LIKE for c in cats),
-                   Category.OUTPUT not in cats)
+                   Category.OUTPUT not in cats, n_head // n_head_kv if n_head_kv else 0)
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,9 @@ class Mixture:
         if category in _ATTN_V_LIKE:
             i, n = self.i_attention_wv, facts.n_attention_wv
             self.i_attention_wv += 1
-            if f in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
+            if f in _IQ4 and facts.n_gqa >= 4:
+                new = Q.Q5_K
+            elif f in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
                 new = Q.Q6_K
             elif f == F.MOSTLY_Q4_K_S and i < 4:
                 new = Q.Q5_K
@@ -283,6 +287,8 @@ class Mixture:
                     new = Q.Q6_K if i_layer < n_layer // 16 else Q.Q5_K if _use_more_bits(i_layer, n_layer) else Q.Q4_K
                 elif _use_more_bits(i_layer, n_layer):
                     new = Q.Q6_K
+            elif i_layer < n_layer // 8 and f in _IQ4 and not self.has_imatrix:
+                new = Q.Q5_K
             elif f == F.MOSTLY_Q5_K_M and _use_more_bits(i_layer, n_layer):
                 new = Q.Q6_K
             elif f == F.MOSTLY_Q4_K_S and facts.arch != "falcon" and i_layer < n_layer // 8:
@@ -291,7 +297,7 @@ class Mixture:
                 new = Q.Q4_1 if f == F.MOSTLY_Q4_0 else Q.Q5_1  # with a matrix: the first eighth of ffn_down
             return new, "" if new == self.default else "ffn_down rule"
         if category is Category.ATTENTION_OUTPUT:
-            if facts.arch != "falcon" and facts.n_expert == 8 and f in (F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M):
+            if facts.arch != "falcon" and facts.n_expert == 8 and f in (F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M, *_IQ4):
                 return Q.Q5_K, "8-expert rule"
             return new, ""
         if category is Category.FFN_GATE:

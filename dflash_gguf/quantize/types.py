@@ -77,6 +77,13 @@ def _builtin(qtype: GGMLQuantizationType, kernel: BlockKernel | None, scales: Sc
                       values_dtype=None if values is None else np.dtype(values))
 
 
+def _compiled_only(qtype: GGMLQuantizationType, fallback: GGMLQuantizationType | None = None) -> TensorType:
+    """A type the built-in makes with its compiled kernels only (no numpy kernel; its scales checked in numpy):
+    without them, llama-quantize makes it."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    return TensorType(qtype, block, size, None, None, _D, fallback, builtin=True)
+
+
 def _llama_only(qtype: GGMLQuantizationType, fallback: GGMLQuantizationType | None = None, *,
                 needs_imatrix: bool = False) -> TensorType:
     """A type only llama-quantize makes."""
@@ -101,10 +108,12 @@ TENSOR_TYPES: tuple[TensorType, ...] = (
     _builtin(Q.F32, None, ScaleLayout(exponent_mask=0x7F800000), values=np.float32),  # copied or widened
     # MXFP4_MOE's expert type; no override (the built-in never offered it as one).
     _builtin(Q.MXFP4, mxfp4.mxfp4_blocks, ScaleLayout(e8m0_at=(0,)), override=False),
+    # The 4-bit non-linear types: compiled only (kernels.quantize_weighted, with or without an importance matrix).
+    _compiled_only(Q.IQ4_NL), _compiled_only(Q.IQ4_XS, Q.IQ4_NL),
     # Made by llama-quantize only.
-    _llama_only(Q.Q1_0), _llama_only(Q.Q4_1), _llama_only(Q.IQ4_NL),
+    _llama_only(Q.Q1_0), _llama_only(Q.Q4_1),
     _llama_only(Q.Q2_K, Q.Q4_0), _llama_only(Q.Q3_K, Q.Q4_0), _llama_only(Q.TQ1_0, Q.Q4_0),
-    _llama_only(Q.TQ2_0, Q.Q4_0), _llama_only(Q.IQ3_S, Q.IQ4_NL), _llama_only(Q.IQ4_XS, Q.IQ4_NL),
+    _llama_only(Q.TQ2_0, Q.Q4_0), _llama_only(Q.IQ3_S, Q.IQ4_NL),
     *(_llama_only(t, Q.IQ4_NL, needs_imatrix=True)
       for t in (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS)),
 )
