@@ -738,7 +738,7 @@ def imatrix_rows(work: Path, venv_bin: Path, target: Path, drafter: Path, inputs
     words = ("the model reads a long text and predicts each next token from the ones before it; " * 400).split()
     calib.write_text(" ".join(words[i % len(words)] + ("." if i % 17 == 16 else "") for i in range(6000)))
     bins = Path(llama_quantize).parent
-    matrix = calib.parent / "imatrix-bench.gguf"
+    matrix = calib.parent / f"imatrix-{target.name}.gguf"  # the name the pipeline gives its copy: the same keys
     by_hand = timed_disk([str(bins / "llama-imatrix"), "-m", str(t_bf16), "-f", calib.name, "-o", str(matrix),
                           "-c", "128", "--chunks", "4", "-t", "2", "--no-ppl"], calib.parent, cwd=calib.parent)
     ref_out = work / "manual-imatrix-Q4_K_M.gguf"
