@@ -94,12 +94,13 @@ def run_cli(exe: str, *args: str | Path, cwd: Path | None = None,
                           offline=True)
 
 
-def run_tune(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+def run_tune(*args: str | Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
     """``dflash-gguf tune ARGS`` as a console script with b11434's llama-server (a process: tune starts servers
-    and stops them by their process group); returns the process and its ``--json`` document ({} without one)."""
+    and stops them by their process group), ``env`` added; returns the process and its ``--json`` document ({}
+    without one)."""
     proc = subprocess.run([str(Path(sys.executable).parent / "dflash-gguf"), "tune", *map(str, args)],
-                          capture_output=True, text=True, env=reference.llama_server_env(), stdin=subprocess.DEVNULL,
-                          timeout=900)
+                          capture_output=True, text=True, env=reference.llama_server_env() | (env or {}),
+                          stdin=subprocess.DEVNULL, timeout=900)
     try:
         doc = json.loads(proc.stdout)
     except ValueError:

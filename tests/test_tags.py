@@ -120,7 +120,7 @@ def test_a_three_tag_repo_is_served_tag_by_tag(tmp_path: Path) -> None:
     fx = mf.make_acceptance_fixture(tmp_path / "fx")
     folder = tmp_path / "out" / "qwen3-tiny-spm"
     made = run_cli("dflash-convert", "--target", fx.target, "--drafter", fx.drafter, "--quant", ",".join(TAGS),
-                   "--outdir", folder)
+                   "--keep-intermediate", "--outdir", folder)  # the BF16 conversion kept: quality's base
     assert made.returncode == 0, made.stdout + made.stderr
     binary = FoundBinary(reference.llama_bin("llama-server"), "test")
     served: dict[str, tuple[list[str], dict[str, float]]] = {}
@@ -160,12 +160,19 @@ def test_a_three_tag_repo_is_served_tag_by_tag(tmp_path: Path) -> None:
     REFERENCE_COMPARISONS.append("llama-server --models-preset three tags")
 
     # every tag measured with its own drafter, the fastest named (which one is the machine's: not asserted)
-    proc, doc = run_tune(folder, "--tags", "all", "--quick", "--n-max", "2", "--methods", "drafters", "--json",
-                         "--", "-t", "1")
+    text = tmp_path / "wiki.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. " * 120)
+    proc, doc = run_tune(folder, "--tags", "all", "--quick", "--n-max", "2", "--methods", "drafters", "--quality", text,
+                         "--plot", "--json", "--", "-t", "1",
+                         env={"LLAMA_PERPLEXITY": str(reference.llama_bin("llama-perplexity"))})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [c["tag"] for c in doc["comparison"]] == list(TAGS) and doc["fastest"] in TAGS, doc["comparison"]
     assert [c["drafter"] for c in doc["comparison"]] == [f"dflash-qwen3-tiny-spm-{t}.gguf" for t in TAGS]
     assert all(c["best_tps"] and c["alone_tps"] for c in doc["comparison"]), doc["comparison"]
+    quality = {t["tag"]: t for t in doc["quality"]["tags"]}
+    assert set(quality) >= set(TAGS) and all(t["mean_kld"] >= 0 for t in quality.values())
+    assert all(quality[t]["generation_tokens_per_second"] for t in TAGS), quality  # beside tune's speed per tag
+    assert doc["plot"] is None or Path(doc["plot"]).name == "tags.png"
     recorded = json.loads((folder / "pair.json").read_text())
     assert recorded["tag_tuning"]["fastest"] == doc["fastest"] and recorded["serve"]["measured"] is True
     card = run_cli("dflash-gguf", "publish", folder, REPO, "--license", "mit", "--dry-run").stdout

@@ -15,15 +15,17 @@ from ..errors import ACCEPTANCE_COLLAPSED, PlotUnavailable, TuneError
 from ..pipeline import MANIFEST_NAME, read_manifest
 from ..pipeline.manifest import PairRecord, TagRecord
 from ..pipeline.naming import encoding_tag
+from ..pipeline.quality import measure_quality
 from ..pipeline.serve import record_tag_tuning, record_tuning
 from ..sidecar import is_sidecar
 from ..tune import METHODS, TagSpeed, TuneOptions, Workload, fastest_tag, plan_tune, tune
-from ..tune.plot import PLOT_NAME, write_plot
+from ..tune.plot import PLOT_NAME, TAGS_PLOT_NAME, write_plot, write_tags_plot
 from ..tune.workload import BUILTIN_PROMPTS, load_image, load_prompt_file
 
 if TYPE_CHECKING:  # the tuner is imported when the command runs, not at every CLI start
     from ..tune import Measurement, TuneReport
 from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
+from .quality import render_quality
 
 
 def resolve_inputs(paths: tuple[Path, ...]) -> tuple[Path, list[Path], Path | None]:
@@ -207,6 +209,9 @@ def render_report(report: TuneReport) -> str:
               help="With the pair.json of several quant tags (dflash-convert --quant A,B,C): measure these tags (or "
                    "all), each target with the drafter served beside it, and name the fastest; the first tag's "
                    "measurement also sets the serve command. Default: the first tag.")
+@click.option("--quality", "quality_text", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              metavar="TEXT", help="With --tags: also measure each tag's drift from the 16-bit target on TEXT "
+              "('dflash-gguf quality'), shown beside its speed (and drawn in tags.png with --plot).")
 @click.option("--no-record", is_flag=True, help="With pair.json: do not write the measurement into it.")
 @click.option("--dry-run", is_flag=True,
               help="Print the server, the flags and the configurations tune would start with; run nothing.")
@@ -217,8 +222,8 @@ def render_report(report: TuneReport) -> str:
 def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
              n_max: tuple[int, ...], prompts: Path | None, mmproj: Path | None, no_mmproj: bool, image: Path | None,
              n_predict: int | None, repeats: int | None, thinking: str, methods: tuple[str, ...],
-             allow_changed_output: bool, plot: bool, tags: str | None, no_record: bool, dry_run: bool, json_: bool,
-             verbose: bool) -> None:
+             allow_changed_output: bool, plot: bool, tags: str | None, quality_text: Path | None, no_record: bool,
+             dry_run: bool, json_: bool, verbose: bool) -> None:
     """Measure every way llama-server can speculate for the target here, and name the fastest.
 
     The target alone; its own MTP head when its GGUF has one (--spec-type draft-mtp, no drafter file);
@@ -258,11 +263,14 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
     options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
                           llama_server=llama_server, methods=parse_methods(methods),
                           serve_changed_output=allow_changed_output, projector=projector)
+    if quality_text is not None and tags is None:
+        raise click.UsageError("--quality compares the tags of a folder: add --tags all (or the tags to compare).")
     if tags is not None:
         if manifest is None:
             raise click.UsageError("--tags picks tags of a pair.json made with several --quant tags: pass that "
                                    "pair.json or its folder.")
-        ctx.exit(_tune_tags(manifest, tags, options, dry_run=dry_run, no_record=no_record, json_=json_))
+        ctx.exit(_tune_tags(manifest, tags, options, dry_run=dry_run, no_record=no_record, json_=json_,
+                            quality_text=quality_text, plot=plot))
     if dry_run:
         plan = plan_tune(target, drafters, options)
         if json_:
@@ -340,9 +348,11 @@ def chosen_tags(record: PairRecord, value: str) -> list[TagRecord]:
 
 
 def _tune_tags(manifest: Path, value: str, options: TuneOptions, *, dry_run: bool, no_record: bool,
-               json_: bool) -> int:
+               json_: bool, quality_text: Path | None = None, plot: bool = False) -> int:
     """Each tag's target with its drafter, measured one after the other with the same options; the first tag's
-    measurement recorded as any other, the comparison in pair.json's ``tag_tuning``. Returns the exit code."""
+    measurement recorded as any other, the comparison in pair.json's ``tag_tuning``; with ``quality_text``, each
+    tag's KL divergence beside its speed (``dflash-gguf quality``), drawn in tags.png with ``plot``. Returns the exit
+    code."""
     record = read_manifest(manifest)
     tags = chosen_tags(record, value)
     if dry_run:
@@ -373,9 +383,20 @@ def _tune_tags(manifest: Path, value: str, options: TuneOptions, *, dry_run: boo
             record_tuning(manifest, first)
         record_tag_tuning(manifest, speeds, reports[0][1])
     code = ACCEPTANCE_COLLAPSED if any(report.collapse_found for _, report in reports) else 0
+    quality = measure_quality(manifest, quality_text) if quality_text is not None else None
+    picture, why_not = None, None
+    if quality is not None and plot:
+        points = [(t.tag, t.kld.mean_kld, t.gen_tps) for t in quality.tags if t.gen_tps and "(base)" not in t.tag]
+        try:
+            picture = write_tags_plot(points, manifest.parent / TAGS_PLOT_NAME,
+                                      f"{record.folder.name}: speed with its drafter against drift, per tag")
+        except PlotUnavailable as e:
+            why_not = str(e)
     if json_:
         echo_json({"tags": [{"tag": s.tag, **report.to_dict()} for s, (_, report) in zip(speeds, reports, strict=True)],
                    "comparison": [s.to_dict() for s in speeds], "fastest": fastest.tag if fastest else None,
+                   "quality": quality.to_dict() if quality is not None else None,
+                   "plot": str(picture) if picture else None, "plot_skipped": why_not,
                    "recorded_in": None if no_record else str(manifest), "exit_code": code})
         return code
     for s, (_, report) in zip(speeds, reports, strict=True):
@@ -383,6 +404,11 @@ def _tune_tags(manifest: Path, value: str, options: TuneOptions, *, dry_run: boo
         click.echo(render_report(report))
         click.echo("")
     click.echo(render_tag_speeds(speeds))
+    if quality is not None:
+        click.echo("")
+        click.echo(render_quality(quality))
+    if picture or why_not:
+        click.echo(f"picture: {picture}" if picture else why_not)
     if not no_record:
         click.echo(f"recorded in {manifest} (tag_tuning; the first tag's serve command and models.ini updated)")
     return code

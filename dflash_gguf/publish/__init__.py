@@ -42,7 +42,7 @@ from ..pipeline.manifest import (
 from ..pipeline.naming import encoding_tag
 from ..sidecar import PRESET_NAME
 from ..tune import TagSpeed
-from ..tune.plot import PLOT_NAME
+from ..tune.plot import PLOT_NAME, TAGS_PLOT_NAME
 from . import privacy
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,8 @@ def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -
                 out.append(UploadFile(d.file, path, d.size or 0, d.sha256 or "", f"drafter: {role}", kind))
                 names.add(d.file)
     for name, role in ((PRESET_NAME, "llama.cpp --models-dir preset"), (MANIFEST_NAME, "dflash-gguf pair manifest"),
-                       (PLOT_NAME, "tune's measurement, drawn")):
+                       (PLOT_NAME, "tune's measurement, drawn"),
+                       (TAGS_PLOT_NAME, "each tag's speed against its drift, drawn")):
         if drafter_only and name == PRESET_NAME:
             continue
         path = record.folder / name

@@ -8,6 +8,7 @@ caller still prints the table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..atomic import atomic_output
@@ -72,6 +73,40 @@ def write_plot(report: TuneReport, path: Path) -> Path:
                  fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    with atomic_output(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return Path(path)
+
+
+TAGS_PLOT_NAME = "tags.png"
+
+
+def write_tags_plot(points: Sequence[tuple[str, float, float]], path: Path, title: str) -> Path:
+    """``tags.png``: each quant tag's fastest tokens/s with its drafter against its mean KL divergence from the 16-bit
+    target (``points``: tag, mean KLD, tokens/s), the question a lower-bit tag raises; beside tune.png, which draws one
+    tag's configurations. Written atomically; returns ``path``.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable(f"{TAGS_PLOT_NAME} was not drawn: matplotlib is not installed. {INSTALL_HINT} draws "
+                              "it; the table above has the same numbers.") from None
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=110)
+    for tag, kld, tps in points:
+        ax.plot([kld], [tps], marker="o", linestyle="none", label=tag)
+        ax.annotate(tag, (kld, tps), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("mean KL divergence from the 16-bit target (llama-perplexity)")
+    ax.set_ylabel("generation tokens/s, fastest with its drafter")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
     fig.tight_layout()
     with atomic_output(Path(path)) as tmp:
         fig.savefig(tmp, format="png")
