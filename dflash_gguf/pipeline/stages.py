@@ -35,7 +35,7 @@ from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize import choose_quantizer, quantize_gguf
 from ..quantize.builtin import NO_OVERRIDES, Overrides
-from ..quantize.imatrix import Importance
+from ..quantize.imatrix import Importance, is_gguf
 from ..quantize.rules import is_quantized
 from ..tokenizer_fixups import fix_tokenizer, overlay_provenance
 from ..verify import Report, precheck, read_gguf, verify_files
@@ -273,12 +273,6 @@ def obtain_target_gguf(spec: str) -> hub.FetchedFile:
         InputError, ResolveError: missing file or failed download.
     """
     return hub.fetch_file(spec)
-
-
-def is_gguf(path: Path) -> bool:
-    """The file starts with the GGUF magic (llama-imatrix's GGUF format; else its legacy .dat)."""
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
 
 
 def imatrix_made(path: Path) -> Made:

@@ -2017,14 +2017,11 @@ static void weighted_row(const float *x, int n, const float *qw, uint8_t *y, int
     }
 }
 
+/* What quantize_weighted() makes: the weighted block types (their layout as dst_layout's) and the two IQ4 types. */
 static int weighted_layout(int dst_type, int *block, Py_ssize_t *out_bytes) {
     switch (dst_type) {
-    case T_Q4_0: *block = QK; *out_bytes = 18; return 1;
-    case T_Q5_0: *block = QK; *out_bytes = 22; return 1;
-    case T_Q5_1: *block = QK; *out_bytes = 24; return 1;
-    case T_Q4_K: *block = QK_K; *out_bytes = 144; return 1;
-    case T_Q5_K: *block = QK_K; *out_bytes = 176; return 1;
-    case T_Q6_K: *block = QK_K; *out_bytes = 210; return 1;
+    case T_Q4_0: case T_Q5_0: case T_Q5_1: case T_Q4_K: case T_Q5_K: case T_Q6_K:
+        return dst_layout(dst_type, block, out_bytes);
     case T_IQ4_NL: *block = QK; *out_bytes = 18; return 1;
     case T_IQ4_XS: *block = QK_K; *out_bytes = 136; return 1;
     default: return 0;

@@ -123,7 +123,7 @@ def load_importance(path: Path) -> Importance:
     weights: dict[str, np.ndarray] = {}
     datasets: list[str] = []
     read_imatrix(path)  # the format check, with its message
-    if _is_gguf(path):
+    if is_gguf(path):
         from gguf import GGUFReader
 
         reader = GGUFReader(path)
@@ -166,7 +166,8 @@ def load_importance(path: Path) -> Importance:
     return Importance(weights, path.name, datasets[0] if datasets else None, chunks)
 
 
-def _is_gguf(path: Path) -> bool:
+def is_gguf(path: Path) -> bool:
+    """The file starts with the GGUF magic (llama-imatrix's GGUF format; else its legacy .dat)."""
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"
 

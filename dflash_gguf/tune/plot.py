@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..atomic import atomic_output
 from ..errors import PlotUnavailable
@@ -33,12 +34,11 @@ def _series(report: TuneReport) -> dict[str, list[Measurement]]:
     return {k: sorted(v, key=lambda m: m.config.n_max or 0) for k, v in out.items()}
 
 
-def write_plot(report: TuneReport, path: Path) -> Path:
-    """Draw the measurement into ``path`` (PNG, written atomically); returns it.
+def _pyplot(picture: str) -> Any:
+    """matplotlib's pyplot on its file backend.
 
     Raises:
-        PlotUnavailable: matplotlib is not installed.
-        OutputError: the folder is missing or not writable.
+        PlotUnavailable: matplotlib is not installed (naming ``picture``, which is then not drawn).
     """
     try:
         import matplotlib
@@ -46,8 +46,19 @@ def write_plot(report: TuneReport, path: Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotUnavailable(f"tune.png was not drawn: matplotlib is not installed. {INSTALL_HINT} draws it; the "
+        raise PlotUnavailable(f"{picture} was not drawn: matplotlib is not installed. {INSTALL_HINT} draws it; the "
                               "table above has the same numbers.") from None
+    return plt
+
+
+def write_plot(report: TuneReport, path: Path) -> Path:
+    """Draw the measurement into ``path`` (PNG, written atomically); returns it.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+        OutputError: the folder is missing or not writable.
+    """
+    plt = _pyplot(PLOT_NAME)
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
     base = report.baseline
     if base is not None and base.gen_tps:
@@ -91,14 +102,7 @@ def write_tags_plot(points: Sequence[tuple[str, float, float]], path: Path, titl
     Raises:
         PlotUnavailable: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlotUnavailable(f"{TAGS_PLOT_NAME} was not drawn: matplotlib is not installed. {INSTALL_HINT} draws "
-                              "it; the table above has the same numbers.") from None
+    plt = _pyplot(TAGS_PLOT_NAME)
     fig, ax = plt.subplots(figsize=(7, 4.8), dpi=110)
     for tag, kld, tps in points:
         ax.plot([kld], [tps], marker="o", linestyle="none", label=tag)
