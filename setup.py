@@ -39,6 +39,7 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[Extension("dflash_gguf.quantize._kernels", ["dflash_gguf/quantize/_kernels.c"],
+                           depends=["dflash_gguf/quantize/_kquants.h"],
                            extra_compile_args=_FLAGS, optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -50,26 +50,42 @@ _marked_ids: list[str] = []  # selected marked tests, in collection order
 _before_key = pytest.StashKey[int]()  # len(REFERENCE_COMPARISONS) when the test started
 
 
+# The kernel variants every kernel test runs on: the compiled kernels at the CPU's widest instruction set, the numpy
+# fallback, and the compiled kernels capped at each narrower instruction set (AVX2, the portable code), so that every
+# path is held to libggml on this machine.
+KERNEL_VARIANTS = (*kernels.KERNEL_PATHS, "compiled-avx2", "compiled-portable")
+
+
 def use_kernels(path: str) -> Iterator[str]:
-    """Make ``path`` ("compiled" or "numpy") the active kernel path for one test, restoring the previous one
-    afterwards; the compiled kernels skip, or fail on CI, when the extension was not built."""
-    if path == "compiled" and not kernels.compiled_available():
+    """Make ``path`` (one of KERNEL_VARIANTS) the active kernel path for one test, restoring the previous one
+    afterwards; the compiled kernels skip, or fail on CI, when the extension was not built; a narrower instruction
+    set than the CPU's widest skips when the CPU lacks it."""
+    if path.startswith("compiled") and not kernels.compiled_available():
         reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
         if reference.on_ci():
             pytest.fail(reason)
         pytest.skip(reason)
-    previous = kernels.kernel_path()
-    kernels.set_kernel_path(path)
+    base, _, level = path.partition("-")
+    if level and (level not in kernels.simd_levels() or level == kernels.simd_levels()[-1]):
+        pytest.skip(f"this CPU's widest instruction set is {kernels.simd_levels()[-1]}: the plain 'compiled' variant "
+                    f"runs it" if level in kernels.simd_levels() else f"this CPU has no {level}")
+    previous, previous_simd = kernels.kernel_path(), kernels.simd_levels()[-1] if kernels.simd_levels() else ""
+    kernels.set_kernel_path(base)
+    if level:
+        kernels.set_simd(level)
     try:
         yield path
     finally:
         kernels.set_kernel_path(previous)
+        if previous_simd:
+            kernels.set_simd(previous_simd)
 
 
-@pytest.fixture(params=kernels.KERNEL_PATHS)
+@pytest.fixture(params=KERNEL_VARIANTS)
 def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test on the compiled kernels and on the numpy fallback."""
+    """Run the test on the compiled kernels (at every instruction set this CPU has) and on the numpy fallback."""
     yield from use_kernels(request.param)
+
 
 def llama_cpp_src() -> Path | None:
     """The b11434 source tree when it is set up, else None (the Qwen fixtures then need the guard)."""

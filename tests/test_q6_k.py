@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, use_kernels
+from conftest import KERNEL_VARIANTS, REFERENCE_COMPARISONS, use_kernels
 from gguf import GGMLQuantizationType, GGUFReader, quants
 from kernel_parity import assert_same_blocks, stored
 
@@ -32,10 +32,15 @@ Q = GGMLQuantizationType
 F = np.float32
 
 
-@pytest.fixture(autouse=True, params=kernels.KERNEL_PATHS)
+@pytest.fixture(autouse=True, params=KERNEL_VARIANTS)
 def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test on the compiled kernels and on the numpy fallback."""
+    """Every test on the compiled kernels (every instruction set) and on the numpy fallback."""
     yield from use_kernels(request.param)
+
+
+def _variant() -> str:
+    """The active kernels as the reference labels name them: the path, and the compiled kernels' instruction set."""
+    return kernels.kernel_path() if kernels.simd() is None else f"{kernels.kernel_path()}-{kernels.simd()}"
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -164,7 +169,7 @@ def test_q6_k_matches_libggml_on_edge_cases(tmp_path: Path) -> None:
     with np.errstate(all="ignore"):
         ours = quantize_q6_k(x.reshape(-1))
     assert_same_blocks(ours, _ggml_q6_k(x, tmp_path), x, "edge cases")
-    REFERENCE_COMPARISONS.append(f"q6_k/ggml edge cases [{kernels.kernel_path()}]")
+    REFERENCE_COMPARISONS.append(f"q6_k/ggml edge cases [{_variant()}]")
 
 
 @pytest.mark.reference
@@ -179,7 +184,7 @@ def test_q6_k_matches_libggml_on_random_rows(tmp_path: Path) -> None:
         values, widened = stored(x, stype)
         assert_same_blocks(quantize_rows(values.reshape(-1), stype, Q.Q6_K), _ggml_q6_k(widened, tmp_path), x,
                            stype.name)
-    REFERENCE_COMPARISONS.append(f"q6_k/ggml random [{kernels.kernel_path()}]")
+    REFERENCE_COMPARISONS.append(f"q6_k/ggml random [{_variant()}]")
 
 
 def _write_model(path: Path, n_embd: int, rng: np.random.Generator, **matrices: np.ndarray) -> Path:
@@ -225,7 +230,7 @@ def test_q6_k_matches_llama_quantize(tmp_path: Path) -> None:
     for name in ("blk.0.attn_q.weight:F32", "blk.0.attn_k.weight:F32", "blk.0.ffn_up.weight:F32",
                  "blk.0.ffn_down.weight:F16", "token_embd.weight:F16"):
         assert name in compared, (name, compared)
-    REFERENCE_COMPARISONS.append(f"q6_k/llama-quantize {len(compared)} tensors [{kernels.kernel_path()}]")
+    REFERENCE_COMPARISONS.append(f"q6_k/llama-quantize {len(compared)} tensors [{_variant()}]")
 
     q[7, 3] = 1e9
     bad = _write_model(tmp_path / "bad.gguf", n_embd, rng, attn_q=q)

@@ -42,6 +42,48 @@
 #define DISPATCH_AVX2 0
 #endif
 
+/* DISPATCH_AVX512: the same for AVX-512 (F, VL, BW, DQ), with a compiler that knows it; -DNO_AVX512 drops it. */
+#if DISPATCH_AVX2 && (defined(__clang__) || __GNUC__ >= 8) && !defined(NO_AVX512)
+#define DISPATCH_AVX512 1
+#define AVX512_TARGET "avx512f,avx512vl,avx512bw,avx512dq"
+#else
+#define DISPATCH_AVX512 0
+#endif
+
+/* Independent chains of vectors in the K-quant template (_kquants.h): 8 lanes of AVX2 (one super-block) a chain,
+ * 16 of AVX-512 (two) */
+#define KQ_AVX2_CHAINS 2
+#define KQ_AVX512_CHAINS 2
+#define KQ_GROUP_MAX (KQ_AVX512_CHAINS * 2) /* super-blocks in the widest group */
+
+/* Instruction sets of the kernels, by level: the highest this CPU and build have, or a lower one chosen by
+ * set_simd (DFLASH_GGUF_SIMD, for tests and comparisons). Every level gives the same bytes. */
+enum { SIMD_PORTABLE = 0, SIMD_AVX2 = 1, SIMD_AVX512 = 2 };
+static const char *const simd_names[] = {"portable", "avx2", "avx512"};
+static int simd_active = -1; /* -1: not chosen yet, the highest available */
+
+static int simd_available(void) {
+#if DISPATCH_AVX2
+    __builtin_cpu_init();
+#if DISPATCH_AVX512
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
+        return SIMD_AVX512;
+    }
+#endif
+    return __builtin_cpu_supports("avx2") ? SIMD_AVX2 : SIMD_PORTABLE; /* checks that the OS saves the state */
+#else
+    return SIMD_PORTABLE;
+#endif
+}
+
+static int simd_level(void) {
+    if (simd_active < 0) {
+        simd_active = simd_available();
+    }
+    return simd_active;
+}
+
 /* GGML type ids (ggml.h): the ids Python passes are each type's record's c_id (quantize/types.py, the one place
  * they are named on that side); tests/test_quant_types.py holds the types and sizes quantize() and
  * count_nonfinite() accept to those records. */
@@ -381,10 +423,7 @@ static inline void qx16_fit(const float *restrict x, float max, v4f *restrict is
 #if DISPATCH_AVX2
 typedef float v8f __attribute__((vector_size(32)));
 
-static int have_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2"); /* checks that the OS saves the AVX state too */
-}
+static int have_avx2(void) { return simd_level() >= SIMD_AVX2; }
 
 /* qx16_fit with 8 trials a vector (lanes 0..23 set), for CPUs with AVX2: the same operations on the
  * same values, so the same sums; three vectors do the work of five. */
@@ -1002,9 +1041,6 @@ static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
 #define KLANES_MAX 22 /* the first fit plus Q4_K's 21 trials */
 #define KALWAYS static inline __attribute__((always_inline))
 
-typedef float kvf __attribute__((vector_size(32)));
-typedef int32_t kvi __attribute__((vector_size(32)));
-
 /* make_qkx2_quants' parameters: nmax and the iscale numerators in C's order (the first fit's nmax, then
  * rmin + rdelta*is + nmax for is = 0..nstep, computed by kq_params_init with C's float operations). */
 typedef struct {
@@ -1021,120 +1057,6 @@ static void kq_params_init(kq_params *p, int nmax, float rmin, float rdelta, int
     }
 }
 
-KALWAYS kvf ksplat(float v) { return (kvf){v, v, v, v, v, v, v, v}; }
-KALWAYS kvi ksplati(int32_t v) { return (kvi){v, v, v, v, v, v, v, v}; }
-KALWAYS kvf ksel(kvi m, kvf a, kvf b) { return (kvf)(((kvi)a & m) | ((kvi)b & ~m)); }
-KALWAYS kvf kabs(kvf v) { return (kvf)((kvi)v & 0x7FFFFFFF); }
-
-KALWAYS kvf kcvt(kvi q) {
-#if defined(__clang__) || __GNUC__ >= 9
-    return __builtin_convertvector(q, kvf);
-#else
-    kvf f;
-    for (int k = 0; k < KSUB; ++k) {
-        f[k] = (float)q[k];
-    }
-    return f;
-#endif
-}
-
-/* MAX(0, MIN(nmax, nearest_int(v))) per lane, as a float: nearest_int's bit arithmetic, exact for any v. */
-KALWAYS kvf klevel(kvf v, int nmax) {
-    kvi q = ((kvi)(v + ksplat(ROUND_MAGIC)) & 0x007FFFFF) - 0x00400000;
-    const kvi hi = ksplati(nmax);
-    const kvi over = q > hi;
-    q = (q & ~over) | (hi & over);
-    q &= q > 0; /* MAX(0, q) */
-    return kcvt(q);
-}
-
-KALWAYS int kany(kvi m) {
-    int any = 0;
-    for (int k = 0; k < KSUB; ++k) {
-        any |= m[k] != 0;
-    }
-    return any;
-}
-
-/* The fit's iscale*(x - min): where both are NaN (a NaN x[0] makes a lane's iscale NaN; another NaN x), ggml's
- * build keeps the NaN of x - min (measured); the operand order of our multiplication is our compiler's choice,
- * so the result is set to it there, quieted as the multiplication does. */
-KALWAYS kvf kscaled(kvf iscale, kvf xm, int iscale_nan) {
-    kvf v = iscale * xm;
-    if (iscale_nan) {
-        v = ksel((iscale != iscale) & (xm != xm), (kvf)((kvi)xm | 0x00400000), v);
-    }
-    return v;
-}
-
-/* C's error sum of a fit: sum over i, in order from +0.0, of w*((scale*L + min - x)^2). */
-KALWAYS kvf kerror(const kvf *restrict xt, const kvf *restrict w, const kvf *restrict l, kvf scale, kvf min) {
-    kvf err = ksplat(0.0f);
-    for (int i = 0; i < KLEN; ++i) {
-        kvf diff = scale * l[i] + min - xt[i];
-        diff = diff * diff;
-        err += w[i] * diff;
-    }
-    return err;
-}
-
-/* make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false) on the 8 sub-blocks
- * xt (transposed) with weights w: L (as floats), returns the scales and sets *the_min. */
-KALWAYS kvf make_qkx2_quants8(const kvf *restrict xt, const kvf *restrict w, const kq_params *p, kvf *restrict L,
-                              kvf *restrict the_min) {
-    const int nmax = p->nmax;
-    kvf min = xt[0], max = xt[0];
-    kvf sum_w = w[0];
-    kvf sum_x = sum_w * xt[0];
-    for (int i = 1; i < KLEN; ++i) {
-        min = ksel(xt[i] < min, xt[i], min);
-        max = ksel(xt[i] > max, xt[i], max);
-        sum_w += w[i];
-        sum_x += w[i] * xt[i];
-    }
-    min = ksel(min > 0.0f, ksplat(0.0f), min);
-    const kvi zero = max == min; /* C returns early there: placeholders below, replaced at the end */
-    kvf iscale = ksplat(p->lanes[0]) / (max - min);
-    kvf scale = 1.0f / iscale;
-    int iscale_nan = kany(iscale != iscale);
-    for (int i = 0; i < KLEN; ++i) {
-        L[i] = klevel(kscaled(iscale, xt[i] - min, iscale_nan), nmax);
-    }
-    kvf best = kerror(xt, w, L, scale, min);
-    kvf la[KLEN];
-    for (int t = 1; t < p->nlanes; ++t) {
-        iscale = ksplat(p->lanes[t]) / (max - min);
-        iscale_nan = kany(iscale != iscale);
-        kvf sum_l = ksplat(0.0f), sum_l2 = ksplat(0.0f), sum_xl = ksplat(0.0f);
-        for (int i = 0; i < KLEN; ++i) {
-            la[i] = klevel(kscaled(iscale, xt[i] - min, iscale_nan), nmax);
-            const kvf wl = w[i] * la[i];
-            sum_l += wl;
-            sum_l2 += wl * la[i];
-            sum_xl += wl * xt[i];
-        }
-        const kvf D = sum_w * sum_l2 - sum_l * sum_l;
-        kvf this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-        kvf this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-        const kvi pos = this_min > 0.0f;
-        this_min = ksel(pos, ksplat(0.0f), this_min);
-        this_scale = ksel(pos, sum_xl / sum_l2, this_scale);
-        const kvf cur = kerror(xt, w, la, this_scale, this_min);
-        const kvi won = (D > 0.0f) & (cur < best); /* if (D > 0) { ... if (cur_error < best_error) { ... } } */
-        best = ksel(won, cur, best);
-        scale = ksel(won, this_scale, scale);
-        min = ksel(won, this_min, min);
-        for (int i = 0; i < KLEN; ++i) {
-            L[i] = ksel(won, la[i], L[i]);
-        }
-    }
-    for (int i = 0; i < KLEN; ++i) {
-        L[i] = ksel(zero, ksplat(0.0f), L[i]);
-    }
-    *the_min = -min;
-    return ksel(zero, ksplat(0.0f), scale);
-}
-
 /* ggml's build computes the requantization's x + dm as vector additions whose first operand (the NaN x86 keeps
  * when both are NaN) is x for elements 0..27 of a sub-block and dm for 28..31 (measured: the register allocation
  * of its vectorised loop). Both are NaN only for a NaN input in a sub-block whose dm is inf*0 (fp16 dmin
@@ -1142,111 +1064,79 @@ KALWAYS kvf make_qkx2_quants8(const kvf *restrict xt, const kvf *restrict w, con
  * compiler's choice, so where both are NaN the result is set to that operand, quieted as the addition does. */
 #define KQ_X_FIRST 28
 
-/* quantize_row_q4_K_ref (q5 = 0: 144 bytes: fp16 d, fp16 dmin, scales[12], qs[128]) or quantize_row_q5_K_ref
- * (q5 = 1: 176 bytes: d, dmin, scales[12], qh[32], qs[128]) of one super-block x. */
-KALWAYS void qk_block_impl(const float *restrict x, uint8_t *restrict y, const kq_params *p, int q5) {
-    const int nmax = p->nmax;
-    kvf xt[KLEN], w[KLEN], L[KLEN];
-    for (int i = 0; i < KLEN; ++i) {
-        for (int j = 0; j < KSUB; ++j) {
-            xt[i][j] = x[KLEN * j + i];
-        }
-    }
-    kvf sum_x2 = ksplat(0.0f);
-    for (int i = 0; i < KLEN; ++i) {
-        sum_x2 += xt[i] * xt[i];
-    }
-    const kvf m2 = sum_x2 / 32.0f;
-    kvf av_x;
-    for (int j = 0; j < KSUB; ++j) {
-        av_x[j] = sqrtf(m2[j]);
-    }
-    for (int i = 0; i < KLEN; ++i) {
-        w[i] = av_x + kabs(xt[i]);
-    }
-    kvf mins;
-    const kvf scales = make_qkx2_quants8(xt, w, p, L, &mins);
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < KSUB; ++j) {
-        if (scales[j] > max_scale) {
-            max_scale = scales[j];
-        }
-        if (mins[j] > max_min) {
-            max_min = mins[j];
-        }
-    }
-    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-    uint8_t ls[KSUB], lm[KSUB];
-    for (int j = 0; j < KSUB; ++j) {
-        const uint8_t a = (uint8_t)nearest_int(inv_scale * scales[j]); /* the int's low byte */
-        const uint8_t b = (uint8_t)nearest_int(inv_min * mins[j]);
-        ls[j] = a < 63 ? a : 63;
-        lm[j] = b < 63 ? b : 63;
-    }
-    uint8_t *sc = y + 4;
-    for (int j = 0; j < 4; ++j) { /* what get_scale_min_k4 reads back */
-        sc[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
-        sc[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
-        sc[j + 8] = (uint8_t)((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
-    }
-    const uint16_t dh = fp32_to_fp16(max_scale / 63.f), mh = fp32_to_fp16(max_min / 63.f);
-    store_fp16(y, dh);
-    store_fp16(y + 2, mh);
-    const float df = fp16_to_fp32(dh), mf = fp16_to_fp32(mh);
-    kvf d, dm;
-    int redo = 0;
-    for (int j = 0; j < KSUB; ++j) {
-        d[j] = df * ls[j];
-        dm[j] = mf * lm[j];
-        redo |= d[j] != 0; /* `if (!d) continue;`: NaN counts as non-zero */
-    }
-    if (redo) {
-        const kvi keep = d == 0.0f;
-        const kvi dm_nan = dm != dm;
-        const int any_nan = kany(dm_nan);
-        for (int i = 0; i < KLEN; ++i) {
-            kvf v = xt[i] + dm;
-            if (any_nan) { /* where x and dm are both NaN: the operand ggml's build keeps (see KQ_X_FIRST) */
-                const kvi both = (xt[i] != xt[i]) & dm_nan;
-                const kvf first = i < KQ_X_FIRST ? xt[i] : dm;
-                v = ksel(both, (kvf)((kvi)first | 0x00400000), v);
-            }
-            L[i] = ksel(keep, L[i], klevel(v / d, nmax));
-        }
-    }
-    uint8_t Lb[QK_K];
-    for (int i = 0; i < KLEN; ++i) {
-        for (int j = 0; j < KSUB; ++j) {
-            Lb[KLEN * j + i] = (uint8_t)L[i][j];
-        }
-    }
-    uint8_t *qs = y + (q5 ? 48 : 16), *qh = y + 16;
-    for (int k = 0; k < KSUB / 2; ++k) { /* sub-blocks 2k (low nibbles) and 2k + 1 (high) share 32 bytes */
-        for (int l = 0; l < KLEN; ++l) {
-            qs[KLEN * k + l] = (uint8_t)((Lb[64 * k + l] & 0xF) | ((Lb[64 * k + KLEN + l] & 0xF) << 4));
-        }
-    }
-    if (q5) { /* qh[l]: bit j is bit 4 of sub-block j's L[l] */
-        for (int l = 0; l < KLEN; ++l) {
-            uint8_t h = 0;
-            for (int j = 0; j < KSUB; ++j) {
-                h |= (uint8_t)((Lb[KLEN * j + l] >> 4) << j);
-            }
-            qh[l] = h;
-        }
-    }
-}
+typedef int32_t v8i __attribute__((vector_size(32)));
+static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]}) | movemask4((v4i){m[4], m[5], m[6], m[7]}); }
 
-static void qk_block(const float *restrict x, uint8_t *restrict y, const kq_params *p, int q5) {
-    qk_block_impl(x, y, p, q5);
-}
+/* The template's instantiations: one chain of 8 lanes (one super-block) in the portable build; with AVX2, two
+ * chains of 8 (two super-blocks); with AVX-512, two chains of 16 (four). */
+#define KQ_N 8
+#define KQ_G 1
+#define KQ_ANY(m) kany8(m)
+#define KQ_HW 4
+#define KQ_NATIVE v4f
+#define KQ_NMIN(a, b) min4(a, b)
+#define KQ_NMAX(a, b) max4(a, b)
+#define KQ_NZERO ((v4f){0})
+#define KQ_FN(f) kq8_##f
+#define KQ_TARGET
+#include "_kquants.h"
+#undef KQ_N
+#undef KQ_G
+#undef KQ_ANY
+#undef KQ_HW
+#undef KQ_NATIVE
+#undef KQ_NMIN
+#undef KQ_NMAX
+#undef KQ_NZERO
+#undef KQ_FN
+#undef KQ_TARGET
 
 #if DISPATCH_AVX2
-__attribute__((target("avx2"))) static void qk_block_avx2(const float *restrict x, uint8_t *restrict y,
-                                                          const kq_params *p, int q5) {
-    qk_block_impl(x, y, p, q5);
-}
+#define KQ_N 8
+#define KQ_G KQ_AVX2_CHAINS
+#define KQ_ANY(m) _mm256_movemask_ps((__m256)(m))
+#define KQ_HW 8
+#define KQ_NATIVE __m256
+#define KQ_NMIN(a, b) _mm256_min_ps(a, b)
+#define KQ_NMAX(a, b) _mm256_max_ps(a, b)
+#define KQ_NZERO _mm256_setzero_ps()
+#define KQ_FN(f) kq_avx2_##f
+#define KQ_TARGET __attribute__((target("avx2")))
+#include "_kquants.h"
+#undef KQ_N
+#undef KQ_G
+#undef KQ_ANY
+#undef KQ_HW
+#undef KQ_NATIVE
+#undef KQ_NMIN
+#undef KQ_NMAX
+#undef KQ_NZERO
+#undef KQ_FN
+#undef KQ_TARGET
+#endif
+
+#if DISPATCH_AVX512
+#define KQ_N 16
+#define KQ_G KQ_AVX512_CHAINS
+#define KQ_ANY(m) _mm512_movepi32_mask((__m512i)(m))
+#define KQ_HW 16
+#define KQ_NATIVE __m512
+#define KQ_NMIN(a, b) _mm512_min_ps(a, b)
+#define KQ_NMAX(a, b) _mm512_max_ps(a, b)
+#define KQ_NZERO _mm512_setzero_ps()
+#define KQ_FN(f) kq_avx512_##f
+#define KQ_TARGET __attribute__((target(AVX512_TARGET)))
+#include "_kquants.h"
+#undef KQ_N
+#undef KQ_G
+#undef KQ_ANY
+#undef KQ_HW
+#undef KQ_NATIVE
+#undef KQ_NMIN
+#undef KQ_NMAX
+#undef KQ_NZERO
+#undef KQ_FN
+#undef KQ_TARGET
 #endif
 
 /* ggml_quantize_chunk without an imatrix (what llama-quantize runs): nb blocks of src -> dst. */
@@ -1288,6 +1178,45 @@ static void mxfp4_block(const float *restrict x, uint8_t *restrict y) {
     }
 }
 
+/* Q4_K / Q5_K over nb super-blocks: whole groups of the active instruction set's width, then the rest one
+ * super-block at a time in the group's first lanes (the other lanes zeros, their output dropped). */
+static void kq_rows(const uint8_t *src, int src_type, Py_ssize_t item, uint8_t *dst, Py_ssize_t out, Py_ssize_t nb,
+                    const kq_params *p, int q5) {
+    const int level = simd_level();
+    void (*group)(const float *, uint8_t *, const kq_params *, int) = kq8_qk_group;
+    int n = 1;
+#if DISPATCH_AVX2
+    if (level >= SIMD_AVX2) {
+        group = kq_avx2_qk_group;
+        n = KQ_AVX2_CHAINS;
+    }
+#endif
+#if DISPATCH_AVX512
+    if (level >= SIMD_AVX512) {
+        group = kq_avx512_qk_group;
+        n = KQ_AVX512_CHAINS * 2;
+    }
+#endif
+    (void)level;
+    float x[KQ_GROUP_MAX * QK_K];
+    uint8_t y[KQ_GROUP_MAX * 176];
+    Py_ssize_t i = 0;
+    for (; i + n <= nb; i += n) {
+        for (int b = 0; b < n; ++b) {
+            load_block(src + (i + b) * item * QK_K, src_type, QK_K, x + QK_K * b);
+        }
+        group(x, dst + i * out, p, q5);
+    }
+    if (i < nb) {
+        memset(x, 0, sizeof x);
+        for (Py_ssize_t b = 0; i + b < nb; ++b) {
+            load_block(src + (i + b) * item * QK_K, src_type, QK_K, x + QK_K * b);
+        }
+        group(x, y, p, q5);
+        memcpy(dst + i * out, y, (size_t)((nb - i) * out));
+    }
+}
+
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     const int avx2 = have_avx2();
@@ -1308,17 +1237,7 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
         } else {
             kq_params_init(&p, 15, -1.f, 0.1f, 20);
         }
-        float x[QK_K];
-        for (Py_ssize_t i = 0; i < nb; ++i) {
-            load_block(src + i * item * QK_K, src_type, QK_K, x);
-#if DISPATCH_AVX2
-            if (avx2) {
-                qk_block_avx2(x, dst + i * out, &p, q5);
-                continue;
-            }
-#endif
-            qk_block(x, dst + i * out, &p, q5);
-        }
+        kq_rows(src, src_type, item, dst, out, nb, &p, q5);
         return;
     }
     if (dst_type == T_MXFP4) {
@@ -2083,6 +2002,49 @@ static PyObject *quantize_weighted(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *simd_levels(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    const int top = simd_available();
+    PyObject *names = PyTuple_New(top + 1);
+    if (names == NULL) {
+        return NULL;
+    }
+    for (int k = 0; k <= top; ++k) {
+        PyObject *name = PyUnicode_FromString(simd_names[k]);
+        if (name == NULL) {
+            Py_DECREF(names);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(names, k, name);
+    }
+    return names;
+}
+
+static PyObject *simd(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyUnicode_FromString(simd_names[simd_level()]);
+}
+
+static PyObject *set_simd(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) {
+        return NULL;
+    }
+    const int top = simd_available();
+    for (int k = 0; k <= top; ++k) {
+        if (strcmp(name, simd_names[k]) == 0) {
+            simd_active = k;
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "instruction set %s is not available here (this CPU and build have %s and below)",
+                 name, simd_names[top]);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"count_nonfinite", count_nonfinite, METH_VARARGS,
      "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (the block types)."},
@@ -2092,6 +2054,9 @@ static PyMethodDef methods[] = {
     {"quantize", quantize, METH_VARARGS,
      "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 "
      "blocks, F16/BF16)."},
+    {"simd_levels", simd_levels, METH_NOARGS, "simd_levels(): the instruction sets this CPU and build can run."},
+    {"simd", simd, METH_NOARGS, "simd(): the instruction set the kernels use now."},
+    {"set_simd", set_simd, METH_VARARGS, "set_simd(name): use that instruction set (one of simd_levels())."},
     {NULL, NULL, 0, NULL},
 };
 

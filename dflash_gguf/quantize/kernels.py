@@ -12,7 +12,19 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .native import KERNEL_PATHS, KERNELS_ENV, compiled, compiled_available, kernel_path, set_kernel_path
+from .native import (
+    KERNEL_PATHS,
+    KERNELS_ENV,
+    SIMD_ENV,
+    SIMD_LEVELS,
+    compiled,
+    compiled_available,
+    kernel_path,
+    set_kernel_path,
+    set_simd,
+    simd,
+    simd_levels,
+)
 from .numpy_kernels.common import GROUP_BLOCKS, QK, QK_K
 from .numpy_kernels.kquants import K_GROUP, QK_K_SUB
 from .numpy_kernels.q6_k import Q6_K_GROUP
@@ -168,4 +180,5 @@ __all__ = ["CHECKED_TYPES", "FLOAT_TYPES", "GROUP_BLOCKS", "KERNELS_ENV", "KERNE
            "Q6_K_GROUP", "QK", "QK_K", "QK_K_SUB", "QUANT_TYPES", "SOURCE_DTYPES", "UNWEIGHTED_TOO",
            "WEIGHTED_TYPES", "compiled_available", "count_nonfinite", "kernel_path", "quantize_mxfp4",
            "quantize_q4_k", "quantize_q5_0", "quantize_q5_1", "quantize_q5_k", "quantize_q6_k", "quantize_rows",
-           "quantize_weighted", "round_floats", "set_kernel_path"]
+           "quantize_weighted", "round_floats", "set_kernel_path", "SIMD_ENV", "SIMD_LEVELS", "set_simd", "simd",
+           "simd_levels"]

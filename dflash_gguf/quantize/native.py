@@ -4,6 +4,9 @@ Why a CPython extension rather than a ctypes library: setuptools builds and name
 missing build is simply an ImportError (the numpy kernels then take over, same bytes, slower). The extension knows a
 type by its ggml id (``TensorType.c_id``). ``DFLASH_GGUF_KERNELS=numpy`` forces the numpy kernels, ``=compiled``
 refuses to run without the extension; :func:`kernel_path` says which one is active.
+
+The extension picks the widest instruction set this CPU has (AVX-512, AVX2, or its portable code) at run time;
+``DFLASH_GGUF_SIMD=portable|avx2|avx512`` caps it (tests hold every level to libggml; all give the same bytes).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from types import ModuleType
 
 KERNELS_ENV = "DFLASH_GGUF_KERNELS"  # "numpy": force the fallback; "compiled": require the extension
 KERNEL_PATHS = ("compiled", "numpy")
+SIMD_ENV = "DFLASH_GGUF_SIMD"  # cap the compiled kernels' instruction set: portable, avx2 or avx512
+SIMD_LEVELS = ("portable", "avx2", "avx512")  # every level the extension knows, lowest first
 
 
 def _load_compiled(mode: str) -> ModuleType | None:
@@ -29,6 +34,20 @@ def _load_compiled(mode: str) -> ModuleType | None:
     return _kernels
 
 
+def _apply_simd_env() -> None:
+    """Cap the extension's instruction set at ``$DFLASH_GGUF_SIMD`` (or the CPU's best below it), once."""
+    wanted = os.environ.get(SIMD_ENV, "").strip().lower()
+    lib = _load_compiled("auto")
+    if not wanted or lib is None:
+        return
+    if wanted not in SIMD_LEVELS:
+        raise ImportError(f"{SIMD_ENV}={wanted!r} is not an instruction set; use one of {', '.join(SIMD_LEVELS)}, or "
+                          "unset it for the widest this CPU has.")
+    have = lib.simd_levels()
+    lib.set_simd(wanted if wanted in have else have[-1])
+
+
+_apply_simd_env()
 _compiled = _load_compiled(os.environ.get(KERNELS_ENV, "auto").strip().lower())
 
 
@@ -57,3 +76,27 @@ def set_kernel_path(path: str) -> None:
     if path not in KERNEL_PATHS:
         raise ValueError(f"kernel path must be one of {KERNEL_PATHS}, not {path!r}")
     _compiled = _load_compiled(path)
+
+
+def simd_levels() -> tuple[str, ...]:
+    """The instruction sets the compiled kernels can use on this CPU, lowest first (empty without the extension)."""
+    lib = _load_compiled("auto")
+    return () if lib is None else tuple(lib.simd_levels())
+
+
+def simd() -> str | None:
+    """The instruction set the compiled kernels use now (None while the numpy kernels run)."""
+    return None if _compiled is None else str(_compiled.simd())
+
+
+def set_simd(level: str) -> None:
+    """Make the compiled kernels use ``level`` (one of :func:`simd_levels`): tests and the bench compare them.
+
+    Raises:
+        ValueError: this CPU or build has no such level.
+    """
+    lib = _load_compiled("auto")
+    if lib is None or level not in lib.simd_levels():
+        have = ", ".join(simd_levels()) or "none"
+        raise ValueError(f"instruction set {level!r} is not available here (have: {have})")
+    lib.set_simd(level)
