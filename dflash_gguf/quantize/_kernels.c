@@ -246,7 +246,7 @@ static void q8_0_block(const float *restrict x, uint8_t *restrict y) {
  * each element, every trial's running sums take one more term, so each trial's sums are still
  * accumulated in element order (identical to C's loop), and the loop over trials vectorises. The
  * winner is then chosen in C's order, and L recomputed from its iscale (as C does). Used for the
- * super-blocks with a NaN or inf; the others take make_qx_quants16_finite, below. */
+ * super-blocks with a NaN or inf; the others take make_qx_quants_finite, below. */
 #define NTRIAL 19
 #define NTRIAL_PAD 20
 
@@ -309,10 +309,11 @@ static float make_qx_quants16(const float *x, int8_t *L) {
 
 /* ---------------------------------------------------------------------------------------------------
  * Q6_K on finite super-blocks (no NaN, no inf: nearly every block), the same bytes as above with fewer
- * instructions. make_qx_quants16_finite replaces make_qx_quants16 for the 16 sub-blocks at once:
+ * instructions. make_qx_quants_finite replaces make_qx_quants16 for the 16 sub-blocks at once (and serves the
+ * weighted fits of Q6_K, Q4_0 and Q5_0 too):
  *
- * - qx16_max: C's first value of largest |x|.
- * - qx16_fit: the 19 trial iscales (one vector division per 4 or 8 trials), and each trial's sumlx and
+ * - qx_max: C's first value of largest |x|.
+ * - qx_fit: the 19 trial iscales (one vector division per 4 or 8 trials), and each trial's sumlx and
  *   suml2, the trial loop innermost as in make_qx_quants16 (each trial's sums take their terms in C's
  *   element order, with C's operations: bit-identical). l = MAX(-nmax, MIN(nmax - 1, nearest_int(v)))
  *   is computed in float: |v| = |iscale * x| <= ~33 (|x| <= |max|, |max| >= GROUP_MAX_EPS), so
@@ -379,36 +380,40 @@ static inline void nearest_clamp16(const v4f v[4], int nmax, int8_t *L) {
 #endif
 }
 
-/* The numerators of C's trial iscales, nmax + 0.1f*is for nmax = 32 (float arithmetic, which the
- * compiler folds exactly as it would run): lane 0 is C's first fit (-nmax / max = -(32 + 0) / max),
- * lanes 1..18 are is = -9..-1, 1..9, lanes 19..23 pad the vectors (copies of lane 0, never chosen). */
-#define TRIAL_NUM(is) (32 + 0.1f * (is))
+/* The numerators of C's trial iscales, nmax + 0.1f*is, for nmax = 32 (Q6_K), 16 (Q5_0) and 8 (Q4_0) (float
+ * arithmetic, which the compiler folds exactly as it would run): lane 0 is C's first fit (-nmax / max =
+ * -(nmax + 0) / max), lanes 1..18 are is = -9..-1, 1..9, lanes 19..23 pad the vectors (copies of lane 0, never
+ * chosen). */
+#define TRIAL_NUM(n, is) ((n) + 0.1f * (is))
+#define TRIAL_NUMS(n)                                                                                              \
+    {(n),                TRIAL_NUM(n, -9), TRIAL_NUM(n, -8), TRIAL_NUM(n, -7), TRIAL_NUM(n, -6), TRIAL_NUM(n, -5), \
+     TRIAL_NUM(n, -4),   TRIAL_NUM(n, -3), TRIAL_NUM(n, -2), TRIAL_NUM(n, -1), TRIAL_NUM(n, 1),  TRIAL_NUM(n, 2),  \
+     TRIAL_NUM(n, 3),    TRIAL_NUM(n, 4),  TRIAL_NUM(n, 5),  TRIAL_NUM(n, 6),  TRIAL_NUM(n, 7),  TRIAL_NUM(n, 8),  \
+     TRIAL_NUM(n, 9),    (n),              (n),              (n),              (n),              (n)}
 #define NLANE 24 /* 6 vectors of 4, 3 of 8 */
-static const float trial_num[NLANE] __attribute__((aligned(32))) = {
-    32,            TRIAL_NUM(-9), TRIAL_NUM(-8), TRIAL_NUM(-7), TRIAL_NUM(-6), TRIAL_NUM(-5),
-    TRIAL_NUM(-4), TRIAL_NUM(-3), TRIAL_NUM(-2), TRIAL_NUM(-1), TRIAL_NUM(1),  TRIAL_NUM(2),
-    TRIAL_NUM(3),  TRIAL_NUM(4),  TRIAL_NUM(5),  TRIAL_NUM(6),  TRIAL_NUM(7),  TRIAL_NUM(8),
-    TRIAL_NUM(9),  32,            32,            32,            32,            32,
-};
+static const float trial_nums[3][NLANE] __attribute__((aligned(32))) = {TRIAL_NUMS(32), TRIAL_NUMS(16), TRIAL_NUMS(8)};
 
-/* One sub-block's trial fits (see above): isc[] = -(nmax + 0.1f*is) / max, and each trial's sumlx and
- * suml2, 4 trials a vector. Lanes 0..19 are set. */
-static inline void qx16_fit(const float *restrict x, float max, v4f *restrict isc, v4f *restrict slx,
-                            v4f *restrict sl2) {
-    const int nmax = 32;
+static inline const float *trial_num_of(int nmax) { return trial_nums[nmax == 32 ? 0 : nmax == 16 ? 1 : 2]; }
+
+/* One group's trial fits (see above) over its n values: isc[] = -(nmax + 0.1f*is) / max, and each trial's sumlx
+ * and suml2, 4 trials a vector, with C's weights: qw[i] when given, else x[i]*x[i] (rmse_type 1 without them).
+ * Lanes 0..19 are set. */
+static inline void qx_fit(const float *restrict x, const float *restrict qw, int n, int nmax, float max,
+                          v4f *restrict isc, v4f *restrict slx, v4f *restrict sl2) {
+    const float *num = trial_num_of(nmax);
     const v4f maxv = {max, max, max, max};
     for (int t = 0; t < 5; ++t) {
-        v4f n;
-        memcpy(&n, trial_num + 4 * t, sizeof n);
-        isc[t] = -n / maxv;
+        v4f nv;
+        memcpy(&nv, num + 4 * t, sizeof nv);
+        isc[t] = -nv / maxv;
         slx[t] = sl2[t] = (v4f){0};
     }
     const v4f magic = {ROUND_MAGIC, ROUND_MAGIC, ROUND_MAGIC, ROUND_MAGIC};
     const v4f hi = {nmax - 1, nmax - 1, nmax - 1, nmax - 1}, lo = {-nmax, -nmax, -nmax, -nmax};
     /* values outer, trials inner: C's loops swapped, each trial's sums still in element order */
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < n; ++i) {
         const float xi = x[i];
-        const float w = xi * xi;
+        const float w = qw ? qw[i] : xi * xi;
         const float wx = w * xi;
         const v4f xiv = {xi, xi, xi, xi}, wv = {w, w, w, w}, wxv = {wx, wx, wx, wx};
         for (int t = 0; t < 5; ++t) {
@@ -425,27 +430,29 @@ typedef float v8f __attribute__((vector_size(32)));
 
 static int have_avx2(void) { return simd_level() >= SIMD_AVX2; }
 
-/* qx16_fit with 8 trials a vector (lanes 0..23 set), for CPUs with AVX2: the same operations on the
- * same values, so the same sums; three vectors do the work of five. */
-__attribute__((target("avx2"))) static void qx16_fit_avx2(const float *restrict x, float max, v4f *restrict isc,
-                                                          v4f *restrict slx, v4f *restrict sl2) {
-    const int nmax = 32;
+/* qx_fit with 8 trials a vector (lanes 0..23 set), for CPUs with AVX2: the same operations on the same values, so
+ * the same sums; three vectors do the work of five. */
+__attribute__((target("avx2"))) static void qx_fit_avx2(const float *restrict x, const float *restrict qw, int n,
+                                                        int nmax, float max, v4f *restrict isc, v4f *restrict slx,
+                                                        v4f *restrict sl2) {
+    const float *num = trial_num_of(nmax);
     const v8f maxv = (v8f)_mm256_set1_ps(max);
     /* named vectors rather than arrays, which GCC kept on the stack */
-    const v8f is0 = -(v8f)_mm256_load_ps(trial_num) / maxv, is1 = -(v8f)_mm256_load_ps(trial_num + 8) / maxv,
-              is2 = -(v8f)_mm256_load_ps(trial_num + 16) / maxv;
+    const v8f is0 = -(v8f)_mm256_load_ps(num) / maxv, is1 = -(v8f)_mm256_load_ps(num + 8) / maxv,
+              is2 = -(v8f)_mm256_load_ps(num + 16) / maxv;
     v8f sx0 = {0}, sx1 = {0}, sx2 = {0}, s20 = {0}, s21 = {0}, s22 = {0};
     const __m256 hi = _mm256_set1_ps((float)(nmax - 1)), lo = _mm256_set1_ps((float)-nmax);
     const v8f magic = (v8f)_mm256_set1_ps(ROUND_MAGIC);
-    /* w = x*x and w*x first, 8 at a time, so that the loop broadcasts x, w, w*x from memory (a load,
-     * where a broadcast from a register takes the port of an FP adder) */
-    float w[16], wx[16];
-    for (int h = 0; h < 2; ++h) {
-        const v8f xh = (v8f)_mm256_loadu_ps(x + 8 * h), wh = xh * xh, wxh = wh * xh;
+    /* the weights and w*x first, 8 at a time, so that the loop broadcasts x, w, w*x from memory (a load, where a
+     * broadcast from a register takes the port of an FP adder) */
+    float w[32], wx[32];
+    for (int h = 0; h < n / 8; ++h) {
+        const v8f xh = (v8f)_mm256_loadu_ps(x + 8 * h), wh = qw ? (v8f)_mm256_loadu_ps(qw + 8 * h) : xh * xh;
+        const v8f wxh = wh * xh;
         _mm256_storeu_ps(w + 8 * h, (__m256)wh);
         _mm256_storeu_ps(wx + 8 * h, (__m256)wxh);
     }
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < n; ++i) {
         const v8f xiv = (v8f)_mm256_broadcast_ss(x + i), wv = (v8f)_mm256_broadcast_ss(w + i);
         const v8f wxv = (v8f)_mm256_broadcast_ss(wx + i);
         const v8f l0 = (v8f)_mm256_max_ps(_mm256_min_ps((__m256)((is0 * xiv + magic) - magic), hi), lo);
@@ -472,7 +479,7 @@ __attribute__((target("avx2"))) static void qx16_fit_avx2(const float *restrict 
 static int have_avx2(void) { return 0; }
 #endif
 
-/* C's choice among the trials of make_qx_quants16_finite, from their sums (lanes 0..18): returns the
+/* C's choice among the trials of make_qx_quants_finite, from their sums (lanes 0..18): returns the
  * winning trial and sets *scale to its scale. C takes trial 0's scale = suml2 ? sumlx/suml2 : 0 and
  * best = scale*sumlx, then for t = 1..18 in order: if (suml2 > 0 && sumlx*sumlx > best*suml2), t wins:
  * scale = sumlx/suml2, best = scale*sumlx. Here every trial's scale and best are computed side by side
@@ -513,68 +520,71 @@ static inline int qx16_choose(const v4f *restrict slx, const v4f *restrict sl2, 
     return win;
 }
 
-/* C's `if (ax > amax) { amax = ax; max = x[i]; }` over 16 finite values: the first x with |x| == max |x|
- * (the maximum of finite values is exact in any order, so it is taken over 4 lanes, the first index
- * from a mask); 0 when max |x| < GROUP_MAX_EPS (C's all-zero case; otherwise |max| >= GROUP_MAX_EPS). */
-static inline float qx16_max(const float *restrict x) {
+/* C's `if (ax > amax) { amax = ax; max = x[i]; }` over n (16 or 32) finite values: the first x with |x| == max |x|
+ * (the maximum of finite values is exact in any order, so it is taken over 4 lanes, the first index from a mask);
+ * 0 when max |x| < GROUP_MAX_EPS (C's all-zero case; otherwise |max| >= GROUP_MAX_EPS). */
+static inline float qx_max(const float *restrict x, int n) {
     const v4i abs_mask = {0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF};
-    v4f av[4];
-    memcpy(av, x, sizeof av);
-    for (int k = 0; k < 4; ++k) {
+    v4f av[8];
+    memcpy(av, x, (size_t)n * 4);
+    v4f m4 = {0};
+    for (int k = 0; k < n / 4; ++k) {
         av[k] = (v4f)((v4i)av[k] & abs_mask);
+        m4 = max4(m4, av[k]);
     }
-    const v4f m4 = max4(max4(av[0], av[1]), max4(av[2], av[3]));
     const float m01 = m4[0] > m4[1] ? m4[0] : m4[1], m23 = m4[2] > m4[3] ? m4[2] : m4[3];
     const float amax = m01 > m23 ? m01 : m23;
     if (amax < GROUP_MAX_EPS) {
         return 0.f;
     }
     const v4f amaxv = {amax, amax, amax, amax};
-    int at = 0;
-    for (int k = 0; k < 4; ++k) {
-        at |= movemask4(av[k] == amaxv) << (4 * k);
+    uint32_t at = 0;
+    for (int k = 0; k < n / 4; ++k) {
+        at |= (uint32_t)movemask4(av[k] == amaxv) << (4 * k);
     }
-    return x[__builtin_ctz((unsigned)at)];
+    return x[__builtin_ctz(at)];
 }
 
-/* make_qx_quants16 over the 16 sub-blocks of a super-block of finite values (no NaN, no inf): the same
- * L and scales, with fewer instructions (qx16_fit, qx16_choose say how). All 16 fits run first, then
- * all 16 choices: each sub-block's work is a long dependency chain, and independent chains back to
- * back overlap in the CPU, where fit, choice, fit, ... would wait on each choice. */
-static inline void make_qx_quants16_finite(const float *restrict x, int8_t *restrict L, float *restrict scales,
-                                           int avx2) {
-    const int nmax = 32;
+/* make_qx_quants(n, nmax, x, L, rmse_type = 1, qw) over `groups` groups of n (16 or 32) finite values (no NaN, no
+ * inf): the same L (level + nmax) and scales as C, with fewer instructions (qx_fit, qx16_choose say how). All fits
+ * run first, then all choices: each group's work is a long dependency chain, and independent chains back to back
+ * overlap in the CPU, where fit, choice, fit, ... would wait on each choice. qw: C's weights (NULL: x*x). */
+static inline void make_qx_quants_finite(const float *restrict x, const float *restrict qw, int n, int nmax,
+                                         int groups, int8_t *restrict L, float *restrict scales, int avx2) {
     (void)avx2; /* unused without DISPATCH_AVX2 */
     v4f isc[QK_K / 16][NLANE / 4], slx[QK_K / 16][NLANE / 4], sl2[QK_K / 16][NLANE / 4];
     float max[QK_K / 16];
-    for (int ib = 0; ib < QK_K / 16; ++ib) {
-        max[ib] = qx16_max(x + 16 * ib);
+    for (int ib = 0; ib < groups; ++ib) {
+        max[ib] = qx_max(x + n * ib, n);
         if (max[ib] == 0) {
             continue;
         }
+        const float *w = qw ? qw + n * ib : NULL;
 #if DISPATCH_AVX2
         if (avx2) {
-            qx16_fit_avx2(x + 16 * ib, max[ib], isc[ib], slx[ib], sl2[ib]);
+            qx_fit_avx2(x + n * ib, w, n, nmax, max[ib], isc[ib], slx[ib], sl2[ib]);
             continue;
         }
 #endif
-        qx16_fit(x + 16 * ib, max[ib], isc[ib], slx[ib], sl2[ib]);
+        qx_fit(x + n * ib, w, n, nmax, max[ib], isc[ib], slx[ib], sl2[ib]);
     }
-    for (int ib = 0; ib < QK_K / 16; ++ib) {
+    for (int ib = 0; ib < groups; ++ib) {
         if (max[ib] == 0) {
-            memset(L + 16 * ib, 0, 16);
+            memset(L + n * ib, 0, (size_t)n);
             scales[ib] = 0.f;
             continue;
         }
         const int win = qx16_choose(slx[ib], sl2[ib], scales + ib);
         const float iw = isc[ib][win / 4][win % 4];
         const v4f iwv = {iw, iw, iw, iw};
-        v4f v[4];
-        memcpy(v, x + 16 * ib, sizeof v);
-        for (int k = 0; k < 4; ++k) {
-            v[k] = iwv * v[k];
+        for (int h = 0; h < n; h += 16) {
+            v4f v[4];
+            memcpy(v, x + n * ib + h, sizeof v);
+            for (int k = 0; k < 4; ++k) {
+                v[k] = iwv * v[k];
+            }
+            nearest_clamp16(v, nmax, L + n * ib + h);
         }
-        nearest_clamp16(v, nmax, L + 16 * ib);
     }
 }
 
@@ -586,7 +596,7 @@ static void q6_k_block(const float *x, uint8_t *y, int avx2) {
     float max_scale = 0;
     float max_abs_scale = 0;
     if (all_finite(x, QK_K)) {
-        make_qx_quants16_finite(x, L, scales, avx2);
+        make_qx_quants_finite(x, NULL, 16, 32, QK_K / 16, L, scales, avx2);
     } else {
         for (int ib = 0; ib < QK_K / 16; ++ib) {
             scales[ib] = make_qx_quants16(x + 16 * ib, L + 16 * ib);
@@ -1643,7 +1653,18 @@ static float fit_positive_w(int n, int nmax, const float *x, uint8_t *L, const f
 
 /* Q4_0 / Q5_0 / Q5_1 with weights (quantize_row_q4_0_impl, q5_0, q5_1): each block's weights are the row's importance
  * times sqrt(sigma2 + x^2), sigma2 the row's mean square. */
+/* make_qx_quants(32, nmax, x, L, 1, w) of one Q4_0/Q5_0 block: the vector fit when its values are finite. */
+static inline float fit_signed(const float *x, const float *w, int nmax, int8_t *L, int avx2) {
+    if (!all_finite(x, QK)) {
+        return fit_signed_w(QK, nmax, x, L, w);
+    }
+    float scale;
+    make_qx_quants_finite(x, w, QK, nmax, 1, L, &scale, avx2);
+    return scale;
+}
+
 static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
+    const int avx2 = have_avx2();
     float sum_x2 = 0;
     for (int j = 0; j < n; ++j) sum_x2 += x[j] * x[j];
     const float sigma2 = sum_x2 / n;
@@ -1655,7 +1676,7 @@ static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, in
         if (dst_type == T_Q4_0) {
             int8_t L[QK];
             uint8_t *b = y + 18 * ib;
-            store_fp16(b, fp32_to_fp16(fit_signed_w(QK, 8, xb, L, weight)));
+            store_fp16(b, fp32_to_fp16(fit_signed(xb, weight, 8, L, avx2)));
             for (int j = 0; j < 16; ++j) b[2 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
             continue;
         }
@@ -1663,7 +1684,7 @@ static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, in
         if (dst_type == T_Q5_0) {
             int8_t S[QK];
             b = y + 22 * ib;
-            store_fp16(b, fp32_to_fp16(fit_signed_w(QK, 16, xb, S, weight)));
+            store_fp16(b, fp32_to_fp16(fit_signed(xb, weight, 16, S, avx2)));
             for (int j = 0; j < QK; ++j) L[j] = (uint8_t)S[j];
             b += 2;
         } else {
@@ -1767,9 +1788,15 @@ static void q6_k_block_w(const float *x, const float *qw, uint8_t *y) {
     int8_t L[QK_K];
     float scales[16];
     float max_scale = 0, max_abs_scale = 0;
+    if (all_finite(x, QK_K)) {
+        make_qx_quants_finite(x, qw, 16, 32, 16, L, scales, have_avx2());
+    } else {
+        for (int ib = 0; ib < 16; ++ib) {
+            scales[ib] = fit_signed_w(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
+        }
+    }
     for (int ib = 0; ib < 16; ++ib) {
-        const float scale = fit_signed_w(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
-        scales[ib] = scale;
+        const float scale = scales[ib];
         const float abs_scale = fabsf(scale);
         if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scale; }
     }
