@@ -11,12 +11,13 @@ gets the widened float32 values).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS
+from conftest import REFERENCE_COMPARISONS, use_kernels
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from kernel_parity import assert_same_blocks, every_16_bit_value, stored
 
@@ -24,7 +25,9 @@ from dflash_gguf.quantize import kernels
 
 Q = GGMLQuantizationType
 F = np.float32
-N_PER_ROW = 512  # two super-blocks: the row-wide sigma2 of the 32-blocks spans both
+# six super-blocks: the row-wide sigma2 of the 32-blocks spans them; the K-quant fits run in groups of 1, 2 and 4
+# super-blocks (portable, AVX2, AVX-512): whole groups and a group padded with zeros
+N_PER_ROW = 1536
 WEIGHTED = (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
 
 
@@ -50,15 +53,19 @@ def _importances(rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
             ("huge", (rng.random(N_PER_ROW) * 1e20).astype(F))]
 
 
+@pytest.fixture(params=("compiled", "compiled-avx2", "compiled-portable"))
+def compiled_variant(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The compiled kernels at every instruction set this CPU has."""
+    yield from use_kernels(request.param)
+
+
 def _ours(values: np.ndarray, stype: Q, qtype: Q, weights: np.ndarray | None) -> np.ndarray:
     return kernels.quantize_weighted(values.reshape(-1), stype, qtype, N_PER_ROW, weights)
 
 
 @pytest.mark.reference
-def test_weighted_kernels_match_libggml(tmp_path: Path) -> None:
+def test_weighted_kernels_match_libggml(tmp_path: Path, compiled_variant: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
-    if not kernels.compiled_available():
-        pytest.skip("the compiled kernels are not built: the weighted path declines to llama-quantize")
     rng = np.random.default_rng(11)
     x = _rows(rng)
     for stype in (Q.F32, Q.F16, Q.BF16):
@@ -70,15 +77,14 @@ def test_weighted_kernels_match_libggml(tmp_path: Path) -> None:
     for qtype, ref in zip(WEIGHTED[-2:], reference.ggml_quantize(x, [(t, N_PER_ROW) for t in WEIGHTED[-2:]],
                                                                    tmp_path), strict=True):
         assert_same_blocks(_ours(x, Q.F32, qtype, None), ref, x, f"{qtype.name} without importance")
-    REFERENCE_COMPARISONS.append("weighted q4_0/q5_0/q5_1/q4_k/q5_k/q6_k/iq4_nl/iq4_xs = ggml_quantize_chunk")
+    REFERENCE_COMPARISONS.append(f"weighted q4_0/q5_0/q5_1/q4_k/q5_k/q6_k/iq4_nl/iq4_xs = ggml_quantize_chunk "
+                                 f"[{compiled_variant}]")
 
 
 @pytest.mark.reference
 @pytest.mark.parametrize("stype", [Q.F16, Q.BF16])
-def test_weighted_kernels_on_every_16_bit_value(tmp_path: Path, stype: Q) -> None:
+def test_weighted_kernels_on_every_16_bit_value(tmp_path: Path, stype: Q, compiled_variant: str) -> None:
     reference.require_or_skip(reference.llama_cpp_available())
-    if not kernels.compiled_available():
-        pytest.skip("the compiled kernels are not built")
     values, widened = every_16_bit_value(stype)
     finite = np.isfinite(widened)  # both refuse non-finite input (llama-quantize's check_tensors): left out
     values, widened = values[finite], widened[finite]
@@ -89,4 +95,4 @@ def test_weighted_kernels_on_every_16_bit_value(tmp_path: Path, stype: Q) -> Non
                                                             weights=w), strict=True):
         assert ref.shape[1] == GGML_QUANT_SIZES[qtype][1]
         assert_same_blocks(_ours(values, stype, qtype, w), ref, widened, f"{qtype.name} {stype.name} every value")
-    REFERENCE_COMPARISONS.append(f"weighted kernels, every {stype.name} value")
+    REFERENCE_COMPARISONS.append(f"weighted kernels, every {stype.name} value [{compiled_variant}]")

@@ -1048,7 +1048,7 @@ static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
 
 #define KSUB 8 /* sub-blocks per super-block: the vector lanes */
 #define KLEN 32 /* values per sub-block */
-#define KLANES_MAX 22 /* the first fit plus Q4_K's 21 trials */
+#define KLANES_MAX 38 /* the first fit plus the 37 trials of the weighted fits (Q4_K without weights: 21) */
 #define KALWAYS static inline __attribute__((always_inline))
 
 /* make_qkx2_quants' parameters: nmax and the iscale numerators in C's order (the first fit's nmax, then
@@ -1075,6 +1075,13 @@ static void kq_params_init(kq_params *p, int nmax, float rmin, float rdelta, int
 #define KQ_X_FIRST 28
 
 typedef int32_t v8i __attribute__((vector_size(32)));
+static inline v4f sqrt4(v4f a) {
+#if defined(__SSE2__)
+    return (v4f)_mm_sqrt_ps((__m128)a);
+#else
+    return (v4f){sqrtf(a[0]), sqrtf(a[1]), sqrtf(a[2]), sqrtf(a[3])};
+#endif
+}
 static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]}) | movemask4((v4i){m[4], m[5], m[6], m[7]}); }
 
 /* The template's instantiations: one chain of 8 lanes (one super-block) in the portable build; with AVX2, two
@@ -1086,6 +1093,7 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_NATIVE v4f
 #define KQ_NMIN(a, b) min4(a, b)
 #define KQ_NMAX(a, b) max4(a, b)
+#define KQ_NSQRT(a) sqrt4(a)
 #define KQ_NZERO ((v4f){0})
 #define KQ_FN(f) kq8_##f
 #define KQ_TARGET
@@ -1097,6 +1105,7 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #undef KQ_NATIVE
 #undef KQ_NMIN
 #undef KQ_NMAX
+#undef KQ_NSQRT
 #undef KQ_NZERO
 #undef KQ_FN
 #undef KQ_TARGET
@@ -1109,6 +1118,7 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_NATIVE __m256
 #define KQ_NMIN(a, b) _mm256_min_ps(a, b)
 #define KQ_NMAX(a, b) _mm256_max_ps(a, b)
+#define KQ_NSQRT(a) _mm256_sqrt_ps(a)
 #define KQ_NZERO _mm256_setzero_ps()
 #define KQ_FN(f) kq_avx2_##f
 #define KQ_TARGET __attribute__((target("avx2")))
@@ -1120,6 +1130,7 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #undef KQ_NATIVE
 #undef KQ_NMIN
 #undef KQ_NMAX
+#undef KQ_NSQRT
 #undef KQ_NZERO
 #undef KQ_FN
 #undef KQ_TARGET
@@ -1133,6 +1144,7 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_NATIVE __m512
 #define KQ_NMIN(a, b) _mm512_min_ps(a, b)
 #define KQ_NMAX(a, b) _mm512_max_ps(a, b)
+#define KQ_NSQRT(a) _mm512_sqrt_ps(a)
 #define KQ_NZERO _mm512_setzero_ps()
 #define KQ_FN(f) kq_avx512_##f
 #define KQ_TARGET __attribute__((target(AVX512_TARGET)))
@@ -1144,6 +1156,7 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #undef KQ_NATIVE
 #undef KQ_NMIN
 #undef KQ_NMAX
+#undef KQ_NSQRT
 #undef KQ_NZERO
 #undef KQ_FN
 #undef KQ_TARGET
@@ -1706,22 +1719,12 @@ static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, in
     }
 }
 
-/* Q4_K / Q5_K with weights (quantize_row_q4_K_impl, q5_K): one super-block of 256. */
-static void qk_block_w(const float *x, const float *qw, uint8_t *y, int q5) {
+/* The rest of quantize_row_q4_K_impl / q5_K after the sub-blocks' fits (L, scales, mins, their weights' sums sw):
+ * the super-block's scales, the levels again from them, the bytes. */
+static void qk_finish_w(const float *x, uint8_t *L, const float *scales, const float *mins, const float *sw,
+                        uint8_t *y, int q5) {
     const int nmax = q5 ? 31 : 15;
-    uint8_t L[QK_K], aux[32], Ls[8], Lm[8];
-    float weights[32], sw[8], mins[8], scales[8];
-    float sum_x2 = 0;
-    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
-    const float sigma2 = 2 * sum_x2 / QK_K;
-    for (int j = 0; j < 8; ++j) {
-        const float *q = qw + 32 * j;
-        for (int l = 0; l < 32; ++l) weights[l] = q[l] * sqrtf(sigma2 + x[32 * j + l] * x[32 * j + l]);
-        float sumw = 0;
-        for (int l = 0; l < 32; ++l) sumw += weights[l];
-        sw[j] = sumw;
-        scales[j] = fit_min_w(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], aux, -0.9f, 0.05f, 36);
-    }
+    uint8_t Ls[8], Lm[8];
     const float d_block = fit_positive_w(8, 63, scales, Ls, sw);
     const float m_block = fit_positive_w(8, 63, mins, Lm, sw);
     uint8_t *sc = y + 4;
@@ -1781,6 +1784,26 @@ static void qk_block_w(const float *x, const float *qw, uint8_t *y, int q5) {
         m1 <<= 2; m2 <<= 2;
         ql += 32;
     }
+}
+
+
+/* Q4_K / Q5_K with weights (quantize_row_q4_K_impl, q5_K): one super-block of 256, the fits one after another. */
+static void qk_block_w(const float *x, const float *qw, uint8_t *y, int q5) {
+    const int nmax = q5 ? 31 : 15;
+    uint8_t L[QK_K], aux[32];
+    float weights[32], sw[8], mins[8], scales[8];
+    float sum_x2 = 0;
+    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
+    const float sigma2 = 2 * sum_x2 / QK_K;
+    for (int j = 0; j < 8; ++j) {
+        const float *q = qw + 32 * j;
+        for (int l = 0; l < 32; ++l) weights[l] = q[l] * sqrtf(sigma2 + x[32 * j + l] * x[32 * j + l]);
+        float sumw = 0;
+        for (int l = 0; l < 32; ++l) sumw += weights[l];
+        sw[j] = sumw;
+        scales[j] = fit_min_w(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], aux, -0.9f, 0.05f, 36);
+    }
+    qk_finish_w(x, L, scales, mins, sw, y, q5);
 }
 
 /* Q6_K with weights (quantize_row_q6_K_impl): each 16-value group fitted against the importance itself. */
@@ -1939,6 +1962,63 @@ static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
 }
 
 /* One row of n values of dst_type with the row's importance qw (NULL: IQ4_NL/IQ4_XS without one). */
+/* One row of n values to Q4_K / Q5_K with weights: the active instruction set's groups of super-blocks fitted side
+ * by side (qkx3_group; the last ones in a group padded with zeros), each super-block finished alone; a group the
+ * vector fits turn down (a NaN or inf, a trial that is not plain) takes qk_block_w. */
+static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5) {
+    const int level = simd_level();
+    int (*group)(const float *, const float *, const kq_params *, uint8_t *, float *, float *, float *) =
+        kq8_qkx3_group;
+    int per = 1;
+#if DISPATCH_AVX2
+    if (level >= SIMD_AVX2) {
+        group = kq_avx2_qkx3_group;
+        per = KQ_AVX2_CHAINS;
+    }
+#endif
+#if DISPATCH_AVX512
+    if (level >= SIMD_AVX512) {
+        group = kq_avx512_qkx3_group;
+        per = KQ_AVX512_CHAINS * 2;
+    }
+#endif
+    (void)level;
+    kq_params p;
+    kq_params_init(&p, q5 ? 31 : 15, -0.9f, 0.05f, 36);
+    const int out = q5 ? 176 : 144, nsb = n / QK_K;
+    uint8_t L[KQ_GROUP_MAX * QK_K];
+    float scales[KQ_GROUP_MAX * KSUB], mins[KQ_GROUP_MAX * KSUB], sw[KQ_GROUP_MAX * KSUB];
+    int i = 0;
+    for (; i + per <= nsb; i += per) {
+        if (group(x + QK_K * i, qw + QK_K * i, &p, L, scales, mins, sw)) {
+            for (int b = 0; b < per; ++b) {
+                qk_finish_w(x + QK_K * (i + b), L + QK_K * b, scales + KSUB * b, mins + KSUB * b, sw + KSUB * b,
+                            y + out * (i + b), q5);
+            }
+            continue;
+        }
+        for (int b = 0; b < per; ++b) {
+            qk_block_w(x + QK_K * (i + b), qw + QK_K * (i + b), y + out * (i + b), q5);
+        }
+    }
+    if (i < nsb) { /* the last super-blocks in a group padded with zeros (all-zero sub-blocks are plain) */
+        float xs[KQ_GROUP_MAX * QK_K], qs[KQ_GROUP_MAX * QK_K];
+        memset(xs, 0, sizeof xs);
+        memset(qs, 0, sizeof qs);
+        memcpy(xs, x + QK_K * i, sizeof(float) * QK_K * (size_t)(nsb - i));
+        memcpy(qs, qw + QK_K * i, sizeof(float) * QK_K * (size_t)(nsb - i));
+        const int fitted = group(xs, qs, &p, L, scales, mins, sw);
+        for (int b = 0; i + b < nsb; ++b) {
+            if (fitted) {
+                qk_finish_w(x + QK_K * (i + b), L + QK_K * b, scales + KSUB * b, mins + KSUB * b, sw + KSUB * b,
+                            y + out * (i + b), q5);
+            } else {
+                qk_block_w(x + QK_K * (i + b), qw + QK_K * (i + b), y + out * (i + b), q5);
+            }
+        }
+    }
+}
+
 static void weighted_row(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
     switch (dst_type) {
     case T_Q4_0:
@@ -1948,8 +2028,7 @@ static void weighted_row(const float *x, int n, const float *qw, uint8_t *y, int
         return;
     case T_Q4_K:
     case T_Q5_K:
-        for (int i = 0; i < n / QK_K; ++i) qk_block_w(x + QK_K * i, qw + QK_K * i, y + (dst_type == T_Q5_K ? 176 : 144) * i,
-                                                       dst_type == T_Q5_K);
+        qk_rows_w(x, n, qw, y, dst_type == T_Q5_K);
         return;
     case T_Q6_K:
         for (int i = 0; i < n / QK_K; ++i) q6_k_block_w(x + QK_K * i, qw + QK_K * i, y + 210 * i);

@@ -5,7 +5,8 @@
  *   KQ_ANY(m)  whether any lane of the comparison result m is set
  *   KQ_FN(f)   the instantiation's name for f
  *   KQ_TARGET  its function attribute (empty, or target("avx2") ...)
- *   KQ_HW      lanes of the native vector KQ_NATIVE; KQ_NMIN, KQ_NMAX its minps, maxps; KQ_NZERO its zero
+ *   KQ_HW      lanes of the native vector KQ_NATIVE; KQ_NMIN, KQ_NMAX, KQ_NSQRT its minps, maxps, sqrtps;
+ *              KQ_NZERO its zero
  *
  * make_qkx2_quants' trials cannot run side by side: a winning trial moves `min`, which every later trial uses. So
  * the sub-blocks run side by side instead, one per lane (the super-blocks transposed, lane j holding sub-block j of
@@ -84,6 +85,19 @@ KALWAYS KQ_TARGET VF KQ_FN(vmin)(VF r, VF top) {
         ur.n[k] = KQ_NMIN(ur.n[k], ut.n[k]);
     }
     return ur.v;
+}
+
+/* sqrtf per lane: the native sqrtps (IEEE, as sqrtf) on each slice */
+KALWAYS KQ_TARGET VF KQ_FN(vsqrt)(VF v) {
+    union {
+        VF v;
+        KQ_NATIVE n[KQ_N / KQ_HW];
+    } u;
+    u.v = v;
+    for (int k = 0; k < KQ_N / KQ_HW; ++k) {
+        u.n[k] = KQ_NSQRT(u.n[k]);
+    }
+    return u.v;
 }
 
 KALWAYS KQ_TARGET VF KQ_FN(cvt)(VI q) {
@@ -202,7 +216,7 @@ KALWAYS KQ_TARGET void KQ_FN(error)(VF xt[KQ_G][KLEN], VF w[KQ_G][KLEN], VF l[KQ
  * sub-blocks xt (transposed: xt[g][i] holds value i of chain g's sub-blocks) with weights w: L (as floats), the
  * scales and the mins. Chains are independent; every loop over them is innermost, so their work interleaves. */
 KALWAYS KQ_TARGET void KQ_FN(qkx2)(VF xt[KQ_G][KLEN], VF w[KQ_G][KLEN], const kq_params *p, int finite,
-                                   VF L[KQ_G][KLEN], VF scales[KQ_G], VF the_min[KQ_G]) {
+                                   VF L[KQ_G][KLEN], VF scales[KQ_G], VF the_min[KQ_G], int *all_plain) {
     const int nmax = p->nmax;
     const VF zerof = KQ_FN(splat)(0.0f), one = KQ_FN(splat)(1.0f);
     VF min[KQ_G], max[KQ_G], sum_w[KQ_G], sum_x[KQ_G], lo[KQ_G], min0[KQ_G], range[KQ_G], iscale[KQ_G], scale[KQ_G];
@@ -233,6 +247,7 @@ KALWAYS KQ_TARGET void KQ_FN(qkx2)(VF xt[KQ_G][KLEN], VF w[KQ_G][KLEN], const kq
         const int chain = KQ_FN(plain)(iscale[g], lo[g], min[g]);
         plain = chain < plain ? chain : plain;
     }
+    *all_plain = plain != 0;
     KQ_FN(levels)(xt, iscale, min, plain, nmax, la);
     KQ_FN(error)(xt, w, la, scale, min, best);
     for (int g = 0; g < KQ_G; ++g) {
@@ -246,6 +261,7 @@ KALWAYS KQ_TARGET void KQ_FN(qkx2)(VF xt[KQ_G][KLEN], VF w[KQ_G][KLEN], const kq
             const int chain = KQ_FN(plain)(iscale[g], lo[g], min[g]);
             plain = chain < plain ? chain : plain;
         }
+        *all_plain &= plain != 0;
         VF sum_l[KQ_G], sum_l2[KQ_G], sum_xl[KQ_G], this_scale[KQ_G], this_min[KQ_G], cur[KQ_G], D[KQ_G];
         KQ_FN(levels_sums)(xt, w, iscale, min, plain, nmax, la, sum_l, sum_l2, sum_xl);
         for (int g = 0; g < KQ_G; ++g) {
@@ -308,7 +324,8 @@ KQ_TARGET static void KQ_FN(qk_group)(const float *restrict x, uint8_t *restrict
             w[g][i] = av_x + (VF)((VI)xt[g][i] & 0x7FFFFFFF);
         }
     }
-    KQ_FN(qkx2)(xt, w, p, finite, L, scales, mins);
+    int all_plain;
+    KQ_FN(qkx2)(xt, w, p, finite, L, scales, mins, &all_plain);
     int redo = 0;
     for (int b = 0; b < KQ_SB; ++b) {
         uint8_t *yb = y + (q5 ? 176 : 144) * b;
@@ -384,6 +401,69 @@ KQ_TARGET static void KQ_FN(qk_group)(const float *restrict x, uint8_t *restrict
             }
         }
     }
+}
+
+/* The fits of quantize_row_q4_K_impl / quantize_row_q5_K_impl (with an importance matrix) for the KQ_SB
+ * super-blocks at x, one after another: each sub-block's weights qw * sqrtf(sigma2 + x*x) (sigma2 = 2 * sum x^2 / 256
+ * over its super-block), their sums sw, and make_qkx3_quants(32, nmax, x, weights, L, &min, Laux, -0.9f, 0.05f, 36,
+ * false), whose trials are qkx2's but for the level of a v that is NaN, below 0 or beyond nmax: equal on plain
+ * trials. So: L (bytes, in x's order), scales, mins (C's the_min) and sw for each sub-block, and 1; or 0 when the
+ * values are not all finite or a trial was not plain, and the caller runs the scalar code instead. */
+KQ_TARGET static int KQ_FN(qkx3_group)(const float *restrict x, const float *restrict qw, const kq_params *p,
+                                       uint8_t *restrict L, float *restrict scales, float *restrict mins,
+                                       float *restrict sw) {
+    if (!all_finite(x, KQ_G * KQ_N * KLEN)) {
+        return 0;
+    }
+    VF xt[KQ_G][KLEN], w[KQ_G][KLEN], Lv[KQ_G][KLEN], sc[KQ_G], mn[KQ_G];
+    float sigma2[KQ_SB];
+    for (int b = 0; b < KQ_SB; ++b) {
+        float sum_x2 = 0;
+        for (int l = 0; l < QK_K; ++l) {
+            sum_x2 += x[QK_K * b + l] * x[QK_K * b + l];
+        }
+        sigma2[b] = 2 * sum_x2 / QK_K;
+    }
+    for (int g = 0; g < KQ_G; ++g) {
+        VF sig, q[KLEN];
+        for (int j = 0; j < KQ_N; ++j) {
+            sig[j] = sigma2[(KQ_N * g + j) / KSUB];
+        }
+        for (int i = 0; i < KLEN; ++i) {
+            for (int j = 0; j < KQ_N; ++j) {
+                xt[g][i][j] = x[KLEN * (KQ_N * g + j) + i];
+                q[i][j] = qw[KLEN * (KQ_N * g + j) + i];
+            }
+        }
+        VF sum_w = KQ_FN(splat)(0.0f);
+        for (int i = 0; i < KLEN; ++i) {
+            w[g][i] = q[i] * KQ_FN(vsqrt)(sig + xt[g][i] * xt[g][i]);
+            sum_w += w[g][i];
+        }
+        for (int j = 0; j < KQ_N; ++j) {
+            sw[KQ_N * g + j] = sum_w[j];
+        }
+    }
+    int all_plain;
+    KQ_FN(qkx2)(xt, w, p, 1, Lv, sc, mn, &all_plain);
+    if (!all_plain) {
+        return 0;
+    }
+    for (int g = 0; g < KQ_G; ++g) {
+        for (int i = 0; i < KLEN; ++i) {
+            int32_t r[KQ_N];
+            const VI v = __builtin_convertvector(Lv[g][i], VI);
+            memcpy(r, &v, sizeof v);
+            for (int j = 0; j < KQ_N; ++j) {
+                L[KLEN * (KQ_N * g + j) + i] = (uint8_t)r[j];
+            }
+        }
+        for (int j = 0; j < KQ_N; ++j) {
+            scales[KQ_N * g + j] = sc[g][j];
+            mins[KQ_N * g + j] = mn[g][j];
+        }
+    }
+    return 1;
 }
 
 #undef VF
