@@ -1008,7 +1008,7 @@ static void q5_0_block(const float *restrict x, uint8_t *restrict y) {
 /* quantize_row_q5_1_ref, one block -> 24 bytes (fp16 d, fp16 m, qh[4], qs[16]): min/max by C's strict scans
  * from FLT_MAX/-FLT_MAX (sequential: of equal zeros the first one's sign stays), d = (max - min) / 31,
  * q = (uint8_t)((x - min)*id + 0.5f), unclamped. */
-static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
+static void q5_1_block_scalar(const float *restrict x, uint8_t *restrict y) {
     float min = FLT_MAX, max = -FLT_MAX;
     for (int j = 0; j < QK; ++j) {
         const float v = x[j];
@@ -1029,6 +1029,60 @@ static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
     }
     pack_q5(q, y + 4, y + 8);
 }
+
+#if defined(__SSE2__)
+/* quantize_row_q5_1_ref, one block, in SSE2 (the x86-64 baseline): the same bytes as q5_1_block_scalar.
+ * - min and max over 4 lanes: C's strict scans from FLT_MAX / -FLT_MAX skip a NaN, and so does minps(v, min) (the
+ *   second operand when unordered); the minimum of the other values is exact in any order, except which of equal
+ *   zeros of either sign comes first: a block whose min or max is a zero takes the scalar scan.
+ * - q = (uint8_t)((x - min)*id + 0.5f) is cvttps2dq's low byte, as trunc_i8 (NaN, inf and |f| >= 2^31 give
+ *   0x80000000, whose low byte is 0), then masked to a byte before the packs (which would saturate). */
+static void q5_1_block(const float *restrict x, uint8_t *restrict y) {
+    __m128 v[QK / 4];
+    __m128 mn = _mm_set1_ps(FLT_MAX), mx = _mm_set1_ps(-FLT_MAX);
+    for (int k = 0; k < QK / 4; ++k) {
+        v[k] = _mm_loadu_ps(x + 4 * k);
+        mn = _mm_min_ps(v[k], mn);
+        mx = _mm_max_ps(v[k], mx);
+    }
+    float a[4], b[4];
+    _mm_storeu_ps(a, mn);
+    _mm_storeu_ps(b, mx);
+    float min = a[0], max = b[0];
+    for (int k = 1; k < 4; ++k) {
+        min = a[k] < min ? a[k] : min;
+        max = b[k] > max ? b[k] : max;
+    }
+    if (min == 0.0f || max == 0.0f) {
+        q5_1_block_scalar(x, y);
+        return;
+    }
+    const float d = (max - min) / ((1 << 5) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    store_fp16(y, fp32_to_fp16(d));
+    store_fp16(y + 2, fp32_to_fp16(min));
+    const __m128 minv = _mm_set1_ps(min), idv = _mm_set1_ps(id), half = _mm_set1_ps(0.5f);
+    const __m128i byte = _mm_set1_epi32(0xFF);
+    __m128i q[QK / 4];
+    for (int k = 0; k < QK / 4; ++k) {
+        q[k] = _mm_and_si128(_mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_sub_ps(v[k], minv), idv), half)), byte);
+    }
+    const __m128i lo = _mm_packus_epi16(_mm_packs_epi32(q[0], q[1]), _mm_packs_epi32(q[2], q[3])); /* q[0..16) */
+    const __m128i hi = _mm_packus_epi16(_mm_packs_epi32(q[4], q[5]), _mm_packs_epi32(q[6], q[7])); /* q[16..32) */
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    /* the 4-bit values shifted within 16-bit lanes: nothing crosses into the next byte */
+    const __m128i qs = _mm_or_si128(_mm_and_si128(lo, nib), _mm_slli_epi16(_mm_and_si128(hi, nib), 4));
+    /* bit 4 of each byte to its bit 7 (a 16-bit shift by 3: the high byte's bit 7 is its own bit 4) */
+    const uint32_t h = (uint32_t)_mm_movemask_epi8(_mm_slli_epi16(lo, 3)) |
+                       (uint32_t)_mm_movemask_epi8(_mm_slli_epi16(hi, 3)) << 16;
+    for (int k = 0; k < 4; ++k) {
+        y[4 + k] = (uint8_t)(h >> (8 * k));
+    }
+    _mm_storeu_si128((__m128i *)(y + 8), qs);
+}
+#else
+static void q5_1_block(const float *restrict x, uint8_t *restrict y) { q5_1_block_scalar(x, y); }
+#endif
 
 /* ---------------------------------------------------------------------------------------------------
  * Q4_K and Q5_K: quantize_row_q4_K_ref and quantize_row_q5_K_ref (ggml-quants.c), one 256-value super-block
@@ -1180,6 +1234,8 @@ static inline int best_index_mxfp4(float x, float e) {
     return best;
 }
 
+/* quantize_row_mxfp4_ref, one block, value by value: the portable build's (faster there than 8-lane vectors
+ * emulated by SSE registers) */
 static void mxfp4_block(const float *restrict x, uint8_t *restrict y) {
     float amax = 0.0f;
     for (int j = 0; j < QK; j++) {
@@ -1240,6 +1296,70 @@ static void kq_rows(const uint8_t *src, int src_type, Py_ssize_t item, uint8_t *
     }
 }
 
+/* quantize_row_mxfp4_ref, one block, in vectors of 8 lanes (one AVX register: mxfp4_block_avx2): the same bytes as
+ * mxfp4_block. amax: C's `if (amax < v) amax = v` per lane
+ * (a NaN never wins) merged the same way; the exponent as C. best_index_mxfp4 for 8 values at once, on |x|: for
+ * x >= 0 no negative candidate (nor index 8, a second 0) can have a strictly smaller error than index 0's, so C's
+ * first best is among indices 0..7; for x < 0 likewise among 0 and 9..15, in the same order of magnitudes, and each
+ * error fabsf(-m*e - x) equals fabsf(m*e - |x|) (rounding is symmetric), so the index found for |x| moves to 8 + it.
+ * Each candidate's error is C's float operations, kept where strictly smaller (C's first best). A NaN x stays 0. */
+typedef float g8f __attribute__((vector_size(32)));
+typedef int32_t g8i __attribute__((vector_size(32)));
+
+KALWAYS g8f g8sel(g8i m, g8f a, g8f b) { return (g8f)(((g8i)a & m) | ((g8i)b & ~m)); }
+
+KALWAYS void mxfp4_block_v(const float *restrict x, uint8_t *restrict y) {
+    g8f v[QK / 8], a[QK / 8];
+    memcpy(v, x, sizeof v);
+    g8f am = {0};
+    for (int k = 0; k < QK / 8; ++k) {
+        a[k] = (g8f)((g8i)v[k] & 0x7FFFFFFF);
+        am = g8sel(am < a[k], a[k], am);
+    }
+    float amax = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+        if (amax < am[k]) {
+            amax = am[k];
+        }
+    }
+    uint8_t e = 0;
+    if (amax > 0.0f) {
+        const float f = floorf(log2f(amax)) - 2 + 127;
+        e = (uint8_t)(f >= -2147483648.0f && f < 2147483648.0f ? (int32_t)f : INT32_MIN);
+    }
+    const float d = u2f(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+    y[0] = e;
+    g8f idx[QK / 8];
+    for (int k = 0; k < QK / 8; ++k) {
+        g8f best = (g8f)((g8i)((float)kvalues_mxfp4[0] * d - a[k]) & 0x7FFFFFFF);
+        g8f at = {0};
+        for (int i = 1; i < 8; ++i) {
+            const float kd = (float)kvalues_mxfp4[i] * d;
+            const g8f err = (g8f)((g8i)(kd - a[k]) & 0x7FFFFFFF);
+            const g8i take = err < best;
+            best = g8sel(take, err, best);
+            at = g8sel(take, (g8f){i, i, i, i, i, i, i, i}, at);
+        }
+        const g8i neg = (v[k] < 0.0f) & (at > 0.0f);
+        idx[k] = at + g8sel(neg, (g8f){8, 8, 8, 8, 8, 8, 8, 8}, (g8f){0});
+    }
+    int32_t packed[QK / 2];
+    for (int k = 0; k < 2; ++k) { /* x[j] in the low nibble, x[16 + j] in the high */
+        const g8i p = __builtin_convertvector(idx[k], g8i) | __builtin_convertvector(idx[k + 2], g8i) << 4;
+        memcpy(packed + 8 * k, &p, sizeof p);
+    }
+    for (int j = 0; j < QK / 2; ++j) {
+        y[1 + j] = (uint8_t)packed[j];
+    }
+}
+
+
+#if DISPATCH_AVX2
+__attribute__((target("avx2"))) static void mxfp4_block_avx2(const float *restrict x, uint8_t *restrict y) {
+    mxfp4_block_v(x, y);
+}
+#endif
+
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     const int avx2 = have_avx2();
@@ -1267,6 +1387,12 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
         float x[QK];
         for (Py_ssize_t i = 0; i < nb; ++i) {
             load_block(src + i * item * QK, src_type, QK, x);
+#if DISPATCH_AVX2
+            if (avx2) {
+                mxfp4_block_avx2(x, dst + i * 17);
+                continue;
+            }
+#endif
             mxfp4_block(x, dst + i * 17);
         }
         return;
