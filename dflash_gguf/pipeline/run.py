@@ -21,6 +21,7 @@ from typing import Any
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
+from ..cores import machine_cores
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
 from ..ggufio.split import NO_SPLIT, SplitRule, shard_path, split_gguf
 from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
@@ -98,7 +99,7 @@ class PipelineOptions:
     keep_intermediate: bool = False
     allow_derived_target: bool = False
     dry_run: bool = False
-    threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+    threads: int = field(default_factory=machine_cores)
     # The drafter's own type (see drafter_types).
     draft_quant: str | None = None  # None: DEFAULT_DRAFT_QUANT for one tag, each tag's own type for several
     quantizer: str = "auto"  # as dflash-gguf quantize --quantizer: see quantize.choose_quantizer

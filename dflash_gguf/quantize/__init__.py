@@ -16,6 +16,7 @@ from typing import Any
 
 from gguf import GGMLQuantizationType
 
+from ..cores import machine_cores
 from ..errors import OutputError, QuantizeError
 from ..llama_bin import FoundBinary
 from .builtin import (
@@ -121,7 +122,7 @@ def check_makeable(qtype: QuantType, quantizer: str = "auto", llama_quantize: Pa
     return binary
 
 
-def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int = 2,
+def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str = "auto", threads: int | None = None,
                   allow_requantize: bool = False, llama_quantize: Path | None = None,
                   overrides: Overrides = NO_OVERRIDES, imatrix: Path | None = None, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None) -> QuantizeResult:
@@ -137,6 +138,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     infile, outfile = Path(infile), Path(outfile)
     qtype = quant_type(type_name)
     type_name = qtype.key
+    threads = machine_cores() if threads is None else threads
     if threads < 1:
         raise QuantizeError(f"--threads must be at least 1, got {threads}.")
     gguf = read_input(infile)  # fail fast on an unreadable input, whichever quantizer runs

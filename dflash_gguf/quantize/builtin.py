@@ -35,6 +35,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
 from .. import __version__
 from ..atomic import atomic_output, check_free_space
+from ..cores import machine_cores
 from ..errors import InputError, QuantizeError
 from ..ggufio import GGUFPlan, Written, layout
 from ..ggufio.filecopy import copy_range
@@ -508,17 +509,19 @@ class _Writing:
         return Written(size, self.hasher.finish(size))
 
 
-def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int,
+def write_quantized(gguf: InputGGUF, jobs: list[TensorJob], type_name: str, tmp: Path, threads: int | None,
                     on_progress: Callable[[int, int], None] | None = None) -> Written:
     """Write the output to ``tmp`` tensor by tensor; return its size in bytes and its sha256, hashed by a thread
     that follows the writer (see ``ggufio.hashing``), so the pipeline need not read the output again."""
     return write_outputs(gguf, [OutputPlan(jobs, type_name, tmp)], threads, on_progress)[0]
 
 
-def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int,
+def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int | None,
                   on_progress: Callable[[int, int], None] | None = None) -> list[Written]:
     """Write every output from one read of the input: each chunk of rows is read once and made into each output's
-    type (several quant tags cost one read of the source, not one per tag). Returns each output's size and sha256."""
+    type (several quant tags cost one read of the source, not one per tag). Returns each output's size and sha256.
+    ``threads``: quantizing workers (None: this machine's cores)."""
+    threads = max(1, threads or machine_cores())
     jobs_by_tensor = list(zip(*(o.jobs for o in outputs), strict=True))
     if any(len({j.src.name for j in tensor}) != 1 for tensor in jobs_by_tensor):
         raise AssertionError("every output's jobs list the input tensors in one order (llama-quantize's)")
@@ -534,7 +537,7 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int,
                   for t in jobs_by_tensor if _streamed(t[0])]
         with contextlib.ExitStack() as stack:
             files = [_Writing(gguf, o, stack) for o in outputs]
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=max(1, threads)))
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
             dropped = DropBehind(ranges)  # each input byte is read once: keep the page cache from filling
 
             def write_next() -> None:
@@ -593,7 +596,7 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int,
                         n_rows = min(step, rows_total - row0)
                         pending.append((tensor, pool.submit(_convert_chunk, fd, offset, tensor, row0, n_rows),
                                         row0 + n_rows == rows_total))
-                        if len(pending) >= DEPTH_PER_THREAD * max(1, threads):  # bounded memory
+                        if len(pending) >= DEPTH_PER_THREAD * threads:  # bounded memory
                             write_next()
                 drain()
             finally:
@@ -616,7 +619,8 @@ class BuiltinOutcome:
     sha256: str | None = None  # of the file written, hashed while writing (None for a dry run)
 
 
-def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int = 2, allow_requantize: bool = False,
+def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int | None = None,
+                allow_requantize: bool = False,
                 overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                 on_progress: Callable[[int, int], None] | None = None,
                 importance: Importance | None = None) -> BuiltinOutcome:
@@ -631,7 +635,7 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
                                importance=importance)[0]
 
 
-def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *, threads: int = 2,
+def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *, threads: int | None = None,
                         allow_requantize: bool = False, overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                         on_progress: Callable[[int, int], None] | None = None,
                         importance: Importance | None = None) -> list[BuiltinOutcome]:
@@ -673,7 +677,7 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
             for (_, _, _, types, fallbacks, _), w in zip(planned, written, strict=True)]
 
 
-def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int = 2,
+def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int | None = None,
                   overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None,
                   more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None) -> list[BuiltinOutcome]:
