@@ -952,7 +952,7 @@ def make_gemma4_12b_target(root: Path, *, layers: int = G12["layers"], n_shards:
                                       n_shards=n_shards)
 
 
-FULL_DISK_GB = 60  # inputs 25 GB + the manual workflow's BF16 target 24 GB + two Q4_0 targets of 7 GB
+FULL_DISK_GB = 68  # inputs 25 GB + the manual workflow's BF16 target 24 GB + its Q4_0 and Q4_K_M targets + ours
 
 
 def _same_tensor_data(ours: Path, ref: Path) -> list[str]:
@@ -1018,19 +1018,23 @@ def full_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path, lay
     manual_dir, out = work / "manual", work / "pair"
     manual_dir.mkdir()
     t_bf16, d_bf16 = manual_dir / "target-BF16.gguf", manual_dir / "drafter-BF16.gguf"
-    t_q4 = manual_dir / "target-Q4_0.gguf"
+    t_q4, t_q4km = manual_dir / "target-Q4_0.gguf", manual_dir / "target-Q4_K_M.gguf"
     steps = [[ref_py, str(reference_env.convert_script()), str(target), "--outfile", str(t_bf16)],
              [str(llama_quantize), str(t_bf16), str(t_q4), "Q4_0", "2"],
+             [str(llama_quantize), str(t_bf16), str(t_q4km), "Q4_K_M", "2"],
              [ref_py, str(reference_env.convert_script()), str(drafter), "--target-model-dir", str(target),
               "--outfile", str(d_bf16)],
              [str(llama_quantize), str(d_bf16), str(manual_dir / "drafter-Q4_0.gguf"), "Q4_0", "2"]]
-    manual = []
+    manual_all = []
     drop_caches()
     for i, cmd in enumerate(steps):
-        manual.append(timed_disk(cmd, manual_dir, cwd=work))
-        if i == 1:  # the BF16 target is deleted once quantized, so the run fits the disk; a user keeps it
+        manual_all.append(timed_disk(cmd, manual_dir, cwd=work))
+        if i == 2:  # the BF16 target is deleted once quantized, so the run fits the disk; a user keeps it
             t_bf16.unlink()
+    manual = [manual_all[i] for i in (0, 1, 3, 4)]  # the Q4_0 pair's steps
+    manual_km = [manual_all[i] for i in (0, 2, 3, 4)]  # the Q4_K_M target's
     m_wall, m_rss, m_disk = sum(r[0] for r in manual), max(r[1] for r in manual), max(r[2] for r in manual)
+    km_wall, km_rss = sum(r[0] for r in manual_km), max(r[1] for r in manual_km)
     drop_caches()
     ours = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
                        "--quant", "q4_0", "--draft-quant", "q4_0", "--outdir", str(out)], out,
@@ -1038,6 +1042,15 @@ def full_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path, lay
     pair = json.loads((out / "pair.json").read_text())
     problems = [*_same_tensor_data(out / pair["outputs"]["target"]["file"], t_q4),
                 *_same_tensor_data(out / pair["outputs"]["drafter"]["file"], manual_dir / "drafter-Q4_0.gguf")]
+    shutil.rmtree(out)
+    drop_caches()
+    ours_km = timed_disk([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter),
+                          "--quant", "q4_k_m", "--draft-quant", "q4_0", "--outdir", str(out)], out,
+                         {"LLAMA_QUANTIZE": str(llama_quantize)}, cwd=work)
+    pair = json.loads((out / "pair.json").read_text())
+    problems_km = [*_same_tensor_data(out / pair["outputs"]["target"]["file"], t_q4km),
+                   *_same_tensor_data(out / pair["outputs"]["drafter"]["file"],
+                                      manual_dir / "drafter-Q4_0.gguf")]
     start = "an empty page cache" if cold else "whatever page cache the previous step left (no drop_caches here)"
     lines = [f"Each of cat, the manual workflow and dflash-convert starts from {start}.", "",
              "| 12B-shaped pair (local folders) | wall | peak RSS | peak disk | time / cat | speed-up |",
@@ -1053,7 +1066,14 @@ def full_rows(work: Path, venv_bin: Path, ref_py: str, llama_quantize: Path, lay
              f"|   manual steps: {', '.join(f'{r[0]:.1f} s ({r[1]:.0f} MB)' for r in manual)} (convert target, "
              "quantize target, convert drafter, quantize drafter) | | | | | |",
              f"|   Q4_0 target and drafter tensors identical to b11434 convert + llama-quantize: "
-             f"{'yes' if not problems else problems[:3]} | | | | | |"]
+             f"{'yes' if not problems else problems[:3]} | | | | | |",
+             f"| dflash-convert --quant q4_k_m --draft-quant q4_0 (built-in, one pass) | {ours_km[0]:.1f} s | "
+             f"{ours_km[1]:.0f} MB | {ours_km[2]:.0f} MB | {ours_km[0] / cat[0][0]:.2f}x | "
+             f"{km_wall / ours_km[0]:.2f}x |",
+             f"| manual b11434 workflow, llama-quantize Q4_K_M for the target (4 steps) | {km_wall:.1f} s | "
+             f"{km_rss:.0f} MB | | {km_wall / cat[0][0]:.2f}x | 1.00x |",
+             f"|   Q4_K_M target and Q4_0 drafter tensors identical to b11434 convert + llama-quantize: "
+             f"{'yes' if not problems_km else problems_km[:3]} | | | | | |"]
     shutil.rmtree(out)
     shutil.rmtree(manual_dir)
     shutil.rmtree(target)
