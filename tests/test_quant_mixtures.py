@@ -11,6 +11,8 @@ geometry) and Qwen3 fixture targets and a DFlash drafter as our converters write
 
 from __future__ import annotations
 
+import struct
+import subprocess
 from pathlib import Path
 
 import fixtures as mf
@@ -28,8 +30,8 @@ from dflash_gguf.quantize import quantize_gguf
 from dflash_gguf.quantize.builtin import read_input
 from dflash_gguf.quantize.rules import Mixture, ModelFacts, layer_sort_key
 
-MIXTURES = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q5_0", "q5_1", "mxfp4_moe", "iq4_xs", "iq4_nl")
-COMPILED_ONLY = ("iq4_xs", "iq4_nl")  # no numpy kernels: without the compiled ones llama-quantize makes them
+MIXTURES = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q5_0", "q5_1", "mxfp4_moe", "iq4_xs", "iq4_nl", "q4_1")
+COMPILED_ONLY = ("iq4_xs", "iq4_nl", "q4_1")  # no numpy kernels: without the compiled ones llama-quantize makes them
 
 
 def _llama(path: Path, *, n_layer: int, n_embd: int, tied: bool = True, kv_heads: int = reference.TINY_HEADS,
@@ -122,6 +124,42 @@ def test_the_builtin_writes_llama_quantizes_mixtures(sources: dict[str, Path], t
                 quantize_gguf(src, out, type_key, quantizer="builtin")
                 assert gguf_compare.diff(out, ref) == [], (type_key, path)
             REFERENCE_COMPARISONS.append(f"builtin {type_key} = llama-quantize, {source} [{path}]")
+
+
+def _legacy_matrix(src: Path, path: Path) -> Path:
+    """A legacy ``.dat`` importance matrix for every 2-D tensor of ``src`` (positive random values, one per column,
+    times the experts), as llama-imatrix's save_imatrix_legacy writes it: with it, Q4_0's and Q5_0's rules put the
+    first eighth of ffn_down at Q4_1 and Q5_1."""
+    rng = np.random.default_rng(17)
+    entries = [(name, rng.uniform(0.1, 4.0, t.ne[0] * (t.ne[2] if len(t.ne) > 2 else 1)).astype(np.float32))
+               for name, t in read_gguf(src).tensors.items() if len(t.ne) >= 2]
+    data = struct.pack("<i", len(entries))
+    for name, values in entries:
+        data += struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, values.size) + values.tobytes()
+    path.write_bytes(data + struct.pack("<i", 1) + struct.pack("<i", 9) + b"calib.txt")
+    return path
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("type_key", ["q4_0", "q5_0"])
+def test_q4_0_and_q5_0_with_a_matrix(sources: dict[str, Path], tmp_path: Path, type_key: str) -> None:
+    """With an importance matrix, Q4_0 and Q5_0 take Q4_1 / Q5_1 for the first eighth of ffn_down (16 layers: two);
+    the built-in's one pass (its compiled weighted kernels) writes llama-quantize --imatrix's bytes."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    src = sources["llama-256-untied-gqa"]
+    matrix = _legacy_matrix(src, tmp_path / "imatrix.dat")
+    ref = tmp_path / "ref.gguf"
+    proc = subprocess.run([str(reference.llama_bin("llama-quantize")), "--imatrix", matrix.name, str(src), str(ref),
+                           type_key.upper(), "2"], cwd=tmp_path, capture_output=True, text=True,
+                          env=reference._bin_env(), stdin=subprocess.DEVNULL, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = _written(ref)
+    assert {written[f"blk.{i}.ffn_down.weight"] for i in range(2)} == {"Q4_1" if type_key == "q4_0" else "Q5_1"}
+    for _ in use_kernels("compiled"):
+        out = tmp_path / "ours.gguf"
+        quantize_gguf(src, out, type_key, quantizer="builtin", imatrix=matrix)
+        assert gguf_compare.diff(out, ref) == [], type_key
+    REFERENCE_COMPARISONS.append(f"builtin {type_key} --imatrix = llama-quantize --imatrix (Q4_1/Q5_1 ffn_down)")
 
 
 @pytest.mark.reference

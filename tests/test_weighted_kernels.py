@@ -1,6 +1,7 @@
 """The importance-weighted kernels (compiled), bit for bit against b11434's libggml-base ``ggml_quantize_chunk`` with
 an importance matrix, which is what llama-quantize --imatrix calls per tensor (quantize_row_q4_0_impl / q5_0 /
-q5_1 / q4_K / q5_K / q6_K with quant_weights), and IQ4_NL / IQ4_XS with and without one.
+q5_1 / q4_K / q5_K / q6_K with quant_weights, and Q4_1, which Q4_0's rules pick with a matrix), and Q4_1 / IQ4_NL
+/ IQ4_XS with and without one.
 
 Inputs: rows of random weights at three scales, rows of the edges the unweighted tests use (zeros of either sign,
 single nonzeros, constants, subnormals, huge values), every finite 16-bit value of F16 and BF16 as rows (both
@@ -28,7 +29,8 @@ F = np.float32
 # six super-blocks: the row-wide sigma2 of the 32-blocks spans them; the K-quant fits run in groups of 1, 2 and 4
 # super-blocks (portable, AVX2, AVX-512): whole groups and a group padded with zeros
 N_PER_ROW = 1536
-WEIGHTED = (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
+WEIGHTED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
+UNWEIGHTED_TOO = (Q.Q4_1, Q.IQ4_NL, Q.IQ4_XS)  # made by the same entry point without an importance as well
 
 
 def _rows(rng: np.random.Generator) -> np.ndarray:
@@ -74,10 +76,10 @@ def test_weighted_kernels_match_libggml(tmp_path: Path, compiled_variant: str) -
             refs = reference.ggml_quantize(widened, [(t, N_PER_ROW) for t in WEIGHTED], tmp_path, weights=w)
             for qtype, ref in zip(WEIGHTED, refs, strict=True):
                 assert_same_blocks(_ours(values, stype, qtype, w), ref, widened, f"{qtype.name} {stype.name} {label}")
-    for qtype, ref in zip(WEIGHTED[-2:], reference.ggml_quantize(x, [(t, N_PER_ROW) for t in WEIGHTED[-2:]],
-                                                                   tmp_path), strict=True):
+    for qtype, ref in zip(UNWEIGHTED_TOO, reference.ggml_quantize(x, [(t, N_PER_ROW) for t in UNWEIGHTED_TOO],
+                                                                    tmp_path), strict=True):
         assert_same_blocks(_ours(x, Q.F32, qtype, None), ref, x, f"{qtype.name} without importance")
-    REFERENCE_COMPARISONS.append(f"weighted q4_0/q5_0/q5_1/q4_k/q5_k/q6_k/iq4_nl/iq4_xs = ggml_quantize_chunk "
+    REFERENCE_COMPARISONS.append(f"weighted q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k/iq4_nl/iq4_xs = ggml_quantize_chunk "
                                  f"[{compiled_variant}]")
 
 

@@ -153,8 +153,8 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
         if type_name not in IMATRIX_TYPES or kernel_path() != "compiled":
             raise QuantizeError(f"The built-in quantizer uses an importance matrix with its compiled kernels, for "
                                 f"{', '.join(IMATRIX_TYPES)}; {type_name.upper()} with --imatrix needs "
-                                "--quantizer llama-quantize (Q4_0's rules then take Q4_1 for the first ffn_down "
-                                "layers), or drop --imatrix.")
+                                "--quantizer llama-quantize (or the compiled kernels: reinstall dflash-gguf with a C "
+                                "compiler present), or drop --imatrix.")
         importance = load_importance(Path(imatrix))
     if binary is None:
         log.info("quantizing %s -> %s (%s) with the built-in quantizer", infile, outfile, type_name)

@@ -1609,7 +1609,7 @@ static PyObject *count_nonfinite(PyObject *self, PyObject *args) {
  * from the whole row (or super-block), in the order ggml sums them.
  * ---------------------------------------------------------------------------------------------------------------- */
 
-enum { T_IQ4_NL = 20, T_IQ4_XS = 23 };
+enum { T_Q4_1 = 3, T_IQ4_NL = 20, T_IQ4_XS = 23 };
 
 static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -1820,6 +1820,15 @@ static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, in
             continue;
         }
         uint8_t L[QK], aux[QK], *b;
+        if (dst_type == T_Q4_1) { /* quantize_row_q4_1_impl: make_qkx3_quants with nmax 15, d and -min */
+            float neg_min;
+            b = y + 20 * ib;
+            const float d = fit_min_w(QK, 15, xb, weight, L, &neg_min, aux, -0.9f, 0.05f, 36);
+            store_fp16(b, fp32_to_fp16(d));
+            store_fp16(b + 2, fp32_to_fp16(-neg_min));
+            for (int j = 0; j < 16; ++j) b[4 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+            continue;
+        }
         if (dst_type == T_Q5_0) {
             int8_t S[QK];
             b = y + 22 * ib;
@@ -2001,6 +2010,67 @@ static inline int iq4_index(float x) {
 /* quantize_row_iq4_nl_impl with 7 trial scales (what quantize_iq4_nl / quantize_iq4_xs run): one block of 32 (NL,
  * `super` 32) or a super-block of 256 in 8 blocks with 6-bit block scales (XS). Weights: the importance times
  * sqrt(sigma2 + x^2), else x^2. */
+/* iq4_index for many values at once, and IQ4's 16 fits of a 32-block side by side (the first fit and itry = -7..7,
+ * one per lane; each lane's sums still take their terms in C's element order): the binary search of iq4_index run
+ * in every lane, each step taken only where the lane's interval is still wider than 1 (as C's loop), without its
+ * two edge tests, which the search reproduces (v <= -127 ends at 0, v >= 113 at 15, NaN at 15, as C). */
+static const float iq4_f[16] __attribute__((aligned(64))) = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+#if DISPATCH_AVX512
+__attribute__((target(AVX512_TARGET))) static inline __m512i iq4_index_avx512(__m512 v, __m512 tab) {
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_set1_epi32(15);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int step = 0; step < 4; ++step) {
+        const __mmask16 open = _mm512_cmpgt_epi32_mask(_mm512_sub_epi32(hi, lo), one);
+        const __m512i mid = _mm512_srli_epi32(_mm512_add_epi32(lo, hi), 1);
+        const __mmask16 below = _mm512_cmp_ps_mask(v, _mm512_permutexvar_ps(mid, tab), _CMP_LT_OQ);
+        hi = _mm512_mask_mov_epi32(hi, open & below, mid);
+        lo = _mm512_mask_mov_epi32(lo, open & ~below, mid);
+    }
+    const __m512i hm1 = _mm512_sub_epi32(hi, one);
+    const __mmask16 first = _mm512_cmp_ps_mask(_mm512_sub_ps(v, _mm512_permutexvar_ps(hm1, tab)),
+                                               _mm512_sub_ps(_mm512_permutexvar_ps(hi, tab), v), _CMP_LT_OQ);
+    return _mm512_mask_mov_epi32(hi, first, hm1);
+}
+
+/* The 16 fits' sums (sumqx, sumq2) of the 32 values xb with weights w, lane t at iscale ids[t]. */
+__attribute__((target(AVX512_TARGET))) static void iq4_fits_avx512(const float *xb, const float *w, const float *ids,
+                                                                 float *sumqx, float *sumq2) {
+    const __m512 tab = _mm512_load_ps(iq4_f), id = _mm512_loadu_ps(ids);
+    __m512 sx = _mm512_setzero_ps(), s2 = _mm512_setzero_ps();
+    for (int j = 0; j < 32; ++j) {
+        const __m512 xj = _mm512_set1_ps(xb[j]), wj = _mm512_set1_ps(w[j]);
+        const __m512 q = _mm512_permutexvar_ps(iq4_index_avx512(_mm512_mul_ps(id, xj), tab), tab);
+        const __m512 wq = _mm512_mul_ps(wj, q);
+        sx = _mm512_add_ps(sx, _mm512_mul_ps(wq, xj));
+        s2 = _mm512_add_ps(s2, _mm512_mul_ps(wq, q));
+    }
+    _mm512_storeu_ps(sumqx, sx);
+    _mm512_storeu_ps(sumq2, s2);
+}
+
+/* L[j] = iq4_index(id * x[j]) for j < n (a multiple of 16) */
+__attribute__((target(AVX512_TARGET))) static void iq4_levels_avx512(const float *x, float id, int n, uint8_t *L) {
+    const __m512 tab = _mm512_load_ps(iq4_f), idv = _mm512_set1_ps(id);
+    for (int j = 0; j < n; j += 16) {
+        _mm_storeu_si128((__m128i *)(L + j),
+                         _mm512_cvtepi32_epi8(iq4_index_avx512(_mm512_mul_ps(idv, _mm512_loadu_ps(x + j)), tab)));
+    }
+}
+#endif
+
+static void iq4_levels(const float *x, float id, int n, uint8_t *L, int level) {
+#if DISPATCH_AVX512
+    if (level >= SIMD_AVX512) {
+        iq4_levels_avx512(x, id, n, L);
+        return;
+    }
+#endif
+    (void)level;
+    for (int j = 0; j < n; ++j) L[j] = (uint8_t)iq4_index(id * x[j]);
+}
+
 static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
     const int ntry = 7, nb = super / 32;
     uint8_t L[QK_K];
@@ -2012,6 +2082,7 @@ static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
     memset(q4, 0, (size_t)super / 2);
     store_fp16(y, fp32_to_fp16(0.f));
     float max_scale = 0, amax_scale = 0;
+    const int level = simd_level();
     for (int ib = 0; ib < nb; ++ib) {
         const float *xb = x + 32 * ib;
         uint8_t *Lb = L + 32 * ib;
@@ -2031,6 +2102,26 @@ static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
         }
         float d = -max / iq4_values[0];
         float id = 1 / d;
+#if DISPATCH_AVX512
+        if (level >= SIMD_AVX512) { /* the first fit and the 15 trials side by side, then C's choice in order */
+            float ids[16], sx[16], s2[16];
+            ids[0] = id;
+            for (int itry = -ntry; itry <= ntry; ++itry) ids[itry + ntry + 1] = (itry + iq4_values[0]) / max;
+            iq4_fits_avx512(xb, weight, ids, sx, s2);
+            d = s2[0] > 0 ? sx[0] / s2[0] : 0.f;
+            float best = d * sx[0];
+            for (int t = 1; t < 16; ++t) {
+                if (s2[t] > 0 && sx[t] * sx[t] > best * s2[t]) {
+                    d = sx[t] / s2[t];
+                    best = d * sx[t];
+                }
+            }
+            scales[ib] = d;
+            const float abs_d = fabsf(d);
+            if (abs_d > amax_scale) { amax_scale = abs_d; max_scale = d; }
+            continue;
+        }
+#endif
         float sumqx = 0, sumq2 = 0;
         for (int j = 0; j < 32; ++j) {
             const int l = iq4_index(id * xb[j]);
@@ -2069,7 +2160,7 @@ static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
             l = l < -32 ? -32 : l > 31 ? 31 : l;
             const float dl = d * l;
             const float idl = dl ? 1 / dl : 0.f;
-            for (int j = 0; j < 32; ++j) L[32 * ib + j] = (uint8_t)iq4_index(idl * x[32 * ib + j]);
+            iq4_levels(x + 32 * ib, idl, 32, L + 32 * ib, level);
             l += 32;
             const uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
             if (ib % 2 == 0) scales_l[ib / 2] = l_l;
@@ -2080,7 +2171,7 @@ static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
     } else {
         store_fp16(y, fp32_to_fp16(scales[0]));
         const float id = scales[0] ? 1 / scales[0] : 0;
-        for (int j = 0; j < super; ++j) L[j] = (uint8_t)iq4_index(id * x[j]);
+        iq4_levels(x, id, super, L, level);
     }
     for (int i = 0; i < super / 32; ++i) {
         for (int j = 0; j < 16; ++j) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
@@ -2145,8 +2236,42 @@ static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5
     }
 }
 
+/* quantize_row_q4_1_ref (ggml-quants.c), one block -> 20 bytes (fp16 d, fp16 m, qs[16]): what quantize_q4_1 runs
+ * without an importance. min and max by C's strict scans from FLT_MAX, d = (max - min) / 15,
+ * q = MIN(15, (int8_t)((x - min)*id + 0.5f)) stored as a uint8 (a negative int8 keeps its bit pattern). */
+static void q4_1_block(const float *restrict x, uint8_t *restrict y) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < QK; ++j) {
+        const float v = x[j];
+        if (v < min) {
+            min = v;
+        }
+        if (v > max) {
+            max = v;
+        }
+    }
+    const float d = (max - min) / ((1 << 4) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    store_fp16(y, fp32_to_fp16(d));
+    store_fp16(y + 2, fp32_to_fp16(min));
+    for (int j = 0; j < QK / 2; ++j) {
+        const int8_t i0 = trunc_i8((x[j] - min) * id + 0.5f);
+        const int8_t i1 = trunc_i8((x[QK / 2 + j] - min) * id + 0.5f);
+        const uint8_t xi0 = (uint8_t)(i0 < 15 ? i0 : 15);
+        const uint8_t xi1 = (uint8_t)(i1 < 15 ? i1 : 15);
+        y[4 + j] = (uint8_t)(xi0 | (xi1 << 4));
+    }
+}
+
 static void weighted_row(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
     switch (dst_type) {
+    case T_Q4_1:
+        if (qw == NULL) {
+            for (int i = 0; i < n / QK; ++i) q4_1_block(x + QK * i, y + 20 * i);
+        } else {
+            q_small_row_w(x, n, qw, y, dst_type);
+        }
+        return;
     case T_Q4_0:
     case T_Q5_0:
     case T_Q5_1:
@@ -2173,6 +2298,7 @@ static int weighted_layout(int dst_type, int *block, Py_ssize_t *out_bytes) {
     switch (dst_type) {
     case T_Q4_0: case T_Q5_0: case T_Q5_1: case T_Q4_K: case T_Q5_K: case T_Q6_K:
         return dst_layout(dst_type, block, out_bytes);
+    case T_Q4_1: *block = QK; *out_bytes = 20; return 1;
     case T_IQ4_NL: *block = QK; *out_bytes = 18; return 1;
     case T_IQ4_XS: *block = QK_K; *out_bytes = 136; return 1;
     default: return 0;
@@ -2194,14 +2320,14 @@ static PyObject *quantize_weighted(PyObject *self, PyObject *args) {
     if (src_type != T_F32 && src_type != T_F16 && src_type != T_BF16) {
         err = "source type must be F32, F16 or BF16";
     } else if (!weighted_layout(dst_type, &block, &out_bytes)) {
-        err = "destination type must be Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS";
+        err = "destination type must be Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS";
     } else if (n_per_row <= 0 || n_per_row % block || n_per_row > (1 << 24) || src.len % (item * n_per_row)) {
         err = "rows must be whole blocks, and the source whole rows";
     } else if (dst.len != src.len / (item * block) * out_bytes) {
         err = "destination size does not match the source";
     } else if (imp.len != 0 && imp.len != n_per_row * 4) {
         err = "the importance must be one float32 per column of a row";
-    } else if (imp.len == 0 && dst_type != T_IQ4_NL && dst_type != T_IQ4_XS) {
+    } else if (imp.len == 0 && dst_type != T_IQ4_NL && dst_type != T_IQ4_XS && dst_type != T_Q4_1) {
         err = "this type is weighted only with an importance";
     }
     if (err == NULL) {
@@ -2282,7 +2408,7 @@ static PyMethodDef methods[] = {
      "count_nonfinite(data, type): NaN or infinite values (F32/F16/BF16) or block scales (the block types)."},
     {"quantize_weighted", quantize_weighted, METH_VARARGS,
      "quantize_weighted(src, src_type, dst, dst_type, n_per_row, importance): rows of n_per_row values -> blocks, "
-     "with the rows' importance (float32 per column; empty: IQ4_NL/IQ4_XS without one)."},
+     "with the rows' importance (float32 per column; empty: Q4_1/IQ4_NL/IQ4_XS without one)."},
     {"quantize", quantize, METH_VARARGS,
      "quantize(src, src_type, dst, dst_type): src (F32/F16/BF16 bytes) -> dst (Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 "
      "blocks, F16/BF16)."},

@@ -372,7 +372,7 @@ def _made(job: TensorJob, raw: bytes | memoryview, row0: int) -> ahead.Chunk:
         out = _weighted(job, values, values_type, row0)
     elif job.dst_type in kernels.QUANT_TYPES:
         out = kernels.quantize_rows(values, values_type, job.dst_type)
-    elif job.dst_type in kernels.UNWEIGHTED_TOO:  # IQ4_NL / IQ4_XS: compiled kernels only
+    elif job.dst_type in kernels.UNWEIGHTED_TOO:  # Q4_1 / IQ4_NL / IQ4_XS: compiled kernels only
         if kernels.kernel_path() != "compiled":
             raise QuantizeError(f"The built-in quantizer makes {Q(job.dst_type).name} (tensor {job.src.name}) with its "
                                 "compiled kernels only, which are not active; use --quantizer llama-quantize.")

@@ -26,10 +26,11 @@ F = LlamaFileType
 
 # The file types whose rules are mirrored here, by TYPE argument -> the llama_ftype written to general.file_type
 # (include/llama.h). MXFP4_MOE: experts MXFP4 (kept as they are when already), the rest Q8_0.
-_MIRRORED = {"q4_0": F.MOSTLY_Q4_0, "q8_0": F.MOSTLY_Q8_0, "q6_k": F.MOSTLY_Q6_K, "q4_k_m": F.MOSTLY_Q4_K_M,
-             "q4_k_s": F.MOSTLY_Q4_K_S, "q5_k_m": F.MOSTLY_Q5_K_M, "q5_k_s": F.MOSTLY_Q5_K_S, "q5_0": F.MOSTLY_Q5_0,
-             "q5_1": F.MOSTLY_Q5_1, "mxfp4_moe": F.MOSTLY_MXFP4_MOE, "iq4_nl": F.MOSTLY_IQ4_NL,
-             "iq4_xs": F.MOSTLY_IQ4_XS, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "f32": F.ALL_F32}
+_MIRRORED = {"q4_0": F.MOSTLY_Q4_0, "q4_1": F.MOSTLY_Q4_1, "q8_0": F.MOSTLY_Q8_0, "q6_k": F.MOSTLY_Q6_K,
+             "q4_k_m": F.MOSTLY_Q4_K_M, "q4_k_s": F.MOSTLY_Q4_K_S, "q5_k_m": F.MOSTLY_Q5_K_M,
+             "q5_k_s": F.MOSTLY_Q5_K_S, "q5_0": F.MOSTLY_Q5_0, "q5_1": F.MOSTLY_Q5_1,
+             "mxfp4_moe": F.MOSTLY_MXFP4_MOE, "iq4_nl": F.MOSTLY_IQ4_NL, "iq4_xs": F.MOSTLY_IQ4_XS,
+             "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "f32": F.ALL_F32}
 _IQ4 = (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
 
 
@@ -47,8 +48,9 @@ ALL_FTYPES: dict[str, tuple[LlamaFileType, GGMLQuantizationType]] = {
 # the built-in makes (``TensorType.builtin``).
 FTYPES = ALL_FTYPES
 SUPPORTED_TYPES = tuple(FTYPES)
-# ... and with an importance matrix (every one but Q4_0, whose rules then take Q4_1 for the first ffn_down layers)
-IMATRIX_TYPES = tuple(key for key in FTYPES if key != "q4_0")
+# ... and with an importance matrix (all: Q4_0's rules then take Q4_1 for the first eighth of ffn_down, which the
+# compiled weighted kernels make)
+IMATRIX_TYPES = tuple(FTYPES)
 
 # Types that are not "quantized" for ggml_is_quantized(); everything else is a block quant.
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.F64)

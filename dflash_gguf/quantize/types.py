@@ -77,11 +77,12 @@ def _builtin(qtype: GGMLQuantizationType, kernel: BlockKernel | None, scales: Sc
                       values_dtype=None if values is None else np.dtype(values))
 
 
-def _compiled_only(qtype: GGMLQuantizationType, fallback: GGMLQuantizationType | None = None) -> TensorType:
-    """A type the built-in makes with its compiled kernels only (no numpy kernel; its scales checked in numpy):
-    without them, llama-quantize makes it."""
+def _compiled_only(qtype: GGMLQuantizationType, fallback: GGMLQuantizationType | None = None,
+                   scales: ScaleLayout | None = None) -> TensorType:
+    """A type the built-in makes with its compiled kernels only (no numpy kernel; its scales checked in numpy, by
+    default one fp16 d first): without them, llama-quantize makes it."""
     block, size = GGML_QUANT_SIZES[qtype]
-    return TensorType(qtype, block, size, None, None, _D, fallback, builtin=True)
+    return TensorType(qtype, block, size, None, None, scales or _D, fallback, builtin=True)
 
 
 def _llama_only(qtype: GGMLQuantizationType, fallback: GGMLQuantizationType | None = None, *,
@@ -108,10 +109,11 @@ TENSOR_TYPES: tuple[TensorType, ...] = (
     _builtin(Q.F32, None, ScaleLayout(exponent_mask=0x7F800000), values=np.float32),  # copied or widened
     # MXFP4_MOE's expert type; no override (the built-in never offered it as one).
     _builtin(Q.MXFP4, mxfp4.mxfp4_blocks, ScaleLayout(e8m0_at=(0,)), override=False),
-    # The 4-bit non-linear types: compiled only (kernels.quantize_weighted, with or without an importance matrix).
-    _compiled_only(Q.IQ4_NL), _compiled_only(Q.IQ4_XS, Q.IQ4_NL),
+    # The 4-bit non-linear types, and Q4_1 (Q4_0's rules with an importance matrix take it for the first eighth of
+    # ffn_down): compiled only (kernels.quantize_weighted, with or without an importance matrix).
+    _compiled_only(Q.IQ4_NL), _compiled_only(Q.IQ4_XS, Q.IQ4_NL), _compiled_only(Q.Q4_1, scales=_D_M),
     # Made by llama-quantize only.
-    _llama_only(Q.Q1_0), _llama_only(Q.Q4_1),
+    _llama_only(Q.Q1_0),
     _llama_only(Q.Q2_K, Q.Q4_0), _llama_only(Q.Q3_K, Q.Q4_0), _llama_only(Q.TQ1_0, Q.Q4_0),
     _llama_only(Q.TQ2_0, Q.Q4_0), _llama_only(Q.IQ3_S, Q.IQ4_NL),
     *(_llama_only(t, Q.IQ4_NL, needs_imatrix=True)
