@@ -106,10 +106,10 @@ def quantize_mxfp4(values: np.ndarray, src_type: GGMLQuantizationType = Q.F32) -
     return quantize_rows(values, src_type, Q.MXFP4)
 
 
-# What ggml_quantize_chunk weights by an importance matrix (quantize_q4_0 ... quantize_q6_K with quant_weights) and the
-# two IQ4 types, made with or without one; ggml type id -> (values per block, bytes per block).
-WEIGHTED_TYPES = {Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22), Q.Q5_1: (32, 24), Q.Q4_K: (QK_K, 144), Q.Q5_K: (QK_K, 176),
-                  Q.Q6_K: (QK_K, 210), Q.IQ4_NL: (32, 18), Q.IQ4_XS: (QK_K, 136)}
+# What ggml_quantize_chunk weights by an importance matrix (quantize_q4_0 ... quantize_q6_K with quant_weights) and
+# Q4_1 and the two IQ4 types, made with or without one; ggml type id -> (values per block, bytes per block).
+WEIGHTED_TYPES = {Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22), Q.Q5_1: (32, 24), Q.Q4_K: (QK_K, 144),
+                  Q.Q5_K: (QK_K, 176), Q.Q6_K: (QK_K, 210), Q.IQ4_NL: (32, 18), Q.IQ4_XS: (QK_K, 136)}
 UNWEIGHTED_TOO = (Q.Q4_1, Q.IQ4_NL, Q.IQ4_XS)  # made by quantize_weighted without an importance as well
 
 
