@@ -273,7 +273,7 @@ def kernel_rows(work: Path, venv_bin: Path, llama_quantize: Path) -> list[str]:
     lines += ["", "| kernel with an importance matrix, 1 thread (MB/s of BF16 input, rows of 4096) | " +
               " | ".join(f"compiled, {lv}" for lv in levels) + " | b11434 ggml_quantize_chunk (F32 in) | "
               "compiled / ggml |", "|---|" + "---|" * (len(levels) + 2)]
-    for qtype in (Q.Q4_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS):
+    for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS):
         if not levels:
             break
         speeds = compiled_speeds(lambda q=qtype: kernels.quantize_weighted(bf16, Q.BF16, q, row_len, importance))

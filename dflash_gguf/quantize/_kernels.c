@@ -1802,6 +1802,7 @@ static inline float fit_signed(const float *x, const float *w, int nmax, int8_t 
     return scale;
 }
 
+/* quantize_row_q4_0_impl / quantize_row_q5_0_impl: one row of n values with weights, block by block. */
 static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
     const int avx2 = have_avx2();
     float sum_x2 = 0;
@@ -1819,30 +1820,12 @@ static void q_small_row_w(const float *x, int n, const float *qw, uint8_t *y, in
             for (int j = 0; j < 16; ++j) b[2 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
             continue;
         }
-        uint8_t L[QK], aux[QK], *b;
-        if (dst_type == T_Q4_1) { /* quantize_row_q4_1_impl: make_qkx3_quants with nmax 15, d and -min */
-            float neg_min;
-            b = y + 20 * ib;
-            const float d = fit_min_w(QK, 15, xb, weight, L, &neg_min, aux, -0.9f, 0.05f, 36);
-            store_fp16(b, fp32_to_fp16(d));
-            store_fp16(b + 2, fp32_to_fp16(-neg_min));
-            for (int j = 0; j < 16; ++j) b[4 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
-            continue;
-        }
-        if (dst_type == T_Q5_0) {
-            int8_t S[QK];
-            b = y + 22 * ib;
-            store_fp16(b, fp32_to_fp16(fit_signed(xb, weight, 16, S, avx2)));
-            for (int j = 0; j < QK; ++j) L[j] = (uint8_t)S[j];
-            b += 2;
-        } else {
-            float neg_min;
-            b = y + 24 * ib;
-            const float d = fit_min_w(QK, 31, xb, weight, L, &neg_min, aux, -0.9f, 0.05f, 36);
-            store_fp16(b, fp32_to_fp16(d));
-            store_fp16(b + 2, fp32_to_fp16(-neg_min));
-            b += 4;
-        }
+        /* Q5_0 */
+        uint8_t L[QK], *b = y + 22 * ib;
+        int8_t S[QK];
+        store_fp16(b, fp32_to_fp16(fit_signed(xb, weight, 16, S, avx2)));
+        for (int j = 0; j < QK; ++j) L[j] = (uint8_t)S[j];
+        b += 2;
         uint32_t qh = 0;
         for (int j = 0; j < 16; ++j) {
             const uint8_t lo = L[j], hi = L[j + 16];
@@ -2182,24 +2165,101 @@ static void iq4_block(const float *x, const float *qw, uint8_t *y, int super) {
 /* One row of n values to Q4_K / Q5_K with weights: the active instruction set's groups of super-blocks fitted side
  * by side (qkx3_group; the last ones in a group padded with zeros), each super-block finished alone; a group the
  * vector fits turn down (a NaN or inf, a trial that is not plain) takes qk_block_w. */
-static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5) {
-    const int level = simd_level();
-    int (*group)(const float *, const float *, const kq_params *, uint8_t *, float *, float *, float *) =
-        kq8_qkx3_group;
-    int per = 1;
-#if DISPATCH_AVX2
-    if (level >= SIMD_AVX2) {
-        group = kq_avx2_qkx3_group;
-        per = KQ_AVX2_CHAINS;
+/* quantize_row_q4_K_impl's sigma2 = 2 * sum x^2 / 256 of each of n super-blocks, for each of its 8 sub-blocks */
+static void kq_sigma2(const float *x, int n, float *sig) {
+    for (int b = 0; b < n; ++b) {
+        float sum_x2 = 0;
+        for (int l = 0; l < QK_K; ++l) sum_x2 += x[QK_K * b + l] * x[QK_K * b + l];
+        for (int j = 0; j < KSUB; ++j) sig[KSUB * b + j] = 2 * sum_x2 / QK_K;
     }
-#endif
+}
+
+typedef int (*qkx3_fn)(const float *, const float *, const float *, const kq_params *, uint8_t *, float *, float *,
+                       float *);
+
+/* The active instruction set's qkx3_group, and its super-blocks (8 sub-blocks of 32) a group */
+static qkx3_fn qkx3_of_level(int *per) {
+    const int level = simd_level();
+    *per = 1;
 #if DISPATCH_AVX512
     if (level >= SIMD_AVX512) {
-        group = kq_avx512_qkx3_group;
-        per = KQ_AVX512_CHAINS * 2;
+        *per = KQ_AVX512_CHAINS * 2;
+        return kq_avx512_qkx3_group;
+    }
+#endif
+#if DISPATCH_AVX2
+    if (level >= SIMD_AVX2) {
+        *per = KQ_AVX2_CHAINS;
+        return kq_avx2_qkx3_group;
     }
 #endif
     (void)level;
+    return kq8_qkx3_group;
+}
+
+/* quantize_row_q4_1_impl / quantize_row_q5_1_impl (nmax 15 / 31) of one row of n values with weights: the 32-blocks'
+ * fits side by side (qkx3_group, the row's sigma2 in every lane; the last group padded with zeros), each block
+ * written alone; a group the vector fits turn down takes q_small_row_w's scalar fit. */
+static void q_min_rows_w(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
+    const int nmax = dst_type == T_Q4_1 ? 15 : 31, out = dst_type == T_Q4_1 ? 20 : 24;
+    int per;
+    const qkx3_fn group = qkx3_of_level(&per);
+    const int lanes = per * KSUB;
+    kq_params p;
+    kq_params_init(&p, nmax, -0.9f, 0.05f, 36);
+    float sum_x2 = 0;
+    for (int j = 0; j < n; ++j) sum_x2 += x[j] * x[j];
+    float sig[KQ_GROUP_MAX * KSUB];
+    for (int j = 0; j < lanes; ++j) sig[j] = sum_x2 / n;
+    uint8_t L[KQ_GROUP_MAX * QK_K];
+    float scales[KQ_GROUP_MAX * KSUB], mins[KQ_GROUP_MAX * KSUB], sw[KQ_GROUP_MAX * KSUB];
+    float xs[KQ_GROUP_MAX * QK_K], qs[KQ_GROUP_MAX * QK_K];
+    for (int b0 = 0; b0 < n / QK; b0 += lanes) {
+        const int nb = n / QK - b0 < lanes ? n / QK - b0 : lanes;
+        const float *xg = x + QK * b0, *qg = qw + QK * b0;
+        if (nb < lanes) { /* the row's last blocks, padded with zeros */
+            memset(xs, 0, sizeof xs);
+            memset(qs, 0, sizeof qs);
+            memcpy(xs, xg, sizeof(float) * QK * (size_t)nb);
+            memcpy(qs, qg, sizeof(float) * QK * (size_t)nb);
+            xg = xs;
+            qg = qs;
+        }
+        if (!group(xg, qg, sig, &p, L, scales, mins, sw)) {
+            /* the scalar fit, block by block, with the row's sigma2 (q_small_row_w recomputes it: the same value) */
+            float w[QK];
+            for (int b = 0; b < nb; ++b) {
+                const float *xb = x + QK * (b0 + b), *q = qw + QK * (b0 + b);
+                for (int j = 0; j < QK; ++j) w[j] = q[j] * sqrtf(sig[0] + xb[j] * xb[j]);
+                uint8_t aux[QK];
+                scales[b] = fit_min_w(QK, nmax, xb, w, L + QK * b, &mins[b], aux, -0.9f, 0.05f, 36);
+            }
+        }
+        for (int b = 0; b < nb; ++b) {
+            const uint8_t *Lb = L + QK * b;
+            uint8_t *yb = y + out * (b0 + b);
+            store_fp16(yb, fp32_to_fp16(scales[b]));
+            store_fp16(yb + 2, fp32_to_fp16(-mins[b]));
+            if (dst_type == T_Q4_1) {
+                for (int j = 0; j < 16; ++j) yb[4 + j] = (uint8_t)(Lb[j] | (Lb[j + 16] << 4));
+                continue;
+            }
+            uint32_t qh = 0;
+            for (int j = 0; j < 16; ++j) {
+                const uint8_t lo = Lb[j], hi = Lb[j + 16];
+                yb[8 + j] = (uint8_t)((lo & 0x0F) | ((hi & 0x0F) << 4));
+                qh |= ((lo & 0x10u) >> 4) << j;
+                qh |= ((hi & 0x10u) >> 4) << (j + 16);
+            }
+            memcpy(yb + 4, &qh, 4);
+        }
+    }
+}
+
+static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5) {
+    int per;
+    const qkx3_fn group = qkx3_of_level(&per);
+    float sig[KQ_GROUP_MAX * KSUB];
     kq_params p;
     kq_params_init(&p, q5 ? 31 : 15, -0.9f, 0.05f, 36);
     const int out = q5 ? 176 : 144, nsb = n / QK_K;
@@ -2207,7 +2267,8 @@ static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5
     float scales[KQ_GROUP_MAX * KSUB], mins[KQ_GROUP_MAX * KSUB], sw[KQ_GROUP_MAX * KSUB];
     int i = 0;
     for (; i + per <= nsb; i += per) {
-        if (group(x + QK_K * i, qw + QK_K * i, &p, L, scales, mins, sw)) {
+        kq_sigma2(x + QK_K * i, per, sig);
+        if (group(x + QK_K * i, qw + QK_K * i, sig, &p, L, scales, mins, sw)) {
             for (int b = 0; b < per; ++b) {
                 qk_finish_w(x + QK_K * (i + b), L + QK_K * b, scales + KSUB * b, mins + KSUB * b, sw + KSUB * b,
                             y + out * (i + b), q5);
@@ -2224,7 +2285,8 @@ static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5
         memset(qs, 0, sizeof qs);
         memcpy(xs, x + QK_K * i, sizeof(float) * QK_K * (size_t)(nsb - i));
         memcpy(qs, qw + QK_K * i, sizeof(float) * QK_K * (size_t)(nsb - i));
-        const int fitted = group(xs, qs, &p, L, scales, mins, sw);
+        kq_sigma2(xs, per, sig);
+        const int fitted = group(xs, qs, sig, &p, L, scales, mins, sw);
         for (int b = 0; i + b < nsb; ++b) {
             if (fitted) {
                 qk_finish_w(x + QK_K * (i + b), L + QK_K * b, scales + KSUB * b, mins + KSUB * b, sw + KSUB * b,
@@ -2269,13 +2331,15 @@ static void weighted_row(const float *x, int n, const float *qw, uint8_t *y, int
         if (qw == NULL) {
             for (int i = 0; i < n / QK; ++i) q4_1_block(x + QK * i, y + 20 * i);
         } else {
-            q_small_row_w(x, n, qw, y, dst_type);
+            q_min_rows_w(x, n, qw, y, dst_type);
         }
         return;
     case T_Q4_0:
     case T_Q5_0:
-    case T_Q5_1:
         q_small_row_w(x, n, qw, y, dst_type);
+        return;
+    case T_Q5_1:
+        q_min_rows_w(x, n, qw, y, dst_type);
         return;
     case T_Q4_K:
     case T_Q5_K:

@@ -403,31 +403,23 @@ KQ_TARGET static void KQ_FN(qk_group)(const float *restrict x, uint8_t *restrict
     }
 }
 
-/* The fits of quantize_row_q4_K_impl / quantize_row_q5_K_impl (with an importance matrix) for the KQ_SB
- * super-blocks at x, one after another: each sub-block's weights qw * sqrtf(sigma2 + x*x) (sigma2 = 2 * sum x^2 / 256
- * over its super-block), their sums sw, and make_qkx3_quants(32, nmax, x, weights, L, &min, Laux, -0.9f, 0.05f, 36,
- * false), whose trials are qkx2's but for the level of a v that is NaN, below 0 or beyond nmax: equal on plain
- * trials. So: L (bytes, in x's order), scales, mins (C's the_min) and sw for each sub-block, and 1; or 0 when the
- * values are not all finite or a trial was not plain, and the caller runs the scalar code instead. */
-KQ_TARGET static int KQ_FN(qkx3_group)(const float *restrict x, const float *restrict qw, const kq_params *p,
-                                       uint8_t *restrict L, float *restrict scales, float *restrict mins,
-                                       float *restrict sw) {
+/* make_qkx3_quants(32, nmax, x, weights, L, &min, Laux, -0.9f, 0.05f, 36, false) for the KQ_G * KQ_N sub-blocks
+ * of 32 at x, one after another, with the weights of quantize_row_q4_K_impl / q5_K / q4_1 / q5_1: qw * sqrtf(sig +
+ * x*x), sig given per sub-block (sigma2 of its super-block or row). Its trials are qkx2's but for the level of a v
+ * that is NaN, below 0 or beyond nmax: equal on plain trials. So: L (bytes, in x's order), scales, mins (C's
+ * the_min) and the weights' sums sw for each sub-block, and 1; or 0 when the values are not all finite or a trial
+ * was not plain, and the caller runs the scalar code instead. */
+KQ_TARGET static int KQ_FN(qkx3_group)(const float *restrict x, const float *restrict qw, const float *restrict sigma2,
+                                       const kq_params *p, uint8_t *restrict L, float *restrict scales,
+                                       float *restrict mins, float *restrict sw) {
     if (!all_finite(x, KQ_G * KQ_N * KLEN)) {
         return 0;
     }
     VF xt[KQ_G][KLEN], w[KQ_G][KLEN], Lv[KQ_G][KLEN], sc[KQ_G], mn[KQ_G];
-    float sigma2[KQ_SB];
-    for (int b = 0; b < KQ_SB; ++b) {
-        float sum_x2 = 0;
-        for (int l = 0; l < QK_K; ++l) {
-            sum_x2 += x[QK_K * b + l] * x[QK_K * b + l];
-        }
-        sigma2[b] = 2 * sum_x2 / QK_K;
-    }
     for (int g = 0; g < KQ_G; ++g) {
         VF sig, q[KLEN];
         for (int j = 0; j < KQ_N; ++j) {
-            sig[j] = sigma2[(KQ_N * g + j) / KSUB];
+            sig[j] = sigma2[KQ_N * g + j];
         }
         for (int i = 0; i < KLEN; ++i) {
             for (int j = 0; j < KQ_N; ++j) {
