@@ -16,9 +16,12 @@
    hand loop that starts b11434's llama-server for the same configurations and sends the same number of
    requests (``--only-tune``: only these).
 6. Quantization kernels, one thread (``--only-kernels``: only these): in process, MB/s of BF16 input for the
-   compiled and the numpy kernels and for b11434's ``quantize_row_*_ref`` (libggml-base, F32 in, the widening
-   excluded); then ``dflash-gguf quantize --threads 1`` against ``llama-quantize ... 1`` on ~0.3 GB BF16 files
-   for Q4_0, Q8_0 and Q6_K (the Q6_K file is mostly token_embd + output, made Q6_K by the override flags).
+   compiled kernels at every instruction set this CPU has, the numpy kernels and b11434's ``quantize_row_*_ref``
+   (libggml-base, F32 in, the widening excluded), then with an importance matrix against ``ggml_quantize_chunk``;
+   then ``dflash-gguf quantize --threads 1`` against ``llama-quantize ... 1`` on ~0.4 GB BF16 files per type.
+7. The Q4_K_M one pass against the disk (``--only-kquant-disk``: only this): a 3.2 GB Qwen3-4B-shaped target,
+   ``cat`` of its shards, ``dflash-gguf convert-target --quant Q4_K_M`` and b11434's convert + llama-quantize, each
+   from an empty page cache when run as root.
 The report starts with the kernel path the built-in quantizer uses (compiled or numpy).
 Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
 file pages touched through mmap included); inputs are read once beforehand so both sides start
@@ -1254,6 +1257,7 @@ def main() -> None:
         lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         lines += ["", *tune_rows(work, venv_bin, bins / "llama-server")]
         lines += ["", *kernel_rows(work, venv_bin, bins / "llama-quantize")]
+        lines += ["", *kquant_disk_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         print("\n".join(lines))
         print(f"\nconvert parity on the synthetic drafter: {'identical' if not problems else problems[:5]}")
     finally:
