@@ -588,15 +588,104 @@ static inline void make_qx_quants_finite(const float *restrict x, const float *r
     }
 }
 
+#if DISPATCH_AVX512
+/* make_qx_quants_finite(x, qw, 16, 32, 16, L, scales) with AVX-512 the other way round: the 16 sub-blocks of a
+ * super-block in the 16 lanes of a register (lane j: sub-block j) and the 19 trials one after another, four at a
+ * time in independent accumulators. Each lane performs qx_fit's operations on its own sub-block (the same level in
+ * float, the same sums in element order), then qx16_choose's choice in C's order, then L from the winner's iscale
+ * (|v| <= about 33 on finite values: the float rounding is nearest_int's). A sub-block whose largest |x| is below
+ * GROUP_MAX_EPS divides by 1 and is set to C's zeros at the end. */
+__attribute__((target(AVX512_TARGET))) static void q6_fits_avx512(const float *x, const float *qw, int8_t *L,
+                                                                 float *scales) {
+    const float *num = trial_num_of(32);
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(16));
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 xt[16], w[16], wx[16], am = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) {
+        xt[i] = _mm512_i32gather_ps(at, x + i, 4);
+        w[i] = qw ? _mm512_i32gather_ps(at, qw + i, 4) : _mm512_mul_ps(xt[i], xt[i]);
+        wx[i] = _mm512_mul_ps(w[i], xt[i]);
+        am = _mm512_max_ps(am, _mm512_andnot_ps(sign, xt[i]));
+    }
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 15; i >= 0; --i) { /* C's first value of largest |x| */
+        mx = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, xt[i]), am, _CMP_EQ_OQ), xt[i]);
+    }
+    const __mmask16 zero = _mm512_cmp_ps_mask(am, _mm512_set1_ps(GROUP_MAX_EPS), _CMP_LT_OQ);
+    const __m512 maxv = _mm512_mask_mov_ps(mx, zero, _mm512_set1_ps(1.0f));
+    const __m512 magic = _mm512_set1_ps(ROUND_MAGIC), hi = _mm512_set1_ps(31.0f), lo = _mm512_set1_ps(-32.0f);
+    __m512 isc[NTRIAL], slx[NTRIAL], sl2[NTRIAL];
+    for (int t0 = 0; t0 < NTRIAL; t0 += 4) {
+        const int nt = NTRIAL - t0 < 4 ? NTRIAL - t0 : 4;
+        __m512 sx[4], s2[4], is[4];
+        for (int k = 0; k < 4; ++k) {
+            is[k] = _mm512_div_ps(_mm512_xor_ps(_mm512_set1_ps(num[t0 + (k < nt ? k : 0)]), sign), maxv);
+            sx[k] = s2[k] = _mm512_setzero_ps();
+        }
+        for (int i = 0; i < 16; ++i) {
+            for (int k = 0; k < 4; ++k) {
+                const __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(is[k], xt[i]), magic), magic);
+                const __m512 l = _mm512_max_ps(_mm512_min_ps(r, hi), lo);
+                sx[k] = _mm512_add_ps(sx[k], _mm512_mul_ps(wx[i], l));
+                s2[k] = _mm512_add_ps(s2[k], _mm512_mul_ps(_mm512_mul_ps(w[i], l), l));
+            }
+        }
+        for (int k = 0; k < nt; ++k) {
+            isc[t0 + k] = is[k];
+            slx[t0 + k] = sx[k];
+            sl2[t0 + k] = s2[k];
+        }
+    }
+    /* C's choice: scale = suml2 ? sumlx/suml2 : 0, best = scale*sumlx, then each later trial that passes */
+    const __m512 z = _mm512_setzero_ps();
+    __m512 scale = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sl2[0], z, _CMP_NEQ_UQ), slx[0], sl2[0]);
+    __m512 best = _mm512_mul_ps(scale, slx[0]), win = isc[0];
+    for (int t = 1; t < NTRIAL; ++t) {
+        const __mmask16 pass = _mm512_cmp_ps_mask(sl2[t], z, _CMP_GT_OQ) &
+                               _mm512_cmp_ps_mask(_mm512_mul_ps(slx[t], slx[t]), _mm512_mul_ps(best, sl2[t]),
+                                                  _CMP_GT_OQ);
+        scale = _mm512_mask_div_ps(scale, pass, slx[t], sl2[t]);
+        best = _mm512_mask_mul_ps(best, pass, scale, slx[t]);
+        win = _mm512_mask_mov_ps(win, pass, isc[t]);
+    }
+    _mm512_storeu_ps(scales, _mm512_mask_mov_ps(scale, zero, z));
+    int8_t rows[16][16];
+    for (int i = 0; i < 16; ++i) {
+        const __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(win, xt[i]), magic), magic);
+        __m512i l = _mm512_add_epi32(_mm512_cvttps_epi32(_mm512_max_ps(_mm512_min_ps(r, hi), lo)),
+                                     _mm512_set1_epi32(32));
+        l = _mm512_mask_mov_epi32(l, zero, _mm512_setzero_si512());
+        _mm_storeu_si128((__m128i *)rows[i], _mm512_cvtepi32_epi8(l));
+    }
+    for (int j = 0; j < 16; ++j) {
+        for (int i = 0; i < 16; ++i) {
+            L[16 * j + i] = rows[i][j];
+        }
+    }
+}
+#endif
+
+/* The 16 sub-blocks' fits of a finite Q6_K super-block, by the active instruction set (level: simd_level()). */
+static void q6_fits(const float *x, const float *qw, int8_t *L, float *scales, int level) {
+#if DISPATCH_AVX512
+    if (level >= SIMD_AVX512) {
+        q6_fits_avx512(x, qw, L, scales);
+        return;
+    }
+#endif
+    make_qx_quants_finite(x, qw, 16, 32, QK_K / 16, L, scales, level >= SIMD_AVX2);
+}
+
 /* quantize_row_q6_K_ref (ggml-quants.c), one 256-value super-block -> 210 bytes
  * (ql[128], qh[64], int8 scales[16], fp16 d). */
-static void q6_k_block(const float *x, uint8_t *y, int avx2) {
+static void q6_k_block(const float *x, uint8_t *y, int level) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     float max_scale = 0;
     float max_abs_scale = 0;
     if (all_finite(x, QK_K)) {
-        make_qx_quants_finite(x, NULL, 16, 32, QK_K / 16, L, scales, avx2);
+        q6_fits(x, NULL, L, scales, level);
     } else {
         for (int ib = 0; ib < QK_K / 16; ++ib) {
             scales[ib] = make_qx_quants16(x + 16 * ib, L + 16 * ib);
@@ -1367,7 +1456,7 @@ static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int 
         float x[QK_K];
         for (Py_ssize_t i = 0; i < nb; ++i) {
             load_block(src + i * item * QK_K, src_type, QK_K, x);
-            q6_k_block(x, dst + i * 210, avx2);
+            q6_k_block(x, dst + i * 210, simd_level());
         }
         return;
     }
@@ -1930,7 +2019,7 @@ static void q6_k_block_w(const float *x, const float *qw, uint8_t *y) {
     float scales[16];
     float max_scale = 0, max_abs_scale = 0;
     if (all_finite(x, QK_K)) {
-        make_qx_quants_finite(x, qw, 16, 32, 16, L, scales, have_avx2());
+        q6_fits(x, qw, L, scales, simd_level());
     } else {
         for (int ib = 0; ib < 16; ++ib) {
             scales[ib] = fit_signed_w(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
