@@ -3,9 +3,9 @@
 - The pipeline's matrix is llama-imatrix's by hand on the same 16-bit file, text, context, chunks and threads (same
   tensors, same values, the text named by its file name only), and its Q4_K_M (the built-in's weighted kernels) and
   IQ4_XS (llama-quantize) are llama-quantize ``--imatrix`` of that file by hand; a second run reuses them all.
-- ``--imatrix FILE`` with the built-in quantizer is one pass from safetensors: Q4_K_M, Q5_K_M, Q6_K, Q5_1 and Q4_0 (four
-  of them from one read) equal llama-quantize ``--imatrix`` of the BF16 conversion on the tied dense, untied dense
-  and MoE fixtures.
+- ``--imatrix FILE`` with the built-in quantizer is one pass from safetensors: Q4_K_M, Q5_K_M, Q6_K, Q5_1, Q4_0 and
+  IQ4_XS (five of them from one read) equal llama-quantize ``--imatrix`` of the BF16 conversion on the tied dense,
+  untied dense and MoE fixtures.
 - A matrix of another model is refused (exit 24) by ``dflash-gguf quantize`` and the pipeline, before llama-quantize
   would quietly quantize without it; the legacy ``.dat`` format is read as well as the GGUF one.
 """
@@ -115,7 +115,7 @@ def test_one_pass_with_an_imatrix_is_llama_quantize_imatrix(tmp_path: Path, fami
     convert_target(model, bf16)
     (tmp_path / "imatrix").mkdir()
     matrix = _by_hand(bf16, text, tmp_path / "imatrix" / "imatrix-model.gguf")
-    tags = ["q4_k_m", "q5_k_m", "q6_k", "q5_1", "q4_0"]
+    tags = ["q4_k_m", "q5_k_m", "q6_k", "q5_1", "q4_0", "iq4_xs"]
     out = tmp_path / "ours"
     out.mkdir()
     importance = load_importance(matrix)
