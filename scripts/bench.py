@@ -41,7 +41,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
+# numpy's OpenBLAS threads spin idle after its import and took up to a fifth of a core from the in-process kernel rows
+# (ours and ggml's alike); nothing here uses BLAS. Set before numpy loads; the child processes inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType, GGUFValueType
 
 ROOT = Path(__file__).resolve().parents[1]
