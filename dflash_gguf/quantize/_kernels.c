@@ -1452,6 +1452,7 @@ __attribute__((target("avx2"))) static void mxfp4_block_avx2(const float *restri
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
     const int avx2 = have_avx2();
+    (void)avx2; /* unused without DISPATCH_AVX2 */
     if (dst_type == T_Q6_K) {
         float x[QK_K];
         for (Py_ssize_t i = 0; i < nb; ++i) {
@@ -2086,10 +2087,10 @@ static inline int iq4_index(float x) {
  * one per lane; each lane's sums still take their terms in C's element order): the binary search of iq4_index run
  * in every lane, each step taken only where the lane's interval is still wider than 1 (as C's loop), without its
  * two edge tests, which the search reproduces (v <= -127 ends at 0, v >= 113 at 15, NaN at 15, as C). */
+#if DISPATCH_AVX512
 static const float iq4_f[16] __attribute__((aligned(64))) = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                              1,    13,   25,  38,  53,  69,  89,  113};
 
-#if DISPATCH_AVX512
 __attribute__((target(AVX512_TARGET))) static inline __m512i iq4_index_avx512(__m512 v, __m512 tab) {
     __m512i lo = _mm512_setzero_si512(), hi = _mm512_set1_epi32(15);
     const __m512i one = _mm512_set1_epi32(1);

@@ -33,21 +33,9 @@
 typedef float VF __attribute__((vector_size(KQ_N * 4)));
 typedef int32_t VI __attribute__((vector_size(KQ_N * 4)));
 
-KALWAYS KQ_TARGET VF KQ_FN(splat)(float v) {
-    VF r;
-    for (int k = 0; k < KQ_N; ++k) {
-        r[k] = v;
-    }
-    return r;
-}
+KALWAYS KQ_TARGET VF KQ_FN(splat)(float v) { return (VF){0} + v; }
 
-KALWAYS KQ_TARGET VI KQ_FN(splati)(int32_t v) {
-    VI r;
-    for (int k = 0; k < KQ_N; ++k) {
-        r[k] = v;
-    }
-    return r;
-}
+KALWAYS KQ_TARGET VI KQ_FN(splati)(int32_t v) { return (VI){0} + v; }
 
 KALWAYS KQ_TARGET VF KQ_FN(sel)(VI m, VF a, VF b) { return (VF)(((VI)a & m) | ((VI)b & ~m)); }
 
