@@ -1,5 +1,5 @@
-/* Compiled Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 kernels and F16/BF16 roundings, bit-exact with ggml b11434's
- * reference quantizers.
+/* Compiled Q4_0/Q8_0/Q6_K/Q5_0/Q5_1/Q4_K/Q5_K/MXFP4 kernels, the importance-weighted ones (and Q4_1, IQ4_NL,
+ * IQ4_XS) and F16/BF16 roundings, bit-exact with ggml b11434's reference quantizers.
  *
  * A plain CPython extension (not a ctypes library): setuptools builds and names it for the running
  * interpreter, import fails cleanly when it was not built (the numpy kernels then take over), the
@@ -13,11 +13,11 @@
  * give 0.
  *
  * The hot scans use GCC/clang vector extensions (and, on x86, SSE2 intrinsics: the x86-64 baseline);
- * another compiler fails the build, which only means the numpy kernels are used. Q6_K's trial fits,
- * Q4_0/Q8_0 (8 blocks at a time, any source type) and Q4_K/Q5_K's super-blocks (qk_block_avx2: the same vector
- * code compiled for AVX2) also have AVX2 versions, chosen at run time when the CPU
- * has AVX2 (see DISPATCH_AVX2), so the build stays portable; they perform the same float operations, so they
- * give the same bytes.
+ * another compiler fails the build, which only means the numpy kernels are used. The build stays portable: AVX2
+ * and AVX-512 versions (target attributes, never FMA) are chosen at run time by simd_level() (the CPU's widest,
+ * or lower by set_simd / DFLASH_GGUF_SIMD): Q4_0/Q8_0, Q6_K's fits, MXFP4, the K-quant template (_kquants.h,
+ * instantiated per instruction set), IQ4's fits. They perform the same float operations, so they give the same
+ * bytes; the tests hold every level to libggml.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -1,5 +1,5 @@
-/* Q4_K and Q5_K super-blocks: quantize_row_q4_K_ref / quantize_row_q5_K_ref (ggml-quants.c), KQ_N / 8
- * super-blocks at a time. Included by _kernels.c once per instruction set, as a template:
+/* Q4_K and Q5_K super-blocks: quantize_row_q4_K_ref / quantize_row_q5_K_ref (ggml-quants.c), KQ_G * KQ_N / 8
+ * super-blocks at a time, and make_qkx3_quants' fits of the weighted Q4_K/Q5_K/Q4_1/Q5_1 (qkx3_group). Included by _kernels.c once per instruction set, as a template:
  *   KQ_N       lanes of a vector: one per sub-block of 32 values (8 per super-block)
  *   KQ_G       independent chains of vectors: a group is KQ_G * KQ_N / 8 super-blocks
  *   KQ_ANY(m)  whether any lane of the comparison result m is set
@@ -19,7 +19,7 @@
  *   every lane's iscale is finite and positive, the group's values are finite and no v is below -2^21 ("plain"
  *   trials, nearly all): then -2^21 <= v = iscale*(x - min) <= about nmax, where nearest_int is that rounding,
  *   exactly, as a float (and the clamp from below is needed only where a fitted min lies above a value);
- *   other trials take nearest_int's bit arithmetic (kq_level_exact), exact for any v, NaN payloads included;
+ *   other trials take nearest_int's bit arithmetic (level_exact), exact for any v, NaN payloads included;
  * - a trial's levels are not copied into L when it wins: the winner's iscale and min are kept per lane, and L is
  *   computed from them once at the end (the same operations on the same values give the same levels);
  * - a lane whose values are all equal (C's early return, max == min) divides by 1 instead of 0, so that its
