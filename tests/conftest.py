@@ -69,7 +69,7 @@ def use_kernels(path: str) -> Iterator[str]:
     if level and (level not in kernels.simd_levels() or level == kernels.simd_levels()[-1]):
         pytest.skip(f"this CPU's widest instruction set is {kernels.simd_levels()[-1]}: the plain 'compiled' variant "
                     f"runs it" if level in kernels.simd_levels() else f"this CPU has no {level}")
-    previous, previous_simd = kernels.kernel_path(), kernels.simd_levels()[-1] if kernels.simd_levels() else ""
+    previous, previous_simd = kernels.kernel_path(), kernels.simd()
     kernels.set_kernel_path(base)
     if level:
         kernels.set_simd(level)
@@ -77,7 +77,7 @@ def use_kernels(path: str) -> Iterator[str]:
         yield path
     finally:
         kernels.set_kernel_path(previous)
-        if previous_simd:
+        if previous_simd is not None:
             kernels.set_simd(previous_simd)
 
 

@@ -40,7 +40,7 @@ def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def _variant() -> str:
     """The active kernels as the reference labels name them: the path, and the compiled kernels' instruction set."""
-    return kernels.kernel_path() if kernels.simd() is None else f"{kernels.kernel_path()}-{kernels.simd()}"
+    return f"compiled-{kernels.simd()}" if kernels.kernel_path() == "compiled" else kernels.kernel_path()
 
 
 # -- inputs ------------------------------------------------------------------------------------------

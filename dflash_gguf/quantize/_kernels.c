@@ -1094,20 +1094,29 @@ static void q5_0_block(const float *restrict x, uint8_t *restrict y) {
     pack_q5(q, y + 2, y + 6);
 }
 
+/* C's strict scans of a 32-value block from FLT_MAX / -FLT_MAX (quantize_row_q4_1_ref, q5_1): a NaN is skipped, and
+ * of equal zeros the first one's sign stays. */
+static inline void minmax_scan(const float *restrict x, float *restrict min, float *restrict max) {
+    float lo = FLT_MAX, hi = -FLT_MAX;
+    for (int j = 0; j < QK; ++j) {
+        const float v = x[j];
+        if (v < lo) {
+            lo = v;
+        }
+        if (v > hi) {
+            hi = v;
+        }
+    }
+    *min = lo;
+    *max = hi;
+}
+
 /* quantize_row_q5_1_ref, one block -> 24 bytes (fp16 d, fp16 m, qh[4], qs[16]): min/max by C's strict scans
  * from FLT_MAX/-FLT_MAX (sequential: of equal zeros the first one's sign stays), d = (max - min) / 31,
  * q = (uint8_t)((x - min)*id + 0.5f), unclamped. */
 static void q5_1_block_scalar(const float *restrict x, uint8_t *restrict y) {
-    float min = FLT_MAX, max = -FLT_MAX;
-    for (int j = 0; j < QK; ++j) {
-        const float v = x[j];
-        if (v < min) {
-            min = v;
-        }
-        if (v > max) {
-            max = v;
-        }
-    }
+    float min, max;
+    minmax_scan(x, &min, &max);
     const float d = (max - min) / ((1 << 5) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     uint8_t q[QK];
@@ -1237,7 +1246,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_NMIN(a, b) min4(a, b)
 #define KQ_NMAX(a, b) max4(a, b)
 #define KQ_NSQRT(a) sqrt4(a)
-#define KQ_NZERO ((v4f){0})
 #define KQ_FN(f) kq8_##f
 #define KQ_TARGET
 #include "_kquants.h"
@@ -1249,7 +1257,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #undef KQ_NMIN
 #undef KQ_NMAX
 #undef KQ_NSQRT
-#undef KQ_NZERO
 #undef KQ_FN
 #undef KQ_TARGET
 
@@ -1262,7 +1269,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_NMIN(a, b) _mm256_min_ps(a, b)
 #define KQ_NMAX(a, b) _mm256_max_ps(a, b)
 #define KQ_NSQRT(a) _mm256_sqrt_ps(a)
-#define KQ_NZERO _mm256_setzero_ps()
 #define KQ_FN(f) kq_avx2_##f
 #define KQ_TARGET __attribute__((target("avx2")))
 #include "_kquants.h"
@@ -1274,7 +1280,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #undef KQ_NMIN
 #undef KQ_NMAX
 #undef KQ_NSQRT
-#undef KQ_NZERO
 #undef KQ_FN
 #undef KQ_TARGET
 #endif
@@ -1288,7 +1293,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_NMIN(a, b) _mm512_min_ps(a, b)
 #define KQ_NMAX(a, b) _mm512_max_ps(a, b)
 #define KQ_NSQRT(a) _mm512_sqrt_ps(a)
-#define KQ_NZERO _mm512_setzero_ps()
 #define KQ_FN(f) kq_avx512_##f
 #define KQ_TARGET __attribute__((target(AVX512_TARGET)))
 #include "_kquants.h"
@@ -1300,7 +1304,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #undef KQ_NMIN
 #undef KQ_NMAX
 #undef KQ_NSQRT
-#undef KQ_NZERO
 #undef KQ_FN
 #undef KQ_TARGET
 #endif
@@ -1346,26 +1349,36 @@ static void mxfp4_block(const float *restrict x, uint8_t *restrict y) {
     }
 }
 
+/* The K-quant template's instantiation for the active instruction set: its group functions and how many
+ * super-blocks (8 sub-blocks of 32) a group holds. */
+typedef struct {
+    void (*qk)(const float *, uint8_t *, const kq_params *, int);
+    int (*qkx3)(const float *, const float *, const float *, const kq_params *, uint8_t *, float *, float *, float *);
+    int per;
+} kq_impl;
+
+static kq_impl kq_of_level(void) {
+    const int level = simd_level();
+#if DISPATCH_AVX512
+    if (level >= SIMD_AVX512) {
+        return (kq_impl){kq_avx512_qk_group, kq_avx512_qkx3_group, KQ_AVX512_CHAINS * 2};
+    }
+#endif
+#if DISPATCH_AVX2
+    if (level >= SIMD_AVX2) {
+        return (kq_impl){kq_avx2_qk_group, kq_avx2_qkx3_group, KQ_AVX2_CHAINS};
+    }
+#endif
+    (void)level;
+    return (kq_impl){kq8_qk_group, kq8_qkx3_group, 1};
+}
+
 /* Q4_K / Q5_K over nb super-blocks: whole groups of the active instruction set's width, then the rest one
  * super-block at a time in the group's first lanes (the other lanes zeros, their output dropped). */
 static void kq_rows(const uint8_t *src, int src_type, Py_ssize_t item, uint8_t *dst, Py_ssize_t out, Py_ssize_t nb,
                     const kq_params *p, int q5) {
-    const int level = simd_level();
-    void (*group)(const float *, uint8_t *, const kq_params *, int) = kq8_qk_group;
-    int n = 1;
-#if DISPATCH_AVX2
-    if (level >= SIMD_AVX2) {
-        group = kq_avx2_qk_group;
-        n = KQ_AVX2_CHAINS;
-    }
-#endif
-#if DISPATCH_AVX512
-    if (level >= SIMD_AVX512) {
-        group = kq_avx512_qk_group;
-        n = KQ_AVX512_CHAINS * 2;
-    }
-#endif
-    (void)level;
+    const kq_impl k = kq_of_level();
+    const int n = k.per;
     float x[KQ_GROUP_MAX * QK_K];
     uint8_t y[KQ_GROUP_MAX * 176];
     Py_ssize_t i = 0;
@@ -1373,14 +1386,14 @@ static void kq_rows(const uint8_t *src, int src_type, Py_ssize_t item, uint8_t *
         for (int b = 0; b < n; ++b) {
             load_block(src + (i + b) * item * QK_K, src_type, QK_K, x + QK_K * b);
         }
-        group(x, dst + i * out, p, q5);
+        k.qk(x, dst + i * out, p, q5);
     }
     if (i < nb) {
         memset(x, 0, sizeof x);
         for (Py_ssize_t b = 0; i + b < nb; ++b) {
             load_block(src + (i + b) * item * QK_K, src_type, QK_K, x + QK_K * b);
         }
-        group(x, y, p, q5);
+        k.qk(x, y, p, q5);
         memcpy(dst + i * out, y, (size_t)((nb - i) * out));
     }
 }
@@ -1451,13 +1464,13 @@ __attribute__((target("avx2"))) static void mxfp4_block_avx2(const float *restri
 
 static void quantize_blocks(const uint8_t *src, int src_type, uint8_t *dst, int dst_type, Py_ssize_t nb) {
     const Py_ssize_t item = src_type == T_F32 ? 4 : 2;
-    const int avx2 = have_avx2();
+    const int level = simd_level(), avx2 = level >= SIMD_AVX2;
     (void)avx2; /* unused without DISPATCH_AVX2 */
     if (dst_type == T_Q6_K) {
         float x[QK_K];
         for (Py_ssize_t i = 0; i < nb; ++i) {
             load_block(src + i * item * QK_K, src_type, QK_K, x);
-            q6_k_block(x, dst + i * 210, simd_level());
+            q6_k_block(x, dst + i * 210, level);
         }
         return;
     }
@@ -2264,37 +2277,13 @@ static void kq_sigma2(const float *x, int n, float *sig) {
     }
 }
 
-typedef int (*qkx3_fn)(const float *, const float *, const float *, const kq_params *, uint8_t *, float *, float *,
-                       float *);
-
-/* The active instruction set's qkx3_group, and its super-blocks (8 sub-blocks of 32) a group */
-static qkx3_fn qkx3_of_level(int *per) {
-    const int level = simd_level();
-    *per = 1;
-#if DISPATCH_AVX512
-    if (level >= SIMD_AVX512) {
-        *per = KQ_AVX512_CHAINS * 2;
-        return kq_avx512_qkx3_group;
-    }
-#endif
-#if DISPATCH_AVX2
-    if (level >= SIMD_AVX2) {
-        *per = KQ_AVX2_CHAINS;
-        return kq_avx2_qkx3_group;
-    }
-#endif
-    (void)level;
-    return kq8_qkx3_group;
-}
-
 /* quantize_row_q4_1_impl / quantize_row_q5_1_impl (nmax 15 / 31) of one row of n values with weights: the 32-blocks'
  * fits side by side (qkx3_group, the row's sigma2 in every lane; the last group padded with zeros), each block
  * written alone; a group the vector fits turn down takes q_small_row_w's scalar fit. */
 static void q_min_rows_w(const float *x, int n, const float *qw, uint8_t *y, int dst_type) {
     const int nmax = dst_type == T_Q4_1 ? 15 : 31, out = dst_type == T_Q4_1 ? 20 : 24;
-    int per;
-    const qkx3_fn group = qkx3_of_level(&per);
-    const int lanes = per * KSUB;
+    const kq_impl k = kq_of_level();
+    const int lanes = k.per * KSUB;
     kq_params p;
     kq_params_init(&p, nmax, -0.9f, 0.05f, 36);
     float sum_x2 = 0;
@@ -2315,7 +2304,7 @@ static void q_min_rows_w(const float *x, int n, const float *qw, uint8_t *y, int
             xg = xs;
             qg = qs;
         }
-        if (!group(xg, qg, sig, &p, L, scales, mins, sw)) {
+        if (!k.qkx3(xg, qg, sig, &p, L, scales, mins, sw)) {
             /* the scalar fit, block by block, with the row's sigma2 (q_small_row_w recomputes it: the same value) */
             float w[QK];
             for (int b = 0; b < nb; ++b) {
@@ -2347,8 +2336,8 @@ static void q_min_rows_w(const float *x, int n, const float *qw, uint8_t *y, int
 }
 
 static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5) {
-    int per;
-    const qkx3_fn group = qkx3_of_level(&per);
+    const kq_impl k = kq_of_level();
+    const int per = k.per;
     float sig[KQ_GROUP_MAX * KSUB];
     kq_params p;
     kq_params_init(&p, q5 ? 31 : 15, -0.9f, 0.05f, 36);
@@ -2358,7 +2347,7 @@ static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5
     int i = 0;
     for (; i + per <= nsb; i += per) {
         kq_sigma2(x + QK_K * i, per, sig);
-        if (group(x + QK_K * i, qw + QK_K * i, sig, &p, L, scales, mins, sw)) {
+        if (k.qkx3(x + QK_K * i, qw + QK_K * i, sig, &p, L, scales, mins, sw)) {
             for (int b = 0; b < per; ++b) {
                 qk_finish_w(x + QK_K * (i + b), L + QK_K * b, scales + KSUB * b, mins + KSUB * b, sw + KSUB * b,
                             y + out * (i + b), q5);
@@ -2376,7 +2365,7 @@ static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5
         memcpy(xs, x + QK_K * i, sizeof(float) * QK_K * (size_t)(nsb - i));
         memcpy(qs, qw + QK_K * i, sizeof(float) * QK_K * (size_t)(nsb - i));
         kq_sigma2(xs, per, sig);
-        const int fitted = group(xs, qs, sig, &p, L, scales, mins, sw);
+        const int fitted = k.qkx3(xs, qs, sig, &p, L, scales, mins, sw);
         for (int b = 0; i + b < nsb; ++b) {
             if (fitted) {
                 qk_finish_w(x + QK_K * (i + b), L + QK_K * b, scales + KSUB * b, mins + KSUB * b, sw + KSUB * b,
@@ -2392,16 +2381,8 @@ static void qk_rows_w(const float *x, int n, const float *qw, uint8_t *y, int q5
  * without an importance. min and max by C's strict scans from FLT_MAX, d = (max - min) / 15,
  * q = MIN(15, (int8_t)((x - min)*id + 0.5f)) stored as a uint8 (a negative int8 keeps its bit pattern). */
 static void q4_1_block(const float *restrict x, uint8_t *restrict y) {
-    float min = FLT_MAX, max = -FLT_MAX;
-    for (int j = 0; j < QK; ++j) {
-        const float v = x[j];
-        if (v < min) {
-            min = v;
-        }
-        if (v > max) {
-            max = v;
-        }
-    }
+    float min, max;
+    minmax_scan(x, &min, &max);
     const float d = (max - min) / ((1 << 4) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     store_fp16(y, fp32_to_fp16(d));

@@ -5,8 +5,7 @@
  *   KQ_ANY(m)  whether any lane of the comparison result m is set
  *   KQ_FN(f)   the instantiation's name for f
  *   KQ_TARGET  its function attribute (empty, or target("avx2") ...)
- *   KQ_HW      lanes of the native vector KQ_NATIVE; KQ_NMIN, KQ_NMAX, KQ_NSQRT its minps, maxps, sqrtps;
- *              KQ_NZERO its zero
+ *   KQ_HW      lanes of the native vector KQ_NATIVE; KQ_NMIN, KQ_NMAX, KQ_NSQRT its minps, maxps, sqrtps
  *
  * make_qkx2_quants' trials cannot run side by side: a winning trial moves `min`, which every later trial uses. So
  * the sub-blocks run side by side instead, one per lane (the super-blocks transposed, lane j holding sub-block j of
@@ -47,33 +46,27 @@ KALWAYS KQ_TARGET int KQ_FN(any)(VI m) {
     return any;
 }
 
-/* MAX(0, MIN(top, r)) per lane for r without NaN: the native minps and maxps on each slice */
-KALWAYS KQ_TARGET VF KQ_FN(clamp)(VF r, VF top) {
-    union {
-        VF v;
-        KQ_NATIVE n[KQ_N / KQ_HW];
-    } ur, ut;
-    ur.v = r;
-    ut.v = top;
-    for (int k = 0; k < KQ_N / KQ_HW; ++k) {
-        ur.n[k] = KQ_NMAX(KQ_NMIN(ur.n[k], ut.n[k]), KQ_NZERO);
+/* A native two-operand instruction on each slice of the vectors: KQ_NMIN / KQ_NMAX are C's `a < b ? a : b` and
+ * `a > b ? a : b` when neither is NaN. */
+#define KQ_SLICED(name, NATIVE_OP)                                                                                   \
+    KALWAYS KQ_TARGET VF KQ_FN(name)(VF a, VF b) {                                                                  \
+        union {                                                                                                    \
+            VF v;                                                                                                  \
+            KQ_NATIVE n[KQ_N / KQ_HW];                                                                             \
+        } ua, ub;                                                                                                  \
+        ua.v = a;                                                                                                  \
+        ub.v = b;                                                                                                  \
+        for (int k = 0; k < KQ_N / KQ_HW; ++k) {                                                                   \
+            ua.n[k] = NATIVE_OP(ua.n[k], ub.n[k]);                                                                 \
+        }                                                                                                          \
+        return ua.v;                                                                                               \
     }
-    return ur.v;
-}
+KQ_SLICED(vmin, KQ_NMIN)
+KQ_SLICED(vmax, KQ_NMAX)
+#undef KQ_SLICED
 
-/* MIN(top, r) per lane for r without NaN */
-KALWAYS KQ_TARGET VF KQ_FN(vmin)(VF r, VF top) {
-    union {
-        VF v;
-        KQ_NATIVE n[KQ_N / KQ_HW];
-    } ur, ut;
-    ur.v = r;
-    ut.v = top;
-    for (int k = 0; k < KQ_N / KQ_HW; ++k) {
-        ur.n[k] = KQ_NMIN(ur.n[k], ut.n[k]);
-    }
-    return ur.v;
-}
+/* MAX(0, MIN(top, r)) per lane for r without NaN */
+KALWAYS KQ_TARGET VF KQ_FN(clamp)(VF r, VF top) { return KQ_FN(vmax)(KQ_FN(vmin)(r, top), KQ_FN(splat)(0.0f)); }
 
 /* sqrtf per lane: the native sqrtps (IEEE, as sqrtf) on each slice */
 KALWAYS KQ_TARGET VF KQ_FN(vsqrt)(VF v) {

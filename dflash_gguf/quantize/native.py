@@ -85,8 +85,9 @@ def simd_levels() -> tuple[str, ...]:
 
 
 def simd() -> str | None:
-    """The instruction set the compiled kernels use now (None while the numpy kernels run)."""
-    return None if _compiled is None else str(_compiled.simd())
+    """The instruction set the compiled kernels use (None without the extension), whichever path is active."""
+    lib = _load_compiled("auto")
+    return None if lib is None else str(lib.simd())
 
 
 def set_simd(level: str) -> None:
