@@ -24,14 +24,15 @@ import click
 import process_tally
 from click.testing import CliRunner
 
-# The console scripts of pyproject.toml's [project.scripts], by the entry point's function.
-ENTRY_POINTS = {"dflash-convert": "convert_cmd", "dflash-verify": "verify_cmd", "dflash-gguf": "main"}
+# The console scripts of pyproject.toml's [project.scripts]: the command each entry point runs (None: the group).
+ENTRY_POINTS = {"dflash-convert": "convert", "dflash-verify": "verify", "dflash-gguf": None}
 
 
 def _command(exe: str) -> click.Command:
     from dflash_gguf import cli
 
-    return getattr(cli, ENTRY_POINTS[exe])
+    name = ENTRY_POINTS[exe]
+    return cli.main if name is None else cli.command(name)
 
 
 def reset_module_state() -> None:

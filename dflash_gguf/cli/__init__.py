@@ -7,35 +7,60 @@ Set ``DFLASH_GGUF_TRACEBACK=1`` to see the traceback behind an error.
 
 from __future__ import annotations
 
-import click
+import importlib
+import os
 
-from .. import __version__
-from .convert import convert_cmd
-from .convert_target import convert_target_cmd
-from .publish import publish_cmd
-from .quality import quality_cmd
-from .quantize import quantize_cmd
-from .tokenizer import fix_tokenizer_cmd
-from .tune import tune_cmd
-from .verify import precheck_cmd, verify_cmd
+# Before numpy loads: the tool's only matrix products are small (the lineage fingerprint), while the quantizer keeps
+# every core busy; OpenBLAS's own threads would only spin beside it. A user's setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import click  # noqa: E402
+
+from .. import __version__  # noqa: E402
+
+# name -> (module, attribute): a command's module is imported when the command runs (or help lists it), so that
+# `dflash-gguf convert-target` does not pay for the Hub client, the pipeline and the drafter families at start-up
+_COMMANDS = {
+    "convert": ("convert", "convert_cmd"),
+    "verify": ("verify", "verify_cmd"),
+    "precheck": ("verify", "precheck_cmd"),
+    "quantize": ("quantize", "quantize_cmd"),
+    "fix-tokenizer": ("tokenizer", "fix_tokenizer_cmd"),
+    "convert-target": ("convert_target", "convert_target_cmd"),
+    "tune": ("tune", "tune_cmd"),
+    "publish": ("publish", "publish_cmd"),
+    "quality": ("quality", "quality_cmd"),
+}
 
 
-@click.group()
+def command(name: str) -> click.Command:
+    """The command ``dflash-gguf NAME`` runs."""
+    module, attr = _COMMANDS[name]
+    command: click.Command = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    return command
+
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported on first use (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return command(cmd_name) if cmd_name in _COMMANDS else None
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(__version__, prog_name="dflash-gguf")
 def main() -> None:
     """dflash-gguf: DFlash drafter + target from Hugging Face to a llama.cpp GGUF pair."""
 
 
-for command in (convert_cmd, verify_cmd, precheck_cmd, quantize_cmd, fix_tokenizer_cmd, convert_target_cmd, tune_cmd,
-                publish_cmd, quality_cmd):
-    main.add_command(command)
-
-
 def convert_main() -> None:
     """Entry point of ``dflash-convert``."""
-    convert_cmd(prog_name="dflash-convert")
+    command("convert")(prog_name="dflash-convert")
 
 
 def verify_main() -> None:
     """Entry point of ``dflash-verify``."""
-    verify_cmd(prog_name="dflash-verify")
+    command("verify")(prog_name="dflash-verify")

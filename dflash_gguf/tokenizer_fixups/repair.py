@@ -21,7 +21,6 @@ from huggingface_hub import constants as hf_constants
 
 from .. import provenance as prov
 from ..errors import ConfigError, HubError, InputError, OutputError, ResolveError, TokenizerError
-from ..hub import is_repo_id, resolve
 from ..jsonfile import read_json
 from .compare import PieceDiff, diff_pieces, load_model_pieces, read_model_file
 from .synthesize import synthesize_tokenizer_model, tokenizer_json_pieces
@@ -114,6 +113,8 @@ def resolve_donor(spec: str) -> tuple[bytes, str]:
         path = path / "tokenizer.model"
     if path.exists():
         return read_model_file(path), str(path.resolve())
+    from ..hub import is_repo_id, resolve  # here: the Hub client is only needed for a donor on the Hub
+
     if spec.endswith(".model") or not is_repo_id(spec):
         raise InputError(f"Donor {spec!r} is neither an existing file nor a Hub repo id (owner/name[@revision]). "
                          "Check the path.")
