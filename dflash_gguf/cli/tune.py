@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from tqdm import tqdm
 
 from ..errors import ACCEPTANCE_COLLAPSED, PlotUnavailable, TuneError
 from ..pipeline import MANIFEST_NAME, read_manifest
@@ -24,7 +22,7 @@ from ..tune.workload import BUILTIN_PROMPTS, load_image, load_prompt_file
 
 if TYPE_CHECKING:  # the tuner is imported when the command runs, not at every CLI start
     from ..tune import Measurement, TuneReport
-from ._common import echo_json, handle_errors, json_option, setup_logging, verbose_option
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 from .quality import render_quality
 
 
@@ -294,17 +292,8 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         click.echo("dry run: no server was started.")
         return
 
-    bar = tqdm(desc="tune", total=0, unit="config", file=sys.stderr, disable=None, leave=False)
-
-    def progress(done: int, total: int, label: str) -> None:
-        bar.total, bar.n = total, done
-        bar.set_postfix_str(label[:40])
-        bar.refresh()
-
-    try:
+    with Progress("tune", unit="config") as progress:
         report = tune(target, drafters, options, progress)
-    finally:
-        bar.close()
     if manifest is not None and not no_record:
         record_tuning(manifest, report)
     picture, why_not = None, None
@@ -362,19 +351,9 @@ def _tune_tags(manifest: Path, value: str, options: TuneOptions, *, dry_run: boo
         return 0
     reports: list[tuple[TagRecord, TuneReport]] = []
     for tag in tags:
-        bar = tqdm(desc=f"tune {encoding_tag(tag.target.file)}", total=0, unit="config", file=sys.stderr,
-                   disable=None, leave=False)
-
-        def progress(done: int, total: int, label: str, bar: tqdm = bar) -> None:
-            bar.total, bar.n = total, done
-            bar.set_postfix_str(label[:40])
-            bar.refresh()
-
-        try:
+        with Progress(f"tune {encoding_tag(tag.target.file)}", unit="config") as progress:
             reports.append((tag, tune(record.folder / tag.target.file, [record.folder / tag.drafter.file], options,
                                       progress)))
-        finally:
-            bar.close()
     speeds = [TagSpeed.of(encoding_tag(tag.target.file), report) for tag, report in reports]
     fastest = fastest_tag(speeds)
     if not no_record:

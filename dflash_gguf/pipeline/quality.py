@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import folder_lock
 from ..errors import InputError
-from ..tune.quality import Kld, KldSettings, find_llama_perplexity, measure_kld, save_base_logits, tool_name
+from ..tune.quality import Kld, KldSettings, find_llama_perplexity, measure_kld, save_base_logits
 from .manifest import Manifest, PairRecord, read_manifest, sha256_file
 from .naming import encoding_tag
 
@@ -106,7 +106,7 @@ def measure_quality(manifest_path: Path, text: Path, *, base: Path | None = None
                          "tokens or more).")
     base_path = base_of(record, base)
     binary = find_llama_perplexity()
-    tool = tool_name(binary)
+    tool = binary.described("llama-perplexity")
     text_sha = sha256_file(Path(text))
     base_sha = sha256_file(base_path)
     same = {"base_sha256": base_sha, "text_sha256": text_sha, "settings": settings.to_dict(), "tool": tool}

