@@ -289,3 +289,25 @@ def test_quantize_writes_shards(split: tuple[Path, list[Path]], tmp_path: Path) 
     assert [p.name for p in ours] == [p.name for p in ref]
     assert [p.read_bytes() for p in ours] == [p.read_bytes() for p in ref]
     REFERENCE_COMPARISONS.append("dflash-gguf quantize --split-max-tensors = llama-gguf-split")
+
+
+def test_the_dry_run_names_the_shards(tmp_path: Path) -> None:
+    """``dflash-convert --dry-run --split-max-size``: the plan names the target's first shard and about how many
+    there will be (its estimated size over the limit); by tensor count it states the rule; the drafter is not
+    split; ``--json`` carries the same."""
+    import json
+
+    fx = mf.make_acceptance_fixture(tmp_path / "fx")
+    base = ["dflash-convert", "--target", fx.target, "--drafter", fx.drafter, "--outdir", tmp_path / "out",
+            "--dry-run"]
+    whole = json.loads(run_cli(*base, "--json").stdout)
+    target = next(o for o in whole["plan"]["outputs"] if o["file"] == "qwen3-tiny-spm-Q4_0.gguf")
+    limit = target["estimated_size"] // 3 + 1  # three shards of the estimate
+    by_size = run_cli(*base, "--split-max-size", str(limit))
+    assert by_size.returncode == 0, by_size.stdout + by_size.stderr
+    assert "qwen3-tiny-spm-Q4_0-00001-of-00003.gguf" in by_size.stdout, by_size.stdout
+    assert f"about 3 shards, at most {limit:,} bytes of tensors a shard" in by_size.stdout
+    doc = json.loads(run_cli(*base, "--split-max-tensors", "5", "--json").stdout)
+    split = {o["file"]: o.get("split") for o in doc["plan"]["outputs"]}
+    assert split["qwen3-tiny-spm-Q4_0.gguf"] == "in shards, at most 5 tensors a shard"
+    assert [f for f, s in split.items() if s] == ["qwen3-tiny-spm-Q4_0.gguf"]

@@ -265,7 +265,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
         for o in plan.outputs:
             note = {"intermediate": " (intermediate, deleted after quantizing)" if not keep_intermediate
                     else " (intermediate, kept)", "link": " (link to --target-gguf)"}.get(o.kind, "")
-            click.echo(f"  {o.file}  ~{_mb(o.estimated)}{note}")
+            split = f" ({o.split})" if o.split else ""
+            click.echo(f"  {o.file}  ~{_mb(o.estimated)}{note}{split}")
         for fs, need in plan.needed.items():
             click.echo(f"disk: {_mb(need)} needed on {fs}, {_mb(plan.free[fs])} free")
         click.echo("dry run: nothing downloaded or written.")

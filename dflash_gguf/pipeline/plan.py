@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import constants as hf_constants
 
 from ..errors import OutputError
+from ..ggufio.split import SplitRule, shard_path
 from .naming import size_ratio
 
 
@@ -32,6 +33,7 @@ class Output:
     file: str
     estimated: int
     kind: str  # "final" | "intermediate" (deleted after quantization unless --keep-intermediate) | "link"
+    split: str | None = None  # how the final is split into shards (--split-max-size/--split-max-tensors)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class Plan:
         return {"outdir": str(self.outdir),
                 "downloads": [{"source": d.source, "file": d.path, "size": d.size, "cached": d.cached}
                               for d in self.downloads],
-                "outputs": [{"file": o.file, "estimated_size": o.estimated, "kind": o.kind} for o in self.outputs],
+                "outputs": [{"file": o.file, "estimated_size": o.estimated, "kind": o.kind}
+                            | ({"split": o.split} if o.split else {}) for o in self.outputs],
                 "disk": [{"filesystem": k, "needed": v, "free": self.free[k], "enough": v <= self.free[k]}
                          for k, v in self.needed.items()]}
 
@@ -125,6 +128,23 @@ def estimate_outputs(sides: list[SideFiles], *, keep_intermediate: bool) -> tupl
         peaks.append(finals + inter + final)
         finals += final + (inter if keep_intermediate else 0)
     return outputs, max([finals, *peaks])
+
+
+def split_outputs(outputs: list[Output], finals: set[str], rule: SplitRule) -> list[Output]:
+    """``outputs`` with each of ``finals`` named as the shards ``rule`` makes of it: the first shard's name and how
+    many there will be about (shards end at tensor boundaries, so a size rule may take one more); by tensor count,
+    the rule alone (the plan does not know the tensors yet)."""
+    out = []
+    for o in outputs:
+        if o.file in finals and o.kind == "final" and rule.max_bytes is not None:
+            count = max(1, -(-o.estimated // rule.max_bytes))
+            if count > 1:
+                o = replace(o, file=shard_path(Path(o.file), 1, count).name,
+                            split=f"about {count} shards, {rule.describe()}")
+        elif o.file in finals and o.kind == "final" and rule.max_tensors is not None:
+            o = replace(o, split=f"in shards, {rule.describe()}")
+        out.append(o)
+    return out
 
 
 def make_plan(outdir: Path, downloads: list[Download], outputs: list[Output], peak: int) -> Plan:

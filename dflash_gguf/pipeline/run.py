@@ -66,7 +66,7 @@ from .naming import (
     projector_name,
     size_ratio,
 )
-from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan, projector_params
+from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan, projector_params, split_outputs
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files, public_spec
 from .sources import resolve_source as resolve_spec
@@ -386,6 +386,8 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
                                    not drafter_by_llama_cpp and _one_pass(opts, draft_quant)))
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
+    if opts.split.given:
+        outputs = split_outputs(outputs, {gguf_name(name_t, tag) for tag in opts.tags}, opts.split)
     if opts.mmproj and link is None and stages.has_projector(target.path):
         size = int(projector_params(read_json(target.path / "config.json")) * 2 * size_ratio(opts.mmproj_type))
         outputs.append(Output(projector_name(name_t, opts.mmproj_type), size, "final"))
