@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cores import machine_cores
 from ..errors import ImatrixMismatch, InputError, QuantizeError
 from ..ggufio.reader import read_gguf
 from ..llama_bin import FoundBinary, require_binary
@@ -268,17 +269,18 @@ class ImatrixRun:
 
 
 def make_imatrix(model: Path, text: Path, out: Path, *, ctx: int = DEFAULT_CTX, chunks: int | None = None,
-                 threads: int = 2) -> ImatrixRun:
+                 threads: int | None = None) -> ImatrixRun:
     """``llama-imatrix -m MODEL -f TEXT -o OUT -c CTX [--chunks N] -t THREADS`` (GGUF format), run in the text's
     folder with the text given by name: llama-imatrix records ``-f`` as given in ``imatrix.datasets``, and
     llama-quantize copies it into every quant (``quantize.imatrix.dataset``), which may be published. Written to
-    ``OUT.partial`` and renamed.
+    ``OUT.partial`` and renamed. ``threads``: None for this machine's cores.
 
     Raises:
         QuantizeError: llama-imatrix was not found, or failed (its last lines quoted; a text shorter than two
             contexts is named with the fix).
     """
     binary = find_llama_imatrix()
+    threads = threads or machine_cores()
     text = Path(text).absolute()
     tmp = Path(out).with_name(Path(out).name + ".partial")
     run = ImatrixRun(imatrix_tool(), ctx, chunks, threads, 0.0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_output
+from ..cores import machine_cores
 from ..errors import QuantizeError
 from ..llama_bin import FoundBinary, find_binary
 
@@ -49,12 +50,12 @@ class LlamaQuantizeOutcome:
     seconds: float
 
 
-def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_name: str, *, threads: int = 2,
+def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_name: str, *, threads: int | None = None,
                        allow_requantize: bool = False, extra_args: tuple[str, ...] = (),
                        on_progress: Callable[[int, int], None] | None = None,
                        cwd: Path | None = None) -> LlamaQuantizeOutcome:
     """Run ``llama-quantize [--allow-requantize] IN OUT.partial TYPE NTHREADS`` (in ``cwd``: ``extra_args`` may
-    name files relative to it); rename on success.
+    name files relative to it); rename on success. ``threads``: None for this machine's cores.
 
     Raises:
         QuantizeError: it exited non-zero (its last lines are quoted) or could not start.
@@ -66,7 +67,8 @@ def run_llama_quantize(binary: FoundBinary, infile: Path, outfile: Path, type_na
     env = binary.env()
     with atomic_output(Path(outfile)) as tmp:
         cmd = [str(binary.path), *(["--allow-requantize"] if allow_requantize else []), *extra_args,
-               str(Path(infile).absolute()), str(Path(tmp).absolute()), type_name.upper(), str(threads)]
+               str(Path(infile).absolute()), str(Path(tmp).absolute()), type_name.upper(),
+               str(threads or machine_cores())]
         log.info("running %s", " ".join(cmd))
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -13,10 +13,11 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cores import machine_cores
 from ..errors import TuneError
 from ..llama_bin import FoundBinary, require_binary
 
@@ -41,7 +42,7 @@ class KldSettings:
     ctx: int = DEFAULT_CTX
     batch: int | None = None  # None: the context (one batch per chunk)
     chunks: int | None = None  # None: the whole text
-    threads: int = 2
+    threads: int = field(default_factory=machine_cores)
 
     def args(self) -> list[str]:
         return ["-c", str(self.ctx), "-b", str(self.batch or self.ctx), "-t", str(self.threads),
