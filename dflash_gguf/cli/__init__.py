@@ -36,8 +36,8 @@ _COMMANDS = {
 def command(name: str) -> click.Command:
     """The command ``dflash-gguf NAME`` runs."""
     module, attr = _COMMANDS[name]
-    command: click.Command = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-    return command
+    found: click.Command = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    return found
 
 
 class _LazyGroup(click.Group):

@@ -136,13 +136,12 @@ def split_outputs(outputs: list[Output], finals: set[str], rule: SplitRule) -> l
     the rule alone (the plan does not know the tensors yet)."""
     out = []
     for o in outputs:
-        if o.file in finals and o.kind == "final" and rule.max_bytes is not None:
-            count = max(1, -(-o.estimated // rule.max_bytes))
-            if count > 1:
+        if o.file in finals and o.kind == "final":
+            if rule.max_bytes is None:
+                o = replace(o, split=f"in shards, {rule.describe()}")
+            elif (count := -(-o.estimated // rule.max_bytes)) > 1:
                 o = replace(o, file=shard_path(Path(o.file), 1, count).name,
                             split=f"about {count} shards, {rule.describe()}")
-        elif o.file in finals and o.kind == "final" and rule.max_tensors is not None:
-            o = replace(o, split=f"in shards, {rule.describe()}")
         out.append(o)
     return out
 

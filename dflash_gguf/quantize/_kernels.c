@@ -1249,16 +1249,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_FN(f) kq8_##f
 #define KQ_TARGET
 #include "_kquants.h"
-#undef KQ_N
-#undef KQ_G
-#undef KQ_ANY
-#undef KQ_HW
-#undef KQ_NATIVE
-#undef KQ_NMIN
-#undef KQ_NMAX
-#undef KQ_NSQRT
-#undef KQ_FN
-#undef KQ_TARGET
 
 #if DISPATCH_AVX2
 #define KQ_N 8
@@ -1272,16 +1262,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_FN(f) kq_avx2_##f
 #define KQ_TARGET __attribute__((target("avx2")))
 #include "_kquants.h"
-#undef KQ_N
-#undef KQ_G
-#undef KQ_ANY
-#undef KQ_HW
-#undef KQ_NATIVE
-#undef KQ_NMIN
-#undef KQ_NMAX
-#undef KQ_NSQRT
-#undef KQ_FN
-#undef KQ_TARGET
 #endif
 
 #if DISPATCH_AVX512
@@ -1296,16 +1276,6 @@ static inline int kany8(v8i m) { return movemask4((v4i){m[0], m[1], m[2], m[3]})
 #define KQ_FN(f) kq_avx512_##f
 #define KQ_TARGET __attribute__((target(AVX512_TARGET)))
 #include "_kquants.h"
-#undef KQ_N
-#undef KQ_G
-#undef KQ_ANY
-#undef KQ_HW
-#undef KQ_NATIVE
-#undef KQ_NMIN
-#undef KQ_NMAX
-#undef KQ_NSQRT
-#undef KQ_FN
-#undef KQ_TARGET
 #endif
 
 /* ggml_quantize_chunk without an imatrix (what llama-quantize runs): nb blocks of src -> dst. */

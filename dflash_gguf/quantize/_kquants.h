@@ -442,3 +442,14 @@ KQ_TARGET static int KQ_FN(qkx3_group)(const float *restrict x, const float *res
 #undef VF
 #undef VI
 #undef KQ_SB
+/* the instantiation's parameters, so that the next one defines its own */
+#undef KQ_N
+#undef KQ_G
+#undef KQ_ANY
+#undef KQ_HW
+#undef KQ_NATIVE
+#undef KQ_NMIN
+#undef KQ_NMAX
+#undef KQ_NSQRT
+#undef KQ_FN
+#undef KQ_TARGET

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cores import machine_cores
 from ..errors import ImatrixMismatch, InputError, QuantizeError
-from ..ggufio.reader import read_gguf
+from ..ggufio.reader import GGUFMeta, read_gguf
 from ..llama_bin import FoundBinary, require_binary
 
 log = logging.getLogger(__name__)
@@ -40,20 +40,28 @@ def read_imatrix(path: Path) -> dict[str, int]:
     """
     path = Path(path)
     if is_gguf(path):
-        meta = read_gguf(path)
-        out = {}
-        for name, t in meta.tensors.items():
-            if name.endswith(SUM2):
-                n = 1
-                for d in t.ne:
-                    n *= d
-                out[name.removesuffix(SUM2)] = n
-        if meta.get("general.type") != "imatrix" and not out:
-            raise InputError(f"--imatrix {path} is a GGUF but not an importance matrix (general.type is "
-                             f"{meta.get('general.type')!r}, no <tensor>.in_sum2 entries). Pass llama-imatrix's "
-                             "output, or --imatrix auto to make one.")
-        return out
+        return _gguf_entries(path, read_gguf(path))
     return {e.name: e.n_values for e in _legacy_entries(path, _read_bytes(path))[0]}
+
+
+def _gguf_entries(path: Path, meta: GGUFMeta) -> dict[str, int]:
+    """:func:`read_imatrix` of a GGUF matrix whose metadata is ``meta``.
+
+    Raises:
+        InputError: a GGUF that is not an importance matrix.
+    """
+    out = {}
+    for name, t in meta.tensors.items():
+        if name.endswith(SUM2):
+            n = 1
+            for d in t.ne:
+                n *= d
+            out[name.removesuffix(SUM2)] = n
+    if meta.get("general.type") != "imatrix" and not out:
+        raise InputError(f"--imatrix {path} is a GGUF but not an importance matrix (general.type is "
+                         f"{meta.get('general.type')!r}, no <tensor>.in_sum2 entries). Pass llama-imatrix's "
+                         "output, or --imatrix auto to make one.")
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,11 +103,15 @@ def _legacy_entries(path: Path, data: bytes) -> tuple[list[_LegacyEntry], int]:
     return out, at
 
 
+def _unreadable(path: Path, e: OSError) -> InputError:
+    return InputError(f"--imatrix {path}: cannot read it ({e.strerror}).")
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise InputError(f"--imatrix {path}: cannot read it ({e.strerror}).") from None
+        raise _unreadable(path, e) from None
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,8 @@ def load_importance(path: Path) -> Importance:
     weights: dict[str, np.ndarray] = {}
     datasets: list[str] = []
     if is_gguf(path):
-        read_imatrix(path)  # the format checks, with their messages
+        meta = read_gguf(path)
+        _gguf_entries(path, meta)  # the format checks, with their messages
         from gguf import GGUFReader
 
         reader = GGUFReader(path)
@@ -156,7 +169,6 @@ def load_importance(path: Path) -> Importance:
                 count = np.float32(float(np.rint(counts[j])))  # std::lround of the stored float, back to float
                 out[j * ne0:(j + 1) * ne0] = sums[j * ne0:(j + 1) * ne0] / count if count > 0 else np.float32(1)
             weights[name.removesuffix(SUM2)] = out
-        meta = read_gguf(path)
         given = meta.get("imatrix.datasets")
         datasets = [str(d) for d in given] if isinstance(given, Sequence) and not isinstance(given, str) else []
         chunks = int(meta.get("imatrix.chunk_count") or 0)
@@ -190,7 +202,7 @@ def is_gguf(path: Path) -> bool:
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"
     except OSError as e:
-        raise InputError(f"--imatrix {path}: cannot read it ({e.strerror}).") from None
+        raise _unreadable(path, e) from None
 
 
 def check_imatrix(imatrix: Path, model: Path) -> None:
