@@ -560,13 +560,36 @@ def _llama_smoke_ok() -> bool:
 
 
 def setup(only: str | None = None) -> None:
-    """Run every step (or one) in dependency order."""
+    """Run every step (or one) in dependency order: the sdist first, then the converter's venv (mostly downloads and
+    unpacking) beside the llama.cpp compile (both cores), which need only the sdist."""
     steps = {"sdist": ensure_sdist, "ref": ensure_reference_venv, "llama": ensure_llama_cpp}
-    for name, fn in steps.items():
-        if only in (None, name):
-            start = time.monotonic()
-            fn()
-            log.info("[%s] ok (%.1fs)", name, time.monotonic() - start)
+
+    def timed(name: str) -> None:
+        start = time.monotonic()
+        steps[name]()
+        log.info("[%s] ok (%.1fs)", name, time.monotonic() - start)
+
+    if only is not None:
+        timed(only)
+        return
+    with setup_lock():  # held across both threads: the lock is re-entrant within this process
+        timed("sdist")
+        failures: list[BaseException] = []
+
+        def converter_venv() -> None:
+            try:
+                timed("ref")
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
+                failures.append(exc)
+
+        beside = threading.Thread(target=converter_venv, name="ref-venv")
+        beside.start()
+        try:
+            timed("llama")
+        finally:
+            beside.join()
+        if failures:
+            raise failures[0]
 
 
 def paths() -> dict[str, object]:

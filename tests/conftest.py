@@ -51,28 +51,27 @@ _before_key = pytest.StashKey[int]()  # len(REFERENCE_COMPARISONS) when the test
 
 
 # The kernel variants every kernel test runs on: the compiled kernels at the CPU's widest instruction set, the numpy
-# fallback, and the compiled kernels capped at each narrower instruction set (AVX2, the portable code), so that every
-# path is held to libggml on this machine.
-KERNEL_VARIANTS = (*kernels.KERNEL_PATHS, "compiled-avx2", "compiled-portable")
+# fallback, and the compiled kernels capped at each narrower set this CPU has (on AVX-512: AVX2 and the portable
+# code), so that every path is held to libggml here. Only levels the CPU has are generated, and none twice, so a
+# variant never skips: on an AVX2-only CPU (or under DFLASH_GGUF_SIMD=avx2, which makes any CPU look like one) the
+# plain 'compiled' variant is the AVX2 code and 'compiled-portable' the rest.
+NARROWER_SIMD_VARIANTS = tuple(f"compiled-{level}" for level in kernels.simd_levels()[:-1])
+KERNEL_VARIANTS = (*kernels.KERNEL_PATHS, *NARROWER_SIMD_VARIANTS)
 
 
 def use_kernels(path: str) -> Iterator[str]:
     """Make ``path`` (one of KERNEL_VARIANTS) the active kernel path for one test, restoring the previous one
-    afterwards; the compiled kernels skip, or fail on CI, when the extension was not built; a narrower instruction
-    set than the CPU's widest skips when the CPU lacks it."""
+    afterwards; the compiled kernels skip, or fail on CI, when the extension was not built."""
     if path.startswith("compiled") and not kernels.compiled_available():
         reason = "the compiled kernels are not built: reinstall with a C compiler (pip install -e '.[test]')"
         if reference.on_ci():
             pytest.fail(reason)
         pytest.skip(reason)
     base, _, level = path.partition("-")
-    if level and (level not in kernels.simd_levels() or level == kernels.simd_levels()[-1]):
-        pytest.skip(f"this CPU's widest instruction set is {kernels.simd_levels()[-1]}: the plain 'compiled' variant "
-                    f"runs it" if level in kernels.simd_levels() else f"this CPU has no {level}")
     previous, previous_simd = kernels.kernel_path(), kernels.simd()
     kernels.set_kernel_path(base)
-    if level:
-        kernels.set_simd(level)
+    if base == "compiled":
+        kernels.set_simd(level or kernels.simd_levels()[-1])
     try:
         yield path
     finally:

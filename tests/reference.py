@@ -17,6 +17,7 @@ dead proxy, so nothing here touches the network.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import ctypes
@@ -45,6 +46,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import preloaded_converter
+import process_tally
 import ref_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,22 +233,36 @@ def run_reference_convert(
             "reference converter",
             root=ref_cache_root(),
             identity=_converter_identity(),
-            harness=_harness_source(cmd_for, _offline_env),
+            harness=_harness_source(cmd_for, _offline_env, _convert, preloaded_converter),
             args=[outtype, *extra_args],
             inputs=inputs,
             outputs=outputs,
             scratch={"cwd": Path(tmp)},
-            run=lambda: subprocess.run(
-                cmd,
-                cwd=tmp,
-                env=_offline_env(Path(tmp)),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            ),
+            run=lambda: _convert(cmd, Path(tmp), timeout),
         )
     return subprocess.CompletedProcess(cmd, run.returncode, run.stdout, run.stderr)
+
+
+_preloaded: preloaded_converter.PreloadedConverter | None = None
+
+
+def _convert(cmd: Sequence[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the converter command ``cmd`` (python, script, arguments) in ``cwd``: a fork of this test process's
+    preloaded converter (started on first use), or a process of its own under ``DFLASH_GGUF_REF_CONVERTER=process``."""
+    global _preloaded
+    if not preloaded_converter.preloaded_enabled():
+        return subprocess.run(cmd, cwd=cwd, env=_offline_env(cwd), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    if _preloaded is None or not _preloaded.alive():
+        server_home = Path(tempfile.mkdtemp(prefix="dflash-ref-converter-"))
+        _preloaded = preloaded_converter.PreloadedConverter(Path(cmd[0]), Path(cmd[1]), _offline_env(server_home))
+        atexit.register(_preloaded.close)
+        atexit.register(shutil.rmtree, server_home, True)
+    start = time.monotonic()
+    try:
+        return _preloaded.run(cmd[2:], cwd, _offline_env(cwd), timeout)
+    finally:
+        process_tally.record("reference converter", time.monotonic() - start)
 
 
 # ------------------------------------------------------------------------------ reference identities
@@ -258,7 +275,8 @@ def ref_cache_root() -> Path:
 
 def _harness_source(*objects: object) -> str:
     """The code that starts a reference run, for the cache key: a changed harness is a new key."""
-    return "\n".join(_source(getattr(obj, "__code__", obj)) if callable(obj) else str(obj) for obj in objects)
+    return "\n".join(_source(getattr(obj, "__code__", obj)) if callable(obj) or isinstance(obj, ModuleType)
+                     else str(obj) for obj in objects)
 
 
 @functools.cache

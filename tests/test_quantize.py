@@ -620,31 +620,55 @@ def test_kernel_path_follows_the_environment() -> None:
 
 def test_instruction_set_follows_the_environment() -> None:
     """DFLASH_GGUF_SIMD caps the compiled kernels' instruction set (the CPU's widest by default); an unknown name is
-    refused with the names it takes, one the CPU lacks falls to the widest it has, and the same bytes come out."""
+    refused with the names it takes, one the CPU lacks falls to the widest it has, the same bytes come out, and the
+    capped process sees the cap as its CPU's widest set (so the tests' variants reproduce that CPU)."""
     import subprocess
     import sys
 
     for _ in use_kernels("compiled"):
-        levels = kernels.simd_levels()
-        assert levels[0] == "portable" and set(levels) <= set(kernels.SIMD_LEVELS)
+        from dflash_gguf.quantize import _kernels
+
+        cpu = tuple(_kernels.simd_levels())  # this CPU's levels, whatever cap this test process runs under
+        assert cpu[0] == "portable" and set(cpu) <= set(kernels.SIMD_LEVELS)
         code = ("import numpy as np; from dflash_gguf.quantize import kernels; from gguf import GGMLQuantizationType "
                 "as Q; x = np.random.default_rng(5).standard_normal(4096).astype(np.float32); "
-                "print(kernels.simd(), kernels.quantize_rows(x, Q.F32, Q.Q4_K).tobytes().hex()[:4000])")
+                "print(kernels.simd(), ','.join(kernels.simd_levels()), "
+                "kernels.quantize_rows(x, Q.F32, Q.Q4_K).tobytes().hex()[:4000])")
         env = {k: v for k, v in os.environ.items() if k != kernels.SIMD_ENV}
         seen = {}
         for wanted in (None, *kernels.SIMD_LEVELS):
             run = subprocess.run([sys.executable, "-c", code], env={**env, **({kernels.SIMD_ENV: wanted} if wanted
                                                                              else {})},
                                  capture_output=True, text=True, check=True)
-            level, data = run.stdout.split()
-            assert level == (levels[-1] if wanted is None or wanted not in levels else wanted), (wanted, level)
+            level, levels, data = run.stdout.split()
+            expected = cpu[-1] if wanted is None or wanted not in cpu else wanted
+            assert level == expected, (wanted, level)
+            assert levels.split(",") == list(cpu[:cpu.index(expected) + 1]), (wanted, levels)
             seen[level] = data
-        assert len(seen) == len(levels) and len(set(seen.values())) == 1
+        assert len(seen) == len(cpu) and len(set(seen.values())) == 1
         bad = subprocess.run([sys.executable, "-c", code], env={**env, kernels.SIMD_ENV: "neon"},
                              capture_output=True, text=True)
         assert bad.returncode != 0 and "portable, avx2, avx512" in bad.stderr
         with pytest.raises(ValueError, match="not available"):
             kernels.set_simd("sse9")
+
+
+def test_instruction_set_cap_holds_in_process() -> None:
+    """Under a cap no level above it can be chosen, and the tests' variants are the levels under it, none twice."""
+    import subprocess
+    import sys
+
+    for _ in use_kernels("compiled"):
+        code = ("from dflash_gguf.quantize import kernels\n"
+                "try:\n    kernels.set_simd('avx512')\nexcept ValueError as e:\n    print('refused', e)\n"
+                "else:\n    print('took', kernels.simd())\n")
+        env = {**os.environ, kernels.SIMD_ENV: "portable"}
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert run.stdout.startswith("refused instruction set 'avx512' is not available here (have: portable)")
+        variants = subprocess.run([sys.executable, "-c", "import conftest; print(' '.join(conftest.KERNEL_VARIANTS))"],
+                                  env={**env, "PYTHONPATH": str(Path(__file__).parent)}, cwd=Path(__file__).parent,
+                                  capture_output=True, text=True, check=True)
+        assert variants.stdout.split() == ["compiled", "numpy"]
 
 
 def test_compiled_kernels_check_their_buffers() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import conftest
 import fixtures as mf
+import preloaded_converter
 import pytest
 import ref_cache
 import reference
@@ -148,3 +149,41 @@ def test_llama_quantize_input_changed_by_one_byte_runs_again(tmp_path: Path, own
     assert (tmp_path / "c.gguf").read_bytes() != (tmp_path / "a.gguf").read_bytes()
     assert len(list((own_cache / "ref-results" / "llama-quantize").iterdir())) == 2
     conftest.REFERENCE_COMPARISONS.append("ref-cache: llama-quantize miss on a changed byte")
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("case", ["target", "drafter", "failure"])
+def test_preloaded_converter_equals_a_fresh_process(tmp_path: Path, own_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    case: str) -> None:
+    """A conversion forked from the preloaded converter writes the same bytes, logs the same lines and exits with
+    the same status as ``python convert_hf_to_gguf.py`` in a process of its own (the cache is off for both)."""
+    reference.require_or_skip(reference.reference_available())
+    monkeypatch.setenv(ref_cache.CACHE_ENV, "off")
+    target = mf.make_gemma4_target(tmp_path / "targets")
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    if case == "failure":
+        (drafter / "config.json").write_text("{}")
+    model, with_target = (target, None) if case == "target" else (drafter, target)
+    runs = {}
+    for mode in ("process", "preloaded"):
+        monkeypatch.setenv(preloaded_converter.MODE_ENV, mode)
+        out = tmp_path / mode / "out.gguf"
+        out.parent.mkdir()
+        runs[mode] = (reference.run_reference_convert(model, with_target, out, "bf16"), out)
+    (fresh, fresh_out), (forked, forked_out) = runs["process"], runs["preloaded"]
+    assert forked.returncode == fresh.returncode and (fresh.returncode == 0) == (case != "failure"), fresh.stderr
+    if case == "failure":
+        assert not fresh_out.exists() and not forked_out.exists()
+        last_line = fresh.stderr.strip().splitlines()[-1]
+        assert last_line and forked.stderr.strip().splitlines()[-1] == last_line
+    else:
+        assert forked_out.read_bytes() == fresh_out.read_bytes()
+        assert forked.stdout == fresh.stdout.replace(str(fresh_out), str(forked_out))
+        assert _log_lines(forked.stderr) == _log_lines(fresh.stderr.replace(str(fresh_out), str(forked_out)))
+        assert len(_log_lines(fresh.stderr)) > 10
+    conftest.REFERENCE_COMPARISONS.append(f"preloaded converter = a fresh process ({case})")
+
+
+def _log_lines(stderr: str) -> list[str]:
+    """The converter's logger lines (its progress bar, with a speed in it, differs run to run)."""
+    return [line for line in stderr.splitlines() if line.split(":", 1)[0] in ("DEBUG", "INFO", "WARNING", "ERROR")]

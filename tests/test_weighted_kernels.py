@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import reference
-from conftest import REFERENCE_COMPARISONS, use_kernels
+from conftest import NARROWER_SIMD_VARIANTS, REFERENCE_COMPARISONS, use_kernels
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from kernel_parity import assert_same_blocks, every_16_bit_value, stored
 
@@ -55,7 +55,7 @@ def _importances(rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
             ("huge", (rng.random(N_PER_ROW) * 1e20).astype(F))]
 
 
-@pytest.fixture(params=("compiled", "compiled-avx2", "compiled-portable"))
+@pytest.fixture(params=("compiled", *NARROWER_SIMD_VARIANTS))
 def compiled_variant(request: pytest.FixtureRequest) -> Iterator[str]:
     """The compiled kernels at every instruction set this CPU has."""
     yield from use_kernels(request.param)

@@ -6,7 +6,9 @@ type by its ggml id (``TensorType.c_id``). ``DFLASH_GGUF_KERNELS=numpy`` forces 
 refuses to run without the extension; :func:`kernel_path` says which one is active.
 
 The extension picks the widest instruction set this CPU has (AVX-512, AVX2, or its portable code) at run time;
-``DFLASH_GGUF_SIMD=portable|avx2|avx512`` caps it (tests hold every level to libggml; all give the same bytes).
+``DFLASH_GGUF_SIMD=portable|avx2|avx512`` caps it, and everything that asks which levels exist (:func:`simd_levels`,
+the tests' kernel variants) then sees this CPU as one whose widest set is the cap: an AVX2-only or an old CPU can be
+reproduced on any machine. All levels give the same bytes; the tests hold each to libggml.
 """
 
 from __future__ import annotations
@@ -34,20 +36,40 @@ def _load_compiled(mode: str) -> ModuleType | None:
     return _kernels
 
 
-def _apply_simd_env() -> None:
-    """Cap the extension's instruction set at ``$DFLASH_GGUF_SIMD`` (or the CPU's best below it), once."""
+def _simd_cap() -> str | None:
+    """``$DFLASH_GGUF_SIMD`` checked, or None when unset.
+
+    Raises:
+        ImportError: a name that is no instruction set (the import fails with the names it takes).
+    """
     wanted = os.environ.get(SIMD_ENV, "").strip().lower()
-    lib = _load_compiled("auto")
-    if not wanted or lib is None:
-        return
+    if not wanted:
+        return None
     if wanted not in SIMD_LEVELS:
         raise ImportError(f"{SIMD_ENV}={wanted!r} is not an instruction set; use one of {', '.join(SIMD_LEVELS)}, or "
                           "unset it for the widest this CPU has.")
-    have = lib.simd_levels()
-    lib.set_simd(wanted if wanted in have else have[-1])
+    return wanted
 
 
-_apply_simd_env()
+_SIMD_CAP = _simd_cap()
+
+
+def _levels_under_cap(lib: ModuleType) -> tuple[str, ...]:
+    """The extension's levels on this CPU, none above the cap."""
+    have = tuple(str(level) for level in lib.simd_levels())
+    if _SIMD_CAP is None:
+        return have
+    return tuple(level for level in have if SIMD_LEVELS.index(level) <= SIMD_LEVELS.index(_SIMD_CAP))
+
+
+def _apply_simd_cap() -> None:
+    """Start the extension at the widest level under the cap (it starts at the CPU's widest)."""
+    lib = _load_compiled("auto")
+    if _SIMD_CAP is not None and lib is not None:
+        lib.set_simd(_levels_under_cap(lib)[-1])
+
+
+_apply_simd_cap()
 _compiled = _load_compiled(os.environ.get(KERNELS_ENV, "auto").strip().lower())
 
 
@@ -79,9 +101,10 @@ def set_kernel_path(path: str) -> None:
 
 
 def simd_levels() -> tuple[str, ...]:
-    """The instruction sets the compiled kernels can use on this CPU, lowest first (empty without the extension)."""
+    """The instruction sets the compiled kernels can use on this CPU, lowest first, none above ``$DFLASH_GGUF_SIMD``
+    (empty without the extension)."""
     lib = _load_compiled("auto")
-    return () if lib is None else tuple(lib.simd_levels())
+    return () if lib is None else _levels_under_cap(lib)
 
 
 def simd() -> str | None:
@@ -94,10 +117,10 @@ def set_simd(level: str) -> None:
     """Make the compiled kernels use ``level`` (one of :func:`simd_levels`): tests and the bench compare them.
 
     Raises:
-        ValueError: this CPU or build has no such level.
+        ValueError: this CPU or build has no such level, or it is above ``$DFLASH_GGUF_SIMD``.
     """
     lib = _load_compiled("auto")
-    if lib is None or level not in lib.simd_levels():
+    if lib is None or level not in _levels_under_cap(lib):
         have = ", ".join(simd_levels()) or "none"
         raise ValueError(f"instruction set {level!r} is not available here (have: {have})")
     lib.set_simd(level)
