@@ -88,7 +88,7 @@ def test_rows_made_part_way_and_a_head_start_that_failed_give_the_same_bytes(tmp
     """Stopped inside a tensor (after 2 of its chunks), or failing there, the head start hands over the rows it
     made and the writer makes the rest: the file is the file made without a head start, and nothing raises."""
     gguf = read_input(bf16_gguf)
-    jobs = ahead_jobs(quant_jobs(gguf, "q4_0"), bf16_gguf)
+    jobs = ahead_jobs(quant_jobs(gguf, "q4_0").jobs, bf16_gguf)
     assert len(jobs) >= 3
     expected = _quantize(bf16_gguf, tmp_path / "plain.gguf", None)
     first, second = jobs[0].key, jobs[1].key
@@ -115,7 +115,7 @@ def test_rows_made_part_way_and_a_head_start_that_failed_give_the_same_bytes(tmp
 def test_a_head_start_is_stopped_by_the_writer_and_claims_only_its_own_tensors(tmp_path: Path,
                                                                                 bf16_gguf: Path) -> None:
     gguf = read_input(bf16_gguf)
-    jobs = ahead_jobs(quant_jobs(gguf, "q4_0"), bf16_gguf)
+    jobs = ahead_jobs(quant_jobs(gguf, "q4_0").jobs, bf16_gguf)
     (tmp_path / "stale").mkdir()
     stale = tmp_path / "stale" / ".t.gguf.ahead0"
     stale.write_bytes(b"left by a run that was killed")
@@ -131,7 +131,7 @@ def test_a_head_start_is_stopped_by_the_writer_and_claims_only_its_own_tensors(t
 
 def test_no_head_start_without_room_beside_the_output(tmp_path: Path, bf16_gguf: Path) -> None:
     gguf = read_input(bf16_gguf)
-    jobs = ahead_jobs(quant_jobs(gguf, "q4_0"), bf16_gguf)
+    jobs = ahead_jobs(quant_jobs(gguf, "q4_0").jobs, bf16_gguf)
     with ahead.HeadStart(jobs, tmp_path, "t.gguf", reserve=1 << 62) as head:
         assert head.wait(1) and head.rows_done == {}
         assert ahead.claim(jobs[0].key) is None

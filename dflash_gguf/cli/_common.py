@@ -59,6 +59,20 @@ def imatrix_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., A
     return lambda fn: imatrix(text(ctx(chunks(fn))))
 
 
+def recipe_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--tensor-type PATTERN=TYPE`` (repeatable) and ``--tensor-type-file FILE`` for a command that quantizes
+    ``what``; read them with :func:`dflash_gguf.quantize.recipes.recipe_from_flags`."""
+    rule = click.option("--tensor-type", "tensor_type", multiple=True, metavar="PATTERN=TYPE",
+                        help=f"A per-tensor type for {what}, as llama-quantize's flag: the first PATTERN (a regular "
+                             "expression, lowercased) found in a tensor's name gives its TYPE instead of the mixture "
+                             r"rules, e.g. 'attn_v=q8_0' or 'blk\.(1[0-9]|2[0-3])\.ffn_down=q6_k'. Repeatable, "
+                             "in order; a rule no tensor takes is reported.")
+    file = click.option("--tensor-type-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                        metavar="FILE", help="PATTERN=TYPE rules separated by whitespace, as llama-quantize's "
+                                             "flag; they follow the --tensor-type rules.")
+    return lambda fn: rule(file(fn))
+
+
 def imatrix_choice(imatrix: str | None, calibration: str | None) -> tuple[Path | None, bool]:
     """(the --imatrix file or None, whether it is made: auto), checked against --calibration.
 

@@ -18,6 +18,7 @@ from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES, encoding_
 from ..provenance import Provenance
 from ..quantize import Overrides
 from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
+from ..quantize.recipes import recipe_from_flags
 from ..quantize.types import quant_type
 from ..tokenizer_fixups import overlay_provenance
 from ..tune import TuneOptions
@@ -29,6 +30,7 @@ from ._common import (
     imatrix_choice,
     imatrix_options,
     json_option,
+    recipe_options,
     setup_logging,
     split_options,
     verbose_option,
@@ -49,7 +51,7 @@ def _quant_types(ctx: click.Context, param: click.Parameter, value: str | None) 
 _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "allow_derived_target", "draft_quant",
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
                   "imatrix", "calibration", "calibration_ctx", "calibration_chunks", "pure", "token_embedding_type",
-                  "output_tensor_type", "no_mmproj", "mmproj_type",
+                  "output_tensor_type", "tensor_type", "tensor_type_file", "no_mmproj", "mmproj_type",
                   "split_max_size", "split_max_tensors")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
@@ -82,6 +84,7 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="Pipeline: the target's token_embd.weight type, as llama-quantize's flag of that name.")
 @click.option("--output-tensor-type", default=None, metavar="TYPE",
               help="Pipeline: the target's output.weight type (or a tied embedding's), as llama-quantize's flag.")
+@recipe_options("the target (pipeline; every --quant tag, in the one pass too)")
 @imatrix_options("the target (pipeline)")
 @click.option("--quantizer", type=click.Choice(["auto", "builtin", "llama-quantize"]), default=None,
               help="Pipeline: who quantizes (default auto: the built-in bit-exact quantizer, in one pass with the "
@@ -211,7 +214,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               tune_budget: float | None, tune_flags: str | None, tune_methods: str | None, llama_server: Path | None,
               no_mtp: bool, imatrix: str | None, calibration: str | None, calibration_ctx: int | None,
               calibration_chunks: int | None, pure: bool, token_embedding_type: str | None,
-              output_tensor_type: str | None, no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
+              output_tensor_type: str | None, tensor_type: tuple[str, ...], tensor_type_file: Path | None,
+              no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
               split_max_tensors: int | None) -> None:
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
         raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
@@ -232,7 +236,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                            imatrix_auto=imatrix_auto, calibration=calibration,
                            calibration_ctx=calibration_ctx or DEFAULT_IMATRIX_CTX,
                            calibration_chunks=calibration_chunks,
-                           target_overrides=Overrides(output_tensor_type, token_embedding_type, pure),
+                           target_overrides=Overrides(output_tensor_type, token_embedding_type, pure,
+                                                      recipe_from_flags(tensor_type, tensor_type_file)),
                            mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE,
                            split=SplitRule.from_flags(split_max_size, split_max_tensors))
     bars: list[Progress] = []

@@ -11,6 +11,7 @@ from ..ggufio.split import SplitRule, split_gguf
 from ..hub import fetch_file
 from ..quantize import Overrides, quantize_gguf
 from ..quantize.imatrix import DEFAULT_CTX, make_imatrix
+from ..quantize.recipes import recipe_from_flags
 from ._common import (
     Progress,
     echo_json,
@@ -18,6 +19,7 @@ from ._common import (
     imatrix_choice,
     imatrix_options,
     json_option,
+    recipe_options,
     setup_logging,
     split_options,
     verbose_option,
@@ -44,6 +46,7 @@ from ._common import (
               help="llama-quantize's --pure: no mixture rules, every quantizable tensor at TYPE (the output tensor "
                    "too, unless --output-tensor-type). ggml-org makes Gemma's QAT files as --pure q4_0 with "
                    "--token-embedding-type q8_0.")
+@recipe_options("OUTFILE")
 @imatrix_options("INFILE (made from INFILE itself with auto, into imatrix-<INFILE's name>.gguf beside OUTFILE)")
 @split_options("OUTFILE")
 @click.option("--dry-run", is_flag=True, help="Check the input and print the plan; write nothing.")
@@ -52,7 +55,8 @@ from ._common import (
 @handle_errors
 def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, llama_quantize: Path | None,
                  threads: int | None, allow_requantize: bool, output_tensor_type: str | None,
-                 token_embedding_type: str | None, pure: bool, imatrix: str | None, calibration: str | None,
+                 token_embedding_type: str | None, pure: bool, tensor_type: tuple[str, ...],
+                 tensor_type_file: Path | None, imatrix: str | None, calibration: str | None,
                  calibration_ctx: int | None, calibration_chunks: int | None, split_max_size: str | None,
                  split_max_tensors: int | None, dry_run: bool, json_: bool, verbose: bool) -> None:
     """Quantize a BF16/F16 GGUF to TYPE as llama-quantize b11434 would: any type it makes, any case (Q4_K_M, Q4_K_S,
@@ -64,6 +68,8 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
       dflash-gguf quantize gemma4-12B-it-DFlash-BF16.gguf gemma4-12B-it-DFlash-Q8_0.gguf q8_0
     """
     setup_logging(verbose)
+    overrides = Overrides(output_tensor_type, token_embedding_type, pure,
+                          recipe_from_flags(tensor_type, tensor_type_file))
     rule = SplitRule.from_flags(split_max_size, split_max_tensors)
     matrix, auto = imatrix_choice(imatrix, calibration)
     if auto and not dry_run:  # the matrix of INFILE (a 16-bit GGUF) over the text, beside the output
@@ -76,7 +82,7 @@ def quantize_cmd(infile: Path, outfile: Path, type_name: str, quantizer: str, ll
     try:
         result = quantize_gguf(infile, outfile, type_name, quantizer=quantizer, threads=threads,
                                allow_requantize=allow_requantize, llama_quantize=llama_quantize,
-                               overrides=Overrides(output_tensor_type, token_embedding_type, pure), imatrix=matrix,
+                               overrides=overrides, imatrix=matrix,
                                dry_run=dry_run,
                                on_progress=progress)
     finally:

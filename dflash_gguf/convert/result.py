@@ -22,7 +22,7 @@ from ..atomic import atomic_output, check_free_space
 from ..errors import InputError, TensorError
 from ..ggufio import GGUFPlan, TensorOut, Written
 from ..model_card import base_models
-from ..quantize.builtin import quantize_plan
+from ..quantize.builtin import NO_OVERRIDES, Overrides, quantize_plan
 from ..quantize.imatrix import Importance, check_entries
 from .safetensors import index_checkpoint
 from .tensor_io import to_f32
@@ -129,10 +129,12 @@ def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: 
 def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes: tuple[str, ...],
            recorded: dict[str, str], started: float, *, quant: str | None = None, dry_run: bool = False,
            on_progress: Callable[[int, int], None] | None = None,
-           more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None) -> ConvertResult:
+           more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None,
+           overrides: Overrides = NO_OVERRIDES) -> ConvertResult:
     """Write ``recorded`` and ``notes`` as our keys, then write ``plan`` (or quantize it to ``quant`` in one
     pass, and to each further (file, type) of ``more`` from the same read, with the ``importance`` matrix when
-    given, checked against the plan's tensors first; or with ``dry_run`` only size it).
+    given, checked against the plan's tensors first, and llama-quantize's per-tensor ``overrides``; or with
+    ``dry_run`` only size it).
 
     Raises:
         OutputError, QuantizeError: as :func:`write_plan` and ``quantize.builtin.quantize_plan``.
@@ -150,7 +152,7 @@ def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes:
             check_entries({n: w.size for n, w in importance.weights.items()},
                           {t.name: t.ne for t in plan.tensors}, importance.file, outfile.name)
         outcome, *others = quantize_plan(plan, outfile, quant, dry_run=dry_run, on_progress=on_progress, more=more,
-                                         importance=importance)
+                                         importance=importance, overrides=overrides)
         size, sha256, more_sha256 = outcome.n_bytes, outcome.sha256, tuple(o.sha256 for o in others)
         outtype = quant
     elif more:

@@ -361,9 +361,13 @@ class RunOptions:
     drop_mtp: bool = False
     tags: tuple[str, ...] | None = None  # a run of several quant tags: every tag (``quant`` is the first)
     draft_quants: tuple[str, ...] | None = None  # ... and the drafter's type served with each
+    # the target's llama-quantize flags beside its type (--pure, --token-embedding-type, each --tensor-type rule in
+    # the order it applies), every tag's; empty: the file type's own rules
+    quantize_flags: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         several = {"tags": list(self.tags), "draft_quants": list(self.draft_quants or ())} if self.tags else {}
+        several |= {"quantize_flags": list(self.quantize_flags)} if self.quantize_flags else {}
         return {"quant": self.quant, "draft_quant": self.draft_quant, "target_method": self.target_method,
                 "drafter_method": self.drafter_method, "target_gguf": self.target_gguf, "llama_cpp": self.llama_cpp,
                 "keep_intermediate": self.keep_intermediate, "allow_derived_target": self.allow_derived_target,
@@ -378,7 +382,8 @@ class RunOptions:
                    _opt_str(d.get("target_gguf")), _opt_str(d.get("llama_cpp")), bool(d.get("keep_intermediate")),
                    bool(d.get("allow_derived_target")), bool(d.get("drop_mtp")),
                    tuple(map(str, d["tags"])) if isinstance(d.get("tags"), list) else None,
-                   tuple(map(str, d["draft_quants"])) if isinstance(d.get("draft_quants"), list) else None)
+                   tuple(map(str, d["draft_quants"])) if isinstance(d.get("draft_quants"), list) else None,
+                   tuple(map(str, d["quantize_flags"])) if isinstance(d.get("quantize_flags"), list) else ())
 
 
 @dataclass(frozen=True)
@@ -515,6 +520,7 @@ class PairRecord:
     tuning: Mapping[str, Any] | None = None  # tune's report as written (``status``: measured, skipped, ...)
     tag_tuning: Mapping[str, Any] | None = None  # tune --tags: each tag's speed with its drafter, the fastest
     quality: Mapping[str, Any] | None = None  # dflash-gguf quality: each tag's KL divergence from the 16-bit target
+    quantize_flags: tuple[str, ...] = ()  # the target's llama-quantize flags (RunOptions.quantize_flags)
 
     @property
     def target(self) -> OutputRecord:
@@ -608,14 +614,16 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
                              "editing it.")
     serve, options, sources, tools, tuning, tag_tuning, quality = (
         data.get(k) for k in ("serve", "options", "sources", "tools", "tuning", "tag_tuning", "quality"))
+    run_options = RunOptions.from_json(options) if isinstance(options, dict) else None
     return PairRecord(Path(path), str(data.get("status", "")), typed,
-                      RunOptions.from_json(options).target_method if isinstance(options, dict) else None,
+                      run_options.target_method if run_options is not None else None,
                       ServePlan.from_json(serve) if isinstance(serve, dict) else None,
                       Sources.from_json(sources) if isinstance(sources, dict) else None,
                       ToolVersions.from_json(tools) if isinstance(tools, dict) else None,
                       tuning if isinstance(tuning, dict) else None,
                       tag_tuning if isinstance(tag_tuning, dict) else None,
-                      quality if isinstance(quality, dict) else None)
+                      quality if isinstance(quality, dict) else None,
+                      run_options.quantize_flags if run_options is not None else ())
 
 
 def _present(manifest: Path, what: str, name: str) -> Path:

@@ -304,9 +304,10 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
 def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
     """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
     BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target with --imatrix
-    FILE: its weighted kernels; not with --imatrix auto, whose matrix is made from the 16-bit GGUF, nor --pure / a
-    tensor-type override), and no intermediate is to be kept."""
-    if target and (opts.target_overrides.given or opts.imatrix_auto):  # the one pass writes the default choices
+    FILE: its weighted kernels; not with --imatrix auto, whose matrix is made from the 16-bit GGUF), and no
+    intermediate is to be kept. The target's per-tensor overrides (--pure, --tensor-type, ...) apply in the one pass
+    too."""
+    if target and opts.imatrix_auto:
         return False
     imatrix = target and opts.uses_imatrix
     return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
@@ -433,7 +434,8 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                          public_spec(opts.target_gguf), folder_label(opts.llama_cpp) if opts.llama_cpp else None,
                          opts.keep_intermediate,
                          opts.allow_derived_target, opts.drop_mtp, opts.tags if opts.several_tags else None,
-                         opts.drafter_types() if opts.several_tags else None)
+                         opts.drafter_types() if opts.several_tags else None,
+                         tuple(opts.target_overrides.args()))
     header: dict[str, Any] = {"precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
     if len(drafters) > 1:
         header["prechecks"] = [p.to_dict() for p in prechecks]
@@ -610,7 +612,7 @@ class _Run:
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
         # several tags are written together, never from one tag's head start: their read is warmed instead
         one_pass = _one_pass(self.opts, quant, target=True) and not final.exists() and not self.opts.several_tags \
-            and not self.opts.uses_imatrix  # a head start quantizes without the matrix
+            and not self.opts.uses_imatrix and not self.opts.target_overrides.given  # by the default rules only
         return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
 
     # -------------------------------------------------------------------------------------------- stages
@@ -675,7 +677,8 @@ class _Run:
         def convert_builtin(out: Path, quant: str | None = None) -> str | None:
             with _bar(self.progress, "convert target") as bar:
                 return stages.convert_target_builtin(target.path, out, src, tok, sources, bar, quant,
-                                                     self.opts.drop_mtp, self._importance() if quant else None)
+                                                     self.opts.drop_mtp, self._importance() if quant else None,
+                                                     self.opts.target_overrides if quant else NO_OVERRIDES)
 
         def convert_with_llama_cpp(out: Path) -> str | None:
             assert self.opts.llama_cpp is not None
@@ -700,7 +703,7 @@ class _Run:
         inter = self.outdir / gguf_name(name, src)
         made: dict[str, Made] = {}
         together = [tag for tag in tags if builtin and tag != src and _one_pass(self.opts, tag, target=True)]
-        keys = {tag: {**key, "quant": tag, "one_pass": "builtin", **self._imatrix_key()} for tag in together}
+        keys = {tag: {**key, "quant": tag, "one_pass": "builtin", **self._one_pass_key()} for tag in together}
         todo = [tag for tag in together if not self.manifest.reusable(
             f"{tag_side(tag, tags)}.convert", keys[tag],
             self._finals(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", finals[tag]))]
@@ -709,7 +712,8 @@ class _Run:
             with _bar(self.progress, f"convert target to {len(todo)} tags") as bar:
                 shas = stages.convert_target_tags_builtin(target.path, [(finals[t], t) for t in todo], src, tok,
                                                           Provenance(None, target.repo_spec, None, tok.provenance()),
-                                                          bar, self.opts.drop_mtp, self._importance())
+                                                          bar, self.opts.drop_mtp, self._importance(),
+                                                          self.opts.target_overrides)
             for tag, sha in zip(todo, shas, strict=True):
                 self._record_final(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", keys[tag], finals[tag], sha)
         for tag in together:
@@ -737,13 +741,16 @@ class _Run:
             self._loaded_importance = load_importance(self.imatrix)
         return self._loaded_importance
 
-    def _imatrix_key(self) -> dict[str, Any]:
-        """What a one-pass target's stage key records of the matrix (nothing without one: earlier outputs stay
-        reusable)."""
-        if self.imatrix is None:
-            return {}
-        return {"imatrix": {"file": self.imatrix.name, "size": self.imatrix.stat().st_size,
-                            "sha256": self.imatrix_sha256}}
+    def _one_pass_key(self) -> dict[str, Any]:
+        """What a one-pass target's stage key records of its quantization settings: the matrix and the per-tensor
+        overrides (nothing of either when not given: earlier outputs stay reusable)."""
+        key: dict[str, Any] = {}
+        if self.opts.target_overrides.given:
+            key["overrides"] = self.opts.target_overrides.args()
+        if self.imatrix is not None:
+            key["imatrix"] = {"file": self.imatrix.name, "size": self.imatrix.stat().st_size,
+                              "sha256": self.imatrix_sha256}
+        return key
 
     def _imatrix_into_folder(self, name: str) -> Path | None:
         """The --imatrix file copied into ``imatrix/`` of the folder (``imatrix-<name>.gguf``, or ``.dat`` for the
@@ -863,7 +870,7 @@ class _Run:
         The converters return the sha256 they computed while writing (None for external tools), so recording
         an output does not read it again."""
         if one_pass is not None and src != quant:
-            matrix = self._imatrix_key() if is_target_side(side) else {}
+            matrix = self._one_pass_key() if is_target_side(side) else {}
             key = {**key, "quant": quant, "one_pass": "builtin", **matrix}
             if not self.manifest.reusable(f"{side}.convert", key, self._finals(side, f"{side}.convert", final)):
                 log.info("%s: converting and quantizing in one pass to %s", side, final)

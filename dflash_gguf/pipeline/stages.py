@@ -351,25 +351,27 @@ def working_ahead_of_target(model_dir: Path, outfile: Path, quant: str | None, d
 
 def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokenizer: TokenizerStage,
                            sources: Provenance, on_progress: OnProgress = None, quant: str | None = None,
-                           drop_mtp: bool = False, importance: Importance | None = None) -> str | None:
+                           drop_mtp: bool = False, importance: Importance | None = None,
+                           overrides: Overrides = NO_OVERRIDES) -> str | None:
     """The built-in target converter (only reached when ``builtin_family`` covers the architecture); with
-    ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing. The weights
-    are already read ahead, or its head start made (:func:`working_ahead_of_target`, entered by the run before its
-    first stage)."""
+    ``quant``, converted and quantized in one pass (with llama-quantize's per-tensor ``overrides``). Returns the
+    output's sha256, hashed while writing. The weights are already read ahead, or its head start made
+    (:func:`working_ahead_of_target`, entered by the run before its first stage)."""
     return convert_target(model_dir, outfile, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
                           quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress,
-                          importance=importance).sha256
+                          importance=importance, overrides=overrides).sha256
 
 
 def convert_target_tags_builtin(model_dir: Path, outputs: Sequence[tuple[Path, str]], outtype: str,
                                 tokenizer: TokenizerStage, sources: Provenance, on_progress: OnProgress = None,
-                                drop_mtp: bool = False, importance: Importance | None = None) -> list[str | None]:
+                                drop_mtp: bool = False, importance: Importance | None = None,
+                                overrides: Overrides = NO_OVERRIDES) -> list[str | None]:
     """The built-in target converter quantizing in one pass to every (file, type) of ``outputs`` from one read of
     the checkpoint (several --quant tags); returns each output's sha256, hashed while writing."""
     (first, quant), *more = outputs
     result = convert_target(model_dir, first, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
                             quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress, more=more,
-                            importance=importance)
+                            importance=importance, overrides=overrides)
     return [result.sha256, *result.more_sha256]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -399,6 +400,8 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
               f"{tools.llama_cpp_build}'s convert_hf_to_gguf.py and llama-quantize write; quantizer: {tools.quantizer}",
               f"- target: {', '.join(t.tag for t in record.tags) if record.tags else record.target.type}, "
               f"{record.target.made_by}",
+              *([f"- the target's llama-quantize flags, in the order they apply: `{shlex.join(record.quantize_flags)}`"]
+                if record.quantize_flags else []),
               f"- drafter: {record.drafter.type}, {record.drafter.made_by}"]
     if record.imatrix is not None and not drafter_only:
         lines.append(f"- the target's importance matrix: `{record.imatrix.file}` (sha256 `{record.imatrix.sha256}`), "

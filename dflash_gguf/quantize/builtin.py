@@ -46,6 +46,7 @@ from ..ggufio.reader import raw_kv_bytes, read_gguf, tensor_nbytes
 from ..provenance import PROVENANCE_PREFIX
 from . import ahead, kernels
 from .imatrix import Importance
+from .recipes import TensorTypeRule
 from .rules import (
     FTYPES,
     OVERRIDE_TYPES,
@@ -64,6 +65,9 @@ VT = GGUFValueType
 BUILTIN_VERSION = f"dflash-gguf {__version__} builtin (llama.cpp b11434 rules)"
 KEY_QUANTIZER = PROVENANCE_PREFIX + "quantizer"
 KEY_QUANTIZER_VERSION = PROVENANCE_PREFIX + "quantizer_version"
+# llama-quantize's per-tensor flags the file was made with (Overrides.args(), in order); absent: the type's own rules
+KEY_QUANTIZE_FLAGS = PROVENANCE_PREFIX + "quantize_flags"
+_OUR_QUANTIZE_KEYS = (KEY_QUANTIZER, KEY_QUANTIZER_VERSION, KEY_QUANTIZE_FLAGS)
 # Keys llama-quantize drops (split.*) or re-appends at the end (the other two): llama-quant.cpp.
 _MOVED_KEYS = ("general.quantization_version", "general.file_type", "split.no", "split.count",
                "split.tensors.count")
@@ -163,25 +167,28 @@ def input_from_plan(plan: GGUFPlan, label: Path) -> InputGGUF:
 
 @dataclass(frozen=True)
 class Overrides:
-    """llama-quantize's ``--output-tensor-type``, ``--token-embedding-type`` (type names, None: not given) and
-    ``--pure`` (no mixture rules: every quantizable tensor at the file's type)."""
+    """llama-quantize's ``--output-tensor-type``, ``--token-embedding-type`` (type names, None: not given),
+    ``--pure`` (no mixture rules: every quantizable tensor at the file's type) and the ``--tensor-type`` recipe (its
+    rules in order, a ``--tensor-type-file``'s included where it was given)."""
 
     output_tensor_type: str | None = None
     token_embedding_type: str | None = None
     pure: bool = False
+    tensor_types: tuple[TensorTypeRule, ...] = ()
 
     @property
     def given(self) -> bool:
-        return bool(self.output_tensor_type or self.token_embedding_type or self.pure)
+        return bool(self.output_tensor_type or self.token_embedding_type or self.pure or self.tensor_types)
 
     def args(self) -> list[str]:
         """The same flags for llama-quantize."""
         return [*(["--output-tensor-type", self.output_tensor_type] if self.output_tensor_type else []),
                 *(["--token-embedding-type", self.token_embedding_type] if self.token_embedding_type else []),
-                *(["--pure"] if self.pure else [])]
+                *(["--pure"] if self.pure else []),
+                *(arg for rule in self.tensor_types for arg in ("--tensor-type", rule.arg))]
 
     def parsed(self) -> tuple[GGMLQuantizationType | None, GGMLQuantizationType | None]:
-        """The two types, refusing what the built-in cannot make."""
+        """The two types, refusing what the built-in cannot make (the recipe's types too)."""
         out = []
         for flag, value in (("--output-tensor-type", self.output_tensor_type),
                             ("--token-embedding-type", self.token_embedding_type)):
@@ -189,6 +196,10 @@ class Overrides:
                 raise QuantizeError(f"{flag} {value}: the built-in quantizer makes {', '.join(OVERRIDE_TYPES)}; "
                                     "other types need --quantizer llama-quantize.")
             out.append(None if value is None else OVERRIDE_TYPES[value.lower()])
+        for rule in self.tensor_types:
+            if rule.type_name not in OVERRIDE_TYPES:
+                raise QuantizeError(f"--tensor-type {rule.arg}: the built-in quantizer makes "
+                                    f"{', '.join(OVERRIDE_TYPES)}; other types need --quantizer llama-quantize.")
         return out[0], out[1]
 
 
@@ -207,8 +218,23 @@ def requantize_refusal(path: Path, name: str, stored: GGMLQuantizationType) -> s
             "twice.")
 
 
+@dataclass(frozen=True)
+class TensorPlan:
+    """Every tensor's job in llama-quantize's order, and the ``--tensor-type`` rules no tensor took (llama-quantize
+    says nothing of them; the built-in reports them)."""
+
+    jobs: list[TensorJob]
+    unused_rules: tuple[TensorTypeRule, ...] = ()
+
+    def notes(self) -> tuple[str, ...]:
+        """The row-length fallbacks llama-quantize warns about, then the unused rules."""
+        return (*(f"{j.src.name}: {j.reason}" for j in self.jobs if j.fallback),
+                *(f"--tensor-type {rule.arg}: no tensor took this rule (its pattern matches no quantizable tensor's "
+                  "name, or an earlier rule matches first)" for rule in self.unused_rules))
+
+
 def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = False,
-                 overrides: Overrides = NO_OVERRIDES, importance: Importance | None = None) -> list[TensorJob]:
+                 overrides: Overrides = NO_OVERRIDES, importance: Importance | None = None) -> TensorPlan:
     """Per-tensor output types in llama-quantize's order, each with its importance weights when ``importance`` has
     some for it (llama-quantize's rules with an importance matrix).
 
@@ -222,7 +248,7 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
     output_type, token_embd_type = overrides.parsed()
     facts = ModelFacts.of(gguf.values, [t.name for t in gguf.tensors])
     mixture = Mixture(facts, type_name, output_type=output_type, token_embd_type=token_embd_type,
-                      pure=overrides.pure, has_imatrix=importance is not None)
+                      pure=overrides.pure, has_imatrix=importance is not None, tensor_types=overrides.tensor_types)
     jobs = []
     for t in sorted(gguf.tensors, key=lambda t: layer_sort_key(t.name)):
         stored = Q(t.qtype)
@@ -244,22 +270,25 @@ def plan_tensors(gguf: InputGGUF, type_name: str, *, allow_requantize: bool = Fa
             and choice.qtype in kernels.WEIGHTED_TYPES else None
         jobs.append(TensorJob(t, choice.qtype, n_rows * row_bytes(choice.qtype, t.ne[0]), choice.reason,
                               choice.fallback, weights))
-    return jobs
+    unused = tuple(rule for rule in overrides.tensor_types if rule not in mixture.matched)
+    return TensorPlan(jobs, unused if is_quantized(FTYPES[type_name][1]) else ())
 
 
 def _header(gguf: InputGGUF, jobs: list[TensorJob], type_name: str,
-            importance: Importance | None = None) -> list[bytes]:
+            importance: Importance | None = None, flags: Sequence[str] = ()) -> list[bytes]:
     """The output's header as pieces (the input's KV encodings are shared, never joined into one copy). With an
-    importance matrix, llama-quantize's own keys for it follow the file type (its kv_overrides, in its order)."""
+    importance matrix, llama-quantize's own keys for it follow the file type (its kv_overrides, in its order);
+    ``flags``: the per-tensor flags it was made with, recorded in our keys."""
     recorded = _importance_kvs(importance)
-    kvs = [raw for key, raw in gguf.kv_raw.items()
-           if key not in _MOVED_KEYS and key not in (KEY_QUANTIZER, KEY_QUANTIZER_VERSION)]
+    kvs = [raw for key, raw in gguf.kv_raw.items() if key not in _MOVED_KEYS and key not in _OUR_QUANTIZE_KEYS]
     kvs = [raw for raw in kvs if _kv_key(raw) not in recorded] if recorded else kvs
     kvs.append(layout.pack_kv("general.quantization_version", VT.UINT32, layout.GGML_QUANT_VERSION))
     kvs.append(layout.pack_kv("general.file_type", VT.UINT32, int(FTYPES[type_name][0])))
     kvs += recorded.values()
     kvs.append(layout.pack_kv(KEY_QUANTIZER, VT.STRING, "builtin"))
     kvs.append(layout.pack_kv(KEY_QUANTIZER_VERSION, VT.STRING, BUILTIN_VERSION))
+    if flags:
+        kvs.append(layout.pack_kv(KEY_QUANTIZE_FLAGS, VT.ARRAY, list(flags), VT.STRING))
     infos, offset = [], 0
     for j in jobs:
         # llama-quantize writes each tensor's ne up to ggml_n_dims: a [64, 1] tensor is written as [64]
@@ -482,6 +511,7 @@ class OutputPlan:
     type_name: str
     tmp: Path
     importance: Importance | None = None  # the matrix the jobs' weights come from (its keys go in the header)
+    flags: tuple[str, ...] = ()  # the per-tensor flags the jobs' types come from (recorded in the header)
 
 
 class _Writing:
@@ -492,7 +522,7 @@ class _Writing:
         self.f = stack.enter_context(open(out.tmp, "wb"))
         self.hasher = stack.enter_context(FollowingHasher(out.tmp))
         self.written = 0
-        self.f.writelines(_header(gguf, out.jobs, out.type_name, out.importance))
+        self.f.writelines(_header(gguf, out.jobs, out.type_name, out.importance, out.flags))
 
     def end_tensor(self, job: TensorJob) -> None:
         if self.written != job.dst_nbytes:
@@ -651,16 +681,18 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
         raise QuantizeError(f"{gguf.path} uses general.alignment={gguf.alignment}; the built-in quantizer writes "
                             "32-byte alignment only. Use --quantizer llama-quantize.")
     planned = []
+    flags = tuple(overrides.args())
     for outfile, type_name in outputs:
-        jobs = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides,
-                            importance=importance)
+        tensor_plan = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides,
+                                   importance=importance)
+        jobs = tensor_plan.jobs
         types: dict[str, int] = {}
         for j in jobs:
             types[j.dst_type.name] = types.get(j.dst_type.name, 0) + 1
-        fallbacks = tuple(f"{j.src.name}: {j.reason}" for j in jobs if j.fallback)
+        fallbacks = tensor_plan.notes()
         for msg in fallbacks:
             log.warning("%s", msg)
-        size = sum(map(len, _header(gguf, jobs, type_name, importance))) + sum(pad(j.dst_nbytes) for j in jobs)
+        size = sum(map(len, _header(gguf, jobs, type_name, importance, flags))) + sum(pad(j.dst_nbytes) for j in jobs)
         planned.append((Path(outfile), type_name, jobs, types, fallbacks, size))
     if dry_run:
         return [BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
@@ -670,8 +702,9 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
                          sum(p[-1] for p in planned if p[0].parent == folder))
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_output(outfile)) for outfile, *_ in planned]
-        written = write_outputs(gguf, [OutputPlan(jobs, type_name, tmp, importance) for (_, type_name, jobs, *_), tmp
-                                       in zip(planned, tmps, strict=True)], threads, on_progress)
+        written = write_outputs(gguf, [OutputPlan(jobs, type_name, tmp, importance, flags)
+                                       for (_, type_name, jobs, *_), tmp in zip(planned, tmps, strict=True)],
+                                threads, on_progress)
     seconds = time.monotonic() - t0
     return [BuiltinOutcome(w.n_bytes, types, fallbacks, seconds, w.sha256)
             for (_, _, _, types, fallbacks, _), w in zip(planned, written, strict=True)]

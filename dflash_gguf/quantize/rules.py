@@ -19,6 +19,7 @@ from enum import Enum
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from ..errors import QuantizeError
+from .recipes import TensorTypeRule, first_match
 from .types import TENSOR_TYPES, ggml_type, quant_type
 
 Q = GGMLQuantizationType
@@ -198,11 +199,13 @@ class Mixture:
 
     def __init__(self, facts: ModelFacts, type_key: str, *, output_type: GGMLQuantizationType | None = None,
                  token_embd_type: GGMLQuantizationType | None = None, pure: bool = False,
-                 has_imatrix: bool = False) -> None:
+                 has_imatrix: bool = False, tensor_types: tuple[TensorTypeRule, ...] = ()) -> None:
         self.facts, self.ftype = facts, ALL_FTYPES[type_key][0]
         self.has_imatrix = has_imatrix  # llama-quantize given an importance matrix (qs.has_imatrix)
         self.default = ALL_FTYPES[type_key][1]
         self.output_type, self.token_embd_type, self.pure = output_type, token_embd_type, pure
+        self.tensor_types = tensor_types
+        self.matched: set[TensorTypeRule] = set()  # the rules some tensor took (an unmatched one is reported)
         self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
 
     def choose(self, name: str, ne: tuple[int, ...], stored: GGMLQuantizationType) -> TensorChoice:
@@ -214,14 +217,20 @@ class Mixture:
         if not allows_quantization(name, ggml_n_dims(ne), self.facts.arch):
             return TensorChoice(stored)
         category = category_of(name)
-        if self.token_embd_type is not None and category is Category.TOKEN_EMBD:
+        manual = first_match(self.tensor_types, name)
+        # a recipe may name per_layer_token_embd, which otherwise follows --token-embedding-type
+        named = manual is not None and name == "per_layer_token_embd.weight"
+        if self.token_embd_type is not None and category is Category.TOKEN_EMBD and not named:
             return TensorChoice(self.token_embd_type, "--token-embedding-type", override=True)
         if self.output_type is not None and category is Category.OUTPUT:
             return TensorChoice(self.output_type, "--output-tensor-type", override=True)
-        if not is_quantized(self.default):  # F16/BF16/F32: no mixture rules, no fallback
+        if not is_quantized(self.default):  # F16/BF16/F32: no mixture rules, no recipe, no fallback
             return TensorChoice(self.default)
         new, reason = self.default, ""
-        if not self.pure:
+        if manual is not None:  # the recipe replaces the mixture rules (their counters do not move)
+            self.matched.add(manual)
+            new, reason = manual.qtype, f"--tensor-type {manual.arg}"
+        elif not self.pure:
             new, reason = self._mixture(name, ne, category)
         block = ggml_type(new).block_size
         if ne[0] % block:  # tensor_type_fallback()

@@ -59,7 +59,7 @@ from ...ggufio.layout import GGML_QUANT_VERSION, pad
 from ...ggufio.readahead import warm_up
 from ...hf_configs import read_config
 from ...quantize.ahead import HeadStart
-from ...quantize.builtin import TensorJob, ahead_jobs, input_from_plan
+from ...quantize.builtin import NO_OVERRIDES, Overrides, TensorJob, ahead_jobs, input_from_plan
 from ...quantize.builtin import plan_tensors as quant_plan
 from ...quantize.imatrix import Importance
 from ..configs import TargetArch, TargetConfig, parse_target_config
@@ -225,7 +225,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    read_ahead: bool = True,
                    drop_mtp: bool = False,
                    on_progress: Callable[[int, int], None] | None = None,
-                   more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None) -> ConvertResult:
+                   more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None,
+                   overrides: Overrides = NO_OVERRIDES) -> ConvertResult:
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
     ``tokenizer_dir`` (default ``model_dir``) is where the tokenizer files are read; ``provenance`` adds
@@ -236,7 +237,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     built without. ``drop_mtp``: as b11434's ``--no-mtp``, a multi-token-prediction head is left out (the target's
     own ``draft-mtp`` drafting then cannot be served). ``more``: further (file, type) outputs of the same one pass
     (several quant tags from one read of the checkpoint; ``quant`` is the first). ``importance``: an importance
-    matrix the one pass quantizes with, as llama-quantize --imatrix does.
+    matrix the one pass quantizes with, as llama-quantize --imatrix does; ``overrides``: llama-quantize's
+    per-tensor flags (``--tensor-type`` recipes among them) for the one pass.
 
     Raises:
         ConfigError, UnsupportedModelError, TensorError, TokenizerError, InputError, OutputError: each
@@ -246,7 +248,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
     model_dir = Path(model_dir)
     fam = family_for(model_dir, tokenizer_dir, drop_mtp=drop_mtp)
     specs = plan_tensors(fam)
-    ahead = (working_ahead(fam, specs, Path(outfile), outtype, None if more or importance else quant)
+    one_pass_defaults = not (more or importance or overrides.given)  # the head start quantizes by the default rules
+    ahead = (working_ahead(fam, specs, Path(outfile), outtype, quant if one_pass_defaults else None)
              if read_ahead and not dry_run else contextlib.nullcontext())
     with ahead:  # the disk streams, and the output's first tensor is quantized, while the vocabulary builds
         plan, vocab, outtype = build_plan(fam, outtype, (provenance or {}).get(prov.TARGET_REPO) or model_dir.name,
@@ -254,7 +257,8 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
         recorded = target_record(fam.src.model_dir, fam.src.config.path, fam.src.config.arch, vocab.sha256,
                                  provenance)
         return finish(plan, Path(outfile), outtype, vocab, tuple(fam.notes), recorded, start, quant=quant,
-                      dry_run=dry_run, on_progress=on_progress, more=more, importance=importance)
+                      dry_run=dry_run, on_progress=on_progress, more=more, importance=importance,
+                      overrides=overrides)
 
 
 @contextlib.contextmanager
@@ -285,7 +289,7 @@ def _quant_jobs(fam: TextFamily, specs: list[TensorSpec], outfile: Path, outtype
     try:
         for tensor in _tensor_outs(fam, specs, outtype)[0]:
             plan.add_tensor(tensor)
-        return quant_plan(input_from_plan(plan, outfile), quant)
+        return quant_plan(input_from_plan(plan, outfile), quant).jobs
     except DflashGgufError:
         return None
 

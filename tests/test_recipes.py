@@ -1,0 +1,179 @@
+"""Per-tensor recipes (``--tensor-type PATTERN=TYPE``, ``--tensor-type-file``): the built-in quantizer and the
+pipeline's one pass write llama-quantize b11434's bytes with the same flags, on a dense untied model, a tied one, an
+8-expert one and a Qwen3.5 MoE target as our converter writes it, with and without an importance matrix; flags it
+cannot read alike are refused, and a rule no tensor takes is reported."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import fixtures as mf
+import gguf_compare
+import pytest
+import reference
+from click.testing import CliRunner
+from conftest import REFERENCE_COMPARISONS, run_cli
+from gguf import GGMLQuantizationType as Q
+from test_quant_mixtures import _llama, _qwen35, _written
+
+from dflash_gguf.cli import main
+from dflash_gguf.convert.targets import convert_target
+from dflash_gguf.errors import QuantizeError
+from dflash_gguf.ggufio.reader import read_gguf
+from dflash_gguf.publish import plan_publish
+from dflash_gguf.quantize import Overrides, quantize_gguf
+from dflash_gguf.quantize.recipes import parse_tensor_type, read_tensor_type_file, recipe_from_flags
+
+SOURCES = {
+    "dense-untied": lambda p: _llama(p, n_layer=8, n_embd=256, tied=False, kv_heads=1),
+    "tied": lambda p: _llama(p, n_layer=6, n_embd=256),
+    "8-experts": lambda p: _llama(p, n_layer=4, n_embd=256, tied=False, experts=8),
+    "qwen35-moe": _qwen35,
+}
+
+# (file type, rules): anchors, alternation, layer ranges, the output and the embedding, a 256-block type on rows it
+# does not divide (the fallback), a shadowed rule, upper case (lowercased as b11434 does)
+RECIPES = {
+    "q4_k_m-attention-q8": ("q4_k_m", (r"attn_(q|k|v|output)=q8_0", r"^output\.weight$=q6_k")),
+    "q4_k_m-layer-range": ("q4_k_m", (r"blk\.(1|[3-5])\.ffn_down=Q6_K", r"blk\.[0-9]\.ffn_(gate|up)=q5_k",
+                                      "token_embd=q8_0")),
+    "q4_0-everything": ("q4_0", (r"\.weight$=q8_0", "ffn_down=q4_k")),
+    "q6_k-experts-and-fallback": ("q6_k", (r"ffn_(gate|up|down)_exps=q4_k", r"ATTN_NORM=q8_0", r"blk\.0\.=q5_0")),
+}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("recipes")
+    return {name: make(work / f"{name}.gguf") for name, make in SOURCES.items()}
+
+
+def _rules(texts: tuple[str, ...]) -> Overrides:
+    return Overrides(tensor_types=tuple(parse_tensor_type(t) for t in texts))
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_recipes_match_llama_quantize(sources: dict[str, Path], tmp_path: Path, source: str) -> None:
+    """Every recipe on every layout: the same type for each tensor and the same bytes (our keys aside)."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    src = sources[source]
+    for name, (type_key, texts) in RECIPES.items():
+        overrides = _rules(texts)
+        ours, ref = tmp_path / f"ours-{name}.gguf", tmp_path / f"ref-{name}.gguf"
+        result = quantize_gguf(src, ours, type_key, quantizer="builtin", overrides=overrides)
+        proc = reference.run_llama_quantize(src, ref, type_key.upper(), *overrides.args())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert _written(ours) == _written(ref), name
+        assert gguf_compare.diff(ours, ref) == [], name
+        unused = [n for n in result.notes if "no tensor took" in n]
+        assert all(any(n.startswith(f"--tensor-type {r.arg}:") for r in overrides.tensor_types) for n in unused)
+        if name == "q6_k-experts-and-fallback":  # norms are never quantized: that rule takes no tensor anywhere
+            assert any(n.startswith("--tensor-type attn_norm=q8_0:") for n in unused), unused
+        REFERENCE_COMPARISONS.append(f"--tensor-type {name} on {source}")
+
+
+@pytest.mark.reference
+def test_recipe_with_an_importance_matrix_matches_llama_quantize(sources: dict[str, Path], tmp_path: Path) -> None:
+    """With an importance matrix the recipe's types use it as llama-quantize does (weighted K-quants)."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    src = tmp_path / "gemma4-BF16.gguf"  # a model libllama runs, for llama-imatrix
+    convert_target(mf.make_gemma4_target(tmp_path / "targets"), src, "bf16")
+    text = tmp_path / "calibration" / "calib.txt"
+    text.parent.mkdir()
+    text.write_text(" ".join(f"word{i % 97} token{i % 31}." for i in range(3000)))
+    matrix = tmp_path / "imatrix" / "imatrix-dense.gguf"
+    matrix.parent.mkdir()
+    cmd = [str(reference.llama_bin("llama-imatrix")), "-m", str(src), "-f", text.name, "-o", str(matrix), "-c", "64",
+           "--chunks", "2", "-t", "1", "--no-ppl"]
+    made = subprocess.run(cmd, cwd=text.parent, capture_output=True, text=True, env=reference._bin_env(),
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert made.returncode == 0 and matrix.is_file(), made.stderr[-2000:]
+    overrides = _rules((r"blk\.[0-1]\.ffn_down=q6_k", "attn_v=q5_k", r"ffn_up=q4_0", "attn_q=q5_0"))
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_gguf(src, ours, "q4_k_m", quantizer="builtin", overrides=overrides, imatrix=matrix)
+    cmd = [str(reference.llama_bin("llama-quantize")), *overrides.args(), "--imatrix", matrix.name, str(src),
+           str(ref), "Q4_K_M", "2"]
+    proc = subprocess.run(cmd, cwd=matrix.parent, capture_output=True, text=True, env=reference._bin_env(),
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _written(ours) == _written(ref)
+    assert gguf_compare.diff(ours, ref) == []
+    REFERENCE_COMPARISONS.append("--tensor-type with an importance matrix")
+
+
+@pytest.mark.reference
+def test_the_pipeline_one_pass_takes_the_recipe(tmp_path: Path) -> None:
+    """``dflash-convert --quant Q4_K_M --tensor-type ... --tensor-type-file ...``: the target made in one pass (no
+    16-bit file, no llama-quantize) is llama-quantize's file from b11434's BF16 conversion with the same flags."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    target = mf.make_qwen3_target(tmp_path / "targets", llama_cpp_src=reference.require_llama_cpp_src())
+    drafter = mf.make_drafter(tmp_path / "drafters", target="qwen3")
+    recipe = tmp_path / "recipe.txt"
+    recipe.write_text("attn_v=q8_0\n  ffn_down=q6_k\t token_embd=q8_0\n")
+    out = tmp_path / "pair"
+    proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "Q4_K_M",
+                   "--tensor-type", r"blk\.0\.attn_q=q5_0", "--tensor-type-file", recipe, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    made = sorted(out.glob("*Q4_K_M.gguf"))
+    target_file = next(p for p in made if not p.name.startswith("dflash-"))
+    assert not list(out.glob("*BF16*.gguf"))
+    bf16 = tmp_path / "ref-bf16.gguf"
+    conv = reference.run_reference_convert(target, None, bf16, "bf16")
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    ref = tmp_path / "ref-q4_k_m.gguf"
+    flags = ("--tensor-type", r"blk\.0\.attn_q=q5_0", "--tensor-type", "attn_v=q8_0", "--tensor-type",
+             "ffn_down=q6_k", "--tensor-type", "token_embd=q8_0")
+    proc = reference.run_llama_quantize(bf16, ref, "Q4_K_M", *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert gguf_compare.diff(target_file, ref) == []
+    REFERENCE_COMPARISONS.append("pipeline one pass --tensor-type = b11434 convert + llama-quantize")
+    # the recipe is recorded, in order: in pair.json's options, the file's own keys and the stage key
+    pair = json.loads((out / "pair.json").read_text())
+    assert pair["options"]["quantize_flags"] == list(flags)
+    assert pair["stages"]["target.convert"]["key"]["one_pass"] == "builtin"
+    assert list(read_gguf(target_file).get("dflash_gguf.quantize_flags")) == list(flags)
+    card = plan_publish(out, "someone/qwen3-tiny-GGUF", license="apache-2.0").card
+    assert f"- the target's llama-quantize flags, in the order they apply: `{shlex.join(flags)}`" in card
+
+
+def test_tensor_type_flags_are_read_as_llama_quantize_reads_them(tmp_path: Path) -> None:
+    rule = parse_tensor_type(r"BLK\.[0-9]+\.ATTN_V=Q8_0")
+    assert (rule.pattern, rule.type_name, rule.qtype) == (r"blk\.[0-9]+\.attn_v", "q8_0", Q.Q8_0)
+    assert rule.matches("blk.12.attn_v.weight") and not rule.matches("blk.12.attn_k.weight")
+    with pytest.raises(QuantizeError, match="'b=q4_0' is not a ggml type.*q4_0.*q8_0"):
+        parse_tensor_type("a=b=q4_0")  # split at the first '=', as b11434 does
+    for bad, said in (("attn_v", "no '='"), ("=q8_0", "no a tensor name pattern"), ("attn_v=", "no a type"),
+                      ("attn_v=q9_9", "not a ggml type"), ("(?i)attn=q8_0", "read differently"),
+                      (r"(?P<b>blk)\.0=q8_0", "read differently"), ("attn_(v=q8_0", "not a regular expression")):
+        with pytest.raises(QuantizeError, match=said.replace("(", r"\(")):
+            parse_tensor_type(bad)
+    recipe = tmp_path / "r.txt"
+    recipe.write_text("attn_v=q8_0\n\n ffn_down=Q6_K ")
+    assert [r.arg for r in read_tensor_type_file(recipe)] == ["attn_v=q8_0", "ffn_down=q6_k"]
+    assert [r.arg for r in recipe_from_flags(("output=q8_0",), recipe)] == ["output=q8_0", "attn_v=q8_0",
+                                                                           "ffn_down=q6_k"]
+    with pytest.raises(QuantizeError, match="r.txt"):
+        recipe.write_text("attn_v=q8_0 bogus")
+        read_tensor_type_file(recipe)
+
+
+def test_a_rule_no_tensor_takes_is_reported_and_an_unmakeable_type_refused(tmp_path: Path) -> None:
+    src = _llama(tmp_path / "in.gguf", n_layer=2, n_embd=256, tied=False)
+    out = tmp_path / "o.gguf"
+    res = CliRunner().invoke(main, ["quantize", str(src), str(out), "q4_0", "--quantizer", "builtin",
+                                    "--tensor-type", "attn_v=q8_0", "--tensor-type", "nothing_here=q8_0",
+                                    "--tensor-type", "attn_v.weight=q6_k", "--json"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.stdout)["notes"]
+    assert any(n.startswith("--tensor-type nothing_here=q8_0: no tensor took") for n in notes), notes
+    assert any(n.startswith("--tensor-type attn_v.weight=q6_k: no tensor took") for n in notes), notes
+    assert not any(n.startswith("--tensor-type attn_v=q8_0") for n in notes)
+    assert _written(out)["blk.0.attn_v.weight"] == "Q8_0"
+    res = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "p.gguf"), "q4_0", "--quantizer", "builtin",
+                                    "--tensor-type", "attn_v=iq2_xxs"])
+    assert res.exit_code != 0 and "attn_v=iq2_xxs" in res.output and "llama-quantize" in res.output
+    assert not (tmp_path / "p.gguf").exists()
