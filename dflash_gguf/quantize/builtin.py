@@ -187,6 +187,12 @@ class Overrides:
                 *(["--pure"] if self.pure else []),
                 *(arg for rule in self.tensor_types for arg in ("--tensor-type", rule.arg))]
 
+    @property
+    def builtin_makes(self) -> bool:
+        """Whether every type these flags name is one the built-in quantizer makes."""
+        named = [self.output_tensor_type, self.token_embedding_type, *(r.type_name for r in self.tensor_types)]
+        return all(name.lower() in OVERRIDE_TYPES for name in named if name is not None)
+
     def parsed(self) -> tuple[GGMLQuantizationType | None, GGMLQuantizationType | None]:
         """The two types, refusing what the built-in cannot make (the recipe's types too)."""
         out = []
