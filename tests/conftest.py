@@ -140,6 +140,15 @@ class Targets(dict):
         raise KeyError(family)
 
 
+@pytest.fixture(autouse=True)
+def own_made_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own $XDG_CACHE_HOME, so what one test made (an --imatrix auto matrix, a base's logits:
+    dflash_gguf.made_cache) is never another's, and the user's cache is never written."""
+    home = tmp_path_factory.mktemp("xdg-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The standard targets and drafters (Qwen ones only when the b11434 sdist is present)."""

@@ -181,3 +181,39 @@ def test_unreadable_matrices_and_flags_are_named(tmp_path: Path) -> None:
                           (["--imatrix", "auto"], "needs --calibration")):
         proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, *args, "--outdir", tmp_path / "o")
         assert proc.returncode == 2 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.reference
+def test_imatrix_auto_is_made_once_for_any_folder(tmp_path: Path) -> None:
+    """A second --imatrix auto run on the same target and text into a fresh folder runs no llama-imatrix: the matrix
+    is taken from the content cache, byte for byte, and so are the quants made with it; another text makes it again."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    target = mf.make_gemma4_target(tmp_path / "targets")
+    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+    text = tmp_path / "calibration" / "calib.txt"
+    text.parent.mkdir()
+    text.write_text(TEXT)
+    calls = tmp_path / "imatrix-calls.txt"
+    counting = tmp_path / "llama-imatrix"  # the real binary, each start noted
+    counting.write_text(f'#!/bin/sh\necho run >> "{calls}"\nexec "{reference.llama_bin("llama-imatrix")}" "$@"\n')
+    counting.chmod(0o755)
+    env = {**_tools_env(), "LLAMA_IMATRIX": str(counting),
+           "LD_LIBRARY_PATH": reference._bin_env()["LD_LIBRARY_PATH"]}
+
+    def run(folder: Path, quant: str) -> Path:
+        made = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--quant", quant, "--imatrix",
+                       "auto", "--calibration", text, *CALIBRATION, "--outdir", folder, env=env)
+        assert made.returncode == 0, made.stdout + made.stderr
+        return folder / "imatrix" / "imatrix-gemma-4-tiny-it.gguf"
+
+    first = run(tmp_path / "first", "Q4_K_M")
+    assert calls.read_text().split() == ["run"]
+    second = run(tmp_path / "second", "Q4_K_M,IQ4_XS")
+    assert calls.read_text().split() == ["run"]  # no llama-imatrix: the matrix made for "first" was taken
+    assert second.read_bytes() == first.read_bytes()
+    assert gguf_compare.diff(tmp_path / "first" / "gemma-4-tiny-it-Q4_K_M.gguf",
+                             tmp_path / "second" / "gemma-4-tiny-it-Q4_K_M.gguf") == []
+    text.write_text(TEXT.replace("fox", "wolf"))  # another text: made again
+    third = run(tmp_path / "third", "Q4_K_M")
+    assert calls.read_text().split() == ["run", "run"] and third.read_bytes() != first.read_bytes()
+    REFERENCE_COMPARISONS.append("--imatrix auto made once per target and text, any folder")

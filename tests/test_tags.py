@@ -170,7 +170,7 @@ def test_a_three_tag_repo_is_served_tag_by_tag(tmp_path: Path) -> None:
     assert [c["drafter"] for c in doc["comparison"]] == [f"dflash-qwen3-tiny-spm-{t}.gguf" for t in TAGS]
     assert all(c["best_tps"] and c["alone_tps"] for c in doc["comparison"]), doc["comparison"]
     quality = {t["tag"]: t for t in doc["quality"]["tags"]}
-    assert set(quality) >= set(TAGS) and all(t["mean_kld"] >= 0 for t in quality.values())
+    assert set(quality) >= set(TAGS) and all(t["kld_mean"] >= 0 for t in quality.values())
     assert all(quality[t]["generation_tokens_per_second"] for t in TAGS), quality  # beside tune's speed per tag
     assert doc["plot"] is None or Path(doc["plot"]).name == "tags.png"
     recorded = json.loads((folder / "pair.json").read_text())

@@ -14,11 +14,15 @@ from ._common import Progress, echo_json, handle_errors, json_option, setup_logg
 
 
 def render_quality(report: QualityReport) -> str:
-    """The tags side by side: mean and 99th-percentile KLD, same top token, perplexity, and tune's speed per tag."""
-    rows = [("tag", "file", "mean KLD", "99% KLD", "same top", "PPL", "tok/s (tune --tags)", "accept")]
+    """The tags side by side as the best quant cards show them: size and bits per weight, mean, 99th and 99.9th
+    percentile KLD, same top token and the perplexity ratio to the base; and tune's speed per tag."""
+    rows = [("tag", "file", "size", "BPW", "mean KLD", "99% KLD", "99.9% KLD", "same top", "PPL ratio",
+             "tok/s (tune --tags)", "accept")]
     for t in report.tags:
-        rows.append((t.tag, t.file, f"{t.kld.mean_kld:.6f}", f"{t.kld.kld_99:.6f}", f"{t.kld.same_top_pct:.2f}%",
-                     f"{t.kld.ppl:.4f}", f"{t.gen_tps:.1f}" if t.gen_tps else "-",
+        k = t.kld
+        rows.append((t.tag, t.file, f"{t.size.size_bytes / 2**20:.1f} MiB", f"{t.size.bits_per_weight:.2f}",
+                     f"{k.kld_mean:.6f}", f"{k.kld_p99:.6f}", f"{k.kld_p999:.6f}", f"{k.same_top_p:.2f}%",
+                     f"{k.ppl_ratio:.4f}", f"{t.gen_tps:.1f}" if t.gen_tps else "-",
                      f"{t.acceptance * 100:.1f}%" if t.acceptance is not None else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -38,7 +42,10 @@ def render_quality(report: QualityReport) -> str:
               help="The text to measure on (plain text; at least two contexts of tokens).")
 @click.option("--base", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The 16-bit target to measure against (default: the folder's 16-bit tag, or its kept "
-                   "intermediate).")
+                   "intermediate; else it is made from the checkpoint, used and removed).")
+@click.option("--checkpoint", default=None, metavar="DIR|REPO[@REV]",
+              help="The checkpoint the folder was made from, to make the 16-bit target when the folder holds none "
+                   "(default: the Hub repo at the commit pair.json records; a local folder must be given).")
 @click.option("--ctx", type=click.IntRange(min=16), default=DEFAULT_CTX, show_default=True,
               help="llama-perplexity's context (-c): each chunk scores its second half.")
 @click.option("--batch", type=click.IntRange(min=1), default=None,
@@ -48,11 +55,13 @@ def render_quality(report: QualityReport) -> str:
 @json_option
 @verbose_option
 @handle_errors
-def quality_cmd(pair: Path, text: Path, base: Path | None, ctx: int, batch: int | None, chunks: int | None,
-                threads: int | None, json_: bool, verbose: bool) -> None:
+def quality_cmd(pair: Path, text: Path, base: Path | None, checkpoint: str | None, ctx: int, batch: int | None,
+                chunks: int | None, threads: int | None, json_: bool, verbose: bool) -> None:
     """Measure how far each tag's output drifts from the 16-bit target: llama-perplexity's KL divergence (mean,
-    99th percentile), same-top-token % and perplexity, once per tag and text (cached in pair.json), beside the speed
-    'dflash-gguf tune --tags' measured per tag. PAIR is pair.json or its folder.
+    99th and 99.9th percentiles), same-top-token % and perplexity ratio, with each tag's size and bits per weight,
+    once per tag and text (cached in pair.json), beside the speed 'dflash-gguf tune --tags' measured per tag. PAIR is
+    pair.json or its folder. A folder made in one pass (no 16-bit file) is measured against the 16-bit target made
+    again from its checkpoint; the base's logits are kept by content, so no later run makes them again.
 
     \b
     Example:
@@ -62,7 +71,8 @@ def quality_cmd(pair: Path, text: Path, base: Path | None, ctx: int, batch: int 
     manifest = pair / MANIFEST_NAME if pair.is_dir() else pair
     settings = KldSettings(ctx, batch, chunks, threads or min(machine_cores(), 8))
     with Progress("quality", unit="tag", label_width=30) as progress:
-        report = measure_quality(manifest, text, base=base, settings=settings, progress=progress)
+        report = measure_quality(manifest, text, base=base, checkpoint=checkpoint, settings=settings,
+                                 progress=progress)
     if json_:
         echo_json(report.to_dict() | {"recorded_in": str(manifest)})
         return

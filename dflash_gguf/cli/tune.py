@@ -365,7 +365,7 @@ def _tune_tags(manifest: Path, value: str, options: TuneOptions, *, dry_run: boo
     quality = measure_quality(manifest, quality_text) if quality_text is not None else None
     picture, why_not = None, None
     if quality is not None and plot:
-        points = [(t.tag, t.kld.mean_kld, t.gen_tps) for t in quality.tags if t.gen_tps and "(base)" not in t.tag]
+        points = [(t.tag, t.kld.kld_mean, t.gen_tps) for t in quality.tags if t.gen_tps and "(base)" not in t.tag]
         try:
             picture = write_tags_plot(points, manifest.parent / TAGS_PLOT_NAME,
                                       f"{record.folder.name}: speed with its drafter against drift, per tag")

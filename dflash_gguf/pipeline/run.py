@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile
+from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile, made_cache
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..cores import machine_cores
@@ -931,22 +931,35 @@ class _Run:
                       convert_stage: str, keep_input: bool) -> Path:
         """--imatrix auto: b11434's llama-imatrix on the run's 16-bit target (``inter``, converted first when needed)
         over the calibration text, into ``imatrix/imatrix-<name>.gguf``; reused while the target's conversion key,
-        the text's sha256, the context, the chunks and the tool are the same (the ``imatrix`` stage)."""
+        the text's sha256, the context, the chunks and the tool are the same (the ``imatrix`` stage), and taken from
+        :mod:`made_cache` when any earlier run, into any folder, made it from the same inputs."""
         text = self.calibration
         assert text is not None, "run_pipeline resolves --calibration before the run"
         dest = self.outdir / IMATRIX_DIR / f"imatrix-{self.imatrix_name}.gguf"
-        ikey = {"target": key, "text": {"name": text.spec, "sha256": sha256_file(text.path)},
+        text_sha = sha256_file(text.path)
+        ikey = {"target": key, "text": {"name": text.spec, "sha256": text_sha},
                 "ctx": self.opts.calibration_ctx, "chunks": self.opts.calibration_chunks,
                 "tool": imatrix_tool()}
         if not self.manifest.reusable("imatrix", ikey, [dest]):
-            if not keep_input and not self.manifest.reusable(convert_stage, key, [inter]):
-                log.info("target: converting to %s", inter)
-                sha = convert(inter)
-                self.manifest.record(convert_stage, key, [inter], hashes={inter: sha})
+            # llama-imatrix records the text's file name in the matrix (and llama-quantize copies it into the quants)
+            made_key = {"target": key, "text": {"file": Path(text.path).name, "sha256": text_sha},
+                        "ctx": self.opts.calibration_ctx, "chunks": self.opts.calibration_chunks,
+                        "tool": ikey["tool"]}
             dest.parent.mkdir(exist_ok=True)
-            log.info("importance matrix: llama-imatrix on %s over %s", inter.name, text.name)
-            make_imatrix(inter, text.path, dest, ctx=self.opts.calibration_ctx, chunks=self.opts.calibration_chunks,
-                         threads=self.opts.threads)
+            kept = made_cache.lookup("imatrix", made_key, ".gguf")
+            if kept is not None:
+                log.info("importance matrix: made earlier for the same target and text, taken from %s", kept.path)
+                with atomic_output(dest) as tmp:
+                    shutil.copyfile(kept.path, tmp)
+            else:
+                if not keep_input and not self.manifest.reusable(convert_stage, key, [inter]):
+                    log.info("target: converting to %s", inter)
+                    sha = convert(inter)
+                    self.manifest.record(convert_stage, key, [inter], hashes={inter: sha})
+                log.info("importance matrix: llama-imatrix on %s over %s", inter.name, text.name)
+                make_imatrix(inter, text.path, dest, ctx=self.opts.calibration_ctx,
+                             chunks=self.opts.calibration_chunks, threads=self.opts.threads)
+                made_cache.keep("imatrix", made_key, dest, ".gguf")
             self.manifest.record("imatrix", ikey, [dest])
         self.imatrix_sha256 = self.manifest.stages["imatrix"].outputs[0].sha256
         return dest

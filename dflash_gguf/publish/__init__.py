@@ -460,10 +460,12 @@ def _quality(quality: Any) -> list[str]:
         return []
     s, text = quality.get("settings") or {}, quality.get("text") or {}
     lines = ["", "## Quality", "", f"Each tag against the logits of `{quality.get('base')}` (llama-perplexity "
-             "`--kl-divergence`):", "", "| tag | mean KLD | 99% KLD | same top token | perplexity |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {t.get('tag')} | {t.get('mean_kld')} | {t.get('kld_99')} | {t.get('same_top_pct')}% | "
-              f"{t.get('ppl')} |" for t in rows]
+             "`--kl-divergence`):", "",
+             "| tag | size (bytes) | bits per weight | mean KLD | 99% KLD | 99.9% KLD | same top token | PPL ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {t.get('tag')} | {t.get('size_bytes')} | {t.get('bits_per_weight')} | {t.get('kld_mean')} | "
+              f"{t.get('kld_p99')} | {t.get('kld_p999')} | {t.get('same_top_p')}% | {t.get('ppl_ratio')} |"
+              for t in rows]
     lines += ["", f"On `{text.get('name')}` (sha256 `{text.get('sha256')}`), context {s.get('ctx')}, batch "
               f"{s.get('batch')}, {s.get('chunks') or 'all'} chunk(s), {s.get('threads')} threads; "
               f"{quality.get('tool')}; hardware: {quality.get('hardware') or 'not recorded'}.", ""]

@@ -54,22 +54,33 @@ class KldSettings:
 
 @dataclass(frozen=True)
 class Kld:
-    """llama-perplexity's KL-divergence statistics of one model against the base logits."""
+    """llama-perplexity's KL-divergence statistics of one model against the base logits, named as the quant tables
+    name them (``same_top_p`` in percent)."""
 
-    mean_kld: float
-    kld_99: float
-    same_top_pct: float
+    kld_mean: float
+    kld_p99: float
+    kld_p999: float
+    same_top_p: float
     ppl: float
     ppl_base: float
+    ppl_ratio: float  # "Mean PPL(Q)/PPL(base)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Any) -> Kld | None:
+        """A recorded result, or None when it lacks a field (recorded by an earlier version: measured again)."""
+        if not isinstance(d, dict) or not all(isinstance(d.get(k), (int, float)) for k in cls.__dataclass_fields__):
+            return None
+        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
+
 
 _NUMBER = r"(-?[\d.]+(?:e[-+]?\d+)?|nan|-?inf)"
-_FIELDS = {"mean_kld": rf"Mean\s+KLD:\s+{_NUMBER}", "kld_99": rf"99\.0%\s+KLD:\s+{_NUMBER}",
-           "same_top_pct": rf"Same top p:\s+{_NUMBER}", "ppl": rf"Mean PPL\(Q\)\s+:\s+{_NUMBER}",
-           "ppl_base": rf"Mean PPL\(base\)\s+:\s+{_NUMBER}"}
+_FIELDS = {"kld_mean": rf"Mean\s+KLD:\s+{_NUMBER}", "kld_p99": rf"99\.0%\s+KLD:\s+{_NUMBER}",
+           "kld_p999": rf"99\.9%\s+KLD:\s+{_NUMBER}", "same_top_p": rf"Same top p:\s+{_NUMBER}",
+           "ppl": rf"Mean PPL\(Q\)\s+:\s+{_NUMBER}", "ppl_base": rf"Mean PPL\(base\)\s+:\s+{_NUMBER}",
+           "ppl_ratio": rf"Mean PPL\(Q\)/PPL\(base\)\s+:\s+{_NUMBER}"}
 
 
 def parse_kld(output: str) -> Kld | None:
