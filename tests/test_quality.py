@@ -17,6 +17,7 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, run_cli
 
+from dflash_gguf.publish import plan_publish
 from dflash_gguf.tune.quality import ATTEMPTS, parse_kld
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. " * 120
@@ -55,10 +56,22 @@ def test_quality_of_every_tag(tmp_path: Path) -> None:
     counting.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\nexec "{reference.llama_bin("llama-perplexity")}" "$@"\n')
     counting.chmod(0o755)
     env = {"LLAMA_PERPLEXITY": str(counting), "LD_LIBRARY_PATH": reference._bin_env()["LD_LIBRARY_PATH"]}
-    proc = run_cli("dflash-gguf", "quality", folder, "--text", text, "--threads", "2", "--json", env=env)
+    proc = run_cli("dflash-gguf", "quality", folder, "--text", text, "--threads", "2", "--plot", "--json", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert [t["tag"] for t in doc["tags"]] == ["BF16 (base)", *TAGS]
+    # the Pareto front: every tag off it is beaten on both size and drift by one on it; drawn, and on the card
+    rows = {t["tag"]: t for t in doc["tags"][1:]}
+    front = doc["pareto_front"]
+    assert front and set(front) <= set(TAGS)
+    for tag in set(TAGS) - set(front):
+        assert any(rows[f]["size_bytes"] <= rows[tag]["size_bytes"] and rows[f]["kld_mean"] <= rows[tag]["kld_mean"]
+                   for f in front), tag
+    assert doc["plot"] == "quality.png" and (folder / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plan = plan_publish(folder, "someone/gemma-4-tiny-GGUF", license="apache-2.0")
+    assert "![quality](quality.png)" in plan.card and "quality.png" in [f.path_in_repo for f in plan.files]
+    assert f"| Q8_0 | {rows['Q8_0']['size_bytes']} | {rows['Q8_0']['bits_per_weight']} | {rows['Q8_0']['kld_mean']} |" \
+        in plan.card
     assert doc["base"] == "gemma-4-tiny-it-BF16.gguf" and doc["settings"] == {"ctx": 128, "batch": 128,
                                                                               "chunks": None, "threads": 2}
     assert all(t["kld_mean"] >= 0 and t["kld_p999"] >= t["kld_p99"] >= 0 and 0 <= t["same_top_p"] <= 100

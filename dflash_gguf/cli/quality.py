@@ -32,7 +32,8 @@ def render_quality(report: QualityReport) -> str:
                   f"{s['ctx']}, batch {s['batch']}, {s['chunks'] or 'all'} chunk(s), {s['threads']} threads; "
                   f"{report.tool}", f"hardware: {report.hardware or 'as recorded earlier'}",
               "tok/s and acceptance: the tag's fastest configuration with its drafter, from 'dflash-gguf tune "
-              "--tags' (- when not measured)."]
+              "--tags' (- when not measured).",
+              f"least drift for its size (Pareto front), smallest first: {', '.join(report.pareto_front) or '-'}"]
     return "\n".join(lines)
 
 
@@ -52,11 +53,13 @@ def render_quality(report: QualityReport) -> str:
               help="llama-perplexity's batch (-b; default the context). The mean KLD moves with it: it is recorded.")
 @click.option("--chunks", type=click.IntRange(min=1), default=None, help="At most N chunks of the text (default all).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads (default: the machine's, up to 8).")
+@click.option("--plot", is_flag=True, help="Draw quality.png into the folder: each tag's mean KLD against its size, "
+                                           "the Pareto front marked (needs matplotlib).")
 @json_option
 @verbose_option
 @handle_errors
 def quality_cmd(pair: Path, text: Path, base: Path | None, checkpoint: str | None, ctx: int, batch: int | None,
-                chunks: int | None, threads: int | None, json_: bool, verbose: bool) -> None:
+                chunks: int | None, threads: int | None, plot: bool, json_: bool, verbose: bool) -> None:
     """Measure how far each tag's output drifts from the 16-bit target: llama-perplexity's KL divergence (mean,
     99th and 99.9th percentiles), same-top-token % and perplexity ratio, with each tag's size and bits per weight,
     once per tag and text (cached in pair.json), beside the speed 'dflash-gguf tune --tags' measured per tag. PAIR is
@@ -71,10 +74,14 @@ def quality_cmd(pair: Path, text: Path, base: Path | None, checkpoint: str | Non
     manifest = pair / MANIFEST_NAME if pair.is_dir() else pair
     settings = KldSettings(ctx, batch, chunks, threads or min(machine_cores(), 8))
     with Progress("quality", unit="tag", label_width=30) as progress:
-        report = measure_quality(manifest, text, base=base, checkpoint=checkpoint, settings=settings,
+        report = measure_quality(manifest, text, base=base, checkpoint=checkpoint, settings=settings, plot=plot,
                                  progress=progress)
     if json_:
         echo_json(report.to_dict() | {"recorded_in": str(manifest)})
         return
     click.echo(render_quality(report))
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    if report.plot:
+        click.echo(f"drawn: {manifest.parent / report.plot}")
     click.echo(f"recorded in {manifest} (quality)")

@@ -7,16 +7,17 @@ import logging
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import folder_lock, made_cache
-from ..errors import InputError
+from ..errors import InputError, PlotUnavailable
 from ..ggufio.reader import read_gguf, tensor_nbytes
 from ..hub import TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..llama_bin import FoundBinary
 from ..provenance import Provenance
+from ..tune.plot import QUALITY_PLOT_NAME, write_quality_plot
 from ..tune.quality import Kld, KldSettings, find_llama_perplexity, measure_kld, save_base_logits
 from . import stages
 from .manifest import Manifest, PairRecord, read_manifest, sha256_file
@@ -75,11 +76,24 @@ class QualityReport:
     tool: str
     hardware: str
     tags: tuple[TagQuality, ...]
+    plot: str | None = None  # quality.png, when drawn
+    notes: tuple[str, ...] = ()  # e.g. why the picture was not drawn
+
+    @property
+    def pareto_front(self) -> tuple[str, ...]:
+        """The tags no other tag beats on both size and mean KLD (smaller or equal in both, smaller in one), smallest
+        first: for any memory budget, the least drift is one of these. The base's own row is not a candidate."""
+        rows = [t for t in self.tags if not t.tag.endswith("(base)")]
+        front = [t for t in rows if not any(
+            o.size.size_bytes <= t.size.size_bytes and o.kld.kld_mean <= t.kld.kld_mean
+            and (o.size.size_bytes, o.kld.kld_mean) != (t.size.size_bytes, t.kld.kld_mean) for o in rows)]
+        return tuple(t.tag for t in sorted(front, key=lambda t: t.size.size_bytes))
 
     def to_dict(self) -> dict[str, Any]:
         return {"base": self.base, "text": {"name": self.text, "sha256": self.text_sha256},
                 "settings": self.settings.to_dict(), "tool": self.tool, "hardware": self.hardware,
-                "tags": [t.to_dict() for t in self.tags]}
+                "tags": [t.to_dict() for t in self.tags], "pareto_front": list(self.pareto_front),
+                "plot": self.plot, "notes": list(self.notes)}
 
 
 def base_of(record: PairRecord, given: Path | None) -> Path | None:
@@ -160,14 +174,15 @@ def _tags(record: PairRecord) -> list[tuple[str, str, str]]:
 
 
 def measure_quality(manifest_path: Path, text: Path, *, base: Path | None = None, checkpoint: str | None = None,
-                    settings: KldSettings = DEFAULT_SETTINGS,
+                    settings: KldSettings = DEFAULT_SETTINGS, plot: bool = False,
                     progress: Callable[[int, int, str], None] | None = None) -> QualityReport:
     """Each tag of the folder against the base's logits over ``text``; a tag measured before with the same base,
     text, settings and tool is taken from pair.json. The result is recorded there (``quality``).
 
     The base: ``base``, else the folder's 16-bit file, else made from the checkpoint (``checkpoint``, or the repo
     pair.json records) into the folder's work space and removed afterwards. Its logits are kept by content
-    (:mod:`made_cache`): another folder of the same target, measured on the same text, makes neither again.
+    (:mod:`made_cache`): another folder of the same target, measured on the same text, makes neither again. With
+    ``plot``, ``quality.png`` (KLD against size, the Pareto front marked) is drawn into the folder.
 
     Raises:
         InputError: no pair.json, no text, or no base and no way to make it.
@@ -223,12 +238,25 @@ def measure_quality(manifest_path: Path, text: Path, *, base: Path | None = None
         finally:  # a made base and logits the cache could not take: large, and the results are kept
             shutil.rmtree(work, ignore_errors=True)
         report = QualityReport(base_name, Path(text).name, text_sha, settings, tool, hardware, tuple(measured))
+        if plot:
+            report = _drawn(report, record.folder)
         manifest = Manifest.load(record.folder)
         manifest.data["quality"] = {**same, **report.to_dict()}
         manifest.save()
     if progress is not None:
         progress(len(rows), len(rows), "done")
     return report
+
+
+def _drawn(report: QualityReport, folder: Path) -> QualityReport:
+    """The report with ``quality.png`` drawn into ``folder`` (or, without matplotlib, a note saying why not)."""
+    points = [(t.tag, t.size.size_bytes, t.kld.kld_mean) for t in report.tags if not t.tag.endswith("(base)")]
+    try:
+        write_quality_plot(points, report.pareto_front, folder / QUALITY_PLOT_NAME,
+                           f"{folder.name}: drift from {report.base} against size, on {report.text}")
+    except PlotUnavailable as e:
+        return replace(report, plot=None, notes=(*report.notes, str(e)))
+    return replace(report, plot=QUALITY_PLOT_NAME)
 
 
 def _base_logits(binary: FoundBinary, base: Callable[[], Path], text: Path, key: dict[str, Any],

@@ -43,7 +43,7 @@ from ..pipeline.manifest import (
 from ..pipeline.naming import encoding_tag
 from ..sidecar import PRESET_NAME
 from ..tune import TagSpeed
-from ..tune.plot import PLOT_NAME, TAGS_PLOT_NAME
+from ..tune.plot import PLOT_NAME, QUALITY_PLOT_NAME, TAGS_PLOT_NAME
 from . import privacy
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,8 @@ def _files(record: PairRecord, all_drafters: bool, drafter_only: bool = False) -
                 names.add(d.file)
     for name, role in ((PRESET_NAME, "llama.cpp --models-dir preset"), (MANIFEST_NAME, "dflash-gguf pair manifest"),
                        (PLOT_NAME, "tune's measurement, drawn"),
-                       (TAGS_PLOT_NAME, "each tag's speed against its drift, drawn")):
+                       (TAGS_PLOT_NAME, "each tag's speed against its drift, drawn"),
+                       (QUALITY_PLOT_NAME, "each tag's drift against its size, drawn")):
         if drafter_only and name == PRESET_NAME:
             continue
         path = record.folder / name
@@ -468,8 +469,13 @@ def _quality(quality: Any) -> list[str]:
               for t in rows]
     lines += ["", f"On `{text.get('name')}` (sha256 `{text.get('sha256')}`), context {s.get('ctx')}, batch "
               f"{s.get('batch')}, {s.get('chunks') or 'all'} chunk(s), {s.get('threads')} threads; "
-              f"{quality.get('tool')}; hardware: {quality.get('hardware') or 'not recorded'}.", ""]
-    return lines
+              f"{quality.get('tool')}; hardware: {quality.get('hardware') or 'not recorded'}."]
+    front = [str(t) for t in quality.get("pareto_front") or ()]
+    if front:
+        lines += ["", f"Least drift for its size (no tag is both smaller and closer): {', '.join(front)}."]
+    if quality.get("plot"):
+        lines += ["", f"![quality]({QUALITY_PLOT_NAME})"]
+    return lines + [""]
 
 
 def _yaml(data: dict[str, Any]) -> list[str]:

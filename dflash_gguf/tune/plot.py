@@ -116,3 +116,36 @@ def write_tags_plot(points: Sequence[tuple[str, float, float]], path: Path, titl
         fig.savefig(tmp, format="png")
     plt.close(fig)
     return Path(path)
+
+
+QUALITY_PLOT_NAME = "quality.png"
+
+
+def write_quality_plot(points: Sequence[tuple[str, int, float]], front: Sequence[str], path: Path,
+                       title: str) -> Path:
+    """``quality.png``: each tag's mean KL divergence from the 16-bit target against its size (``points``: tag,
+    bytes, mean KLD), the tags on the Pareto front (``front``) joined and marked: the picture the best quant cards
+    publish. Written atomically; returns ``path``.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+    """
+    plt = _pyplot(QUALITY_PLOT_NAME)
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=110)
+    on_front = [p for p in sorted(points, key=lambda p: p[1]) if p[0] in front]
+    ax.plot([p[1] / 2**20 for p in on_front], [p[2] for p in on_front], color="0.6", linewidth=1, zorder=1,
+            label="Pareto front (least drift for its size)")
+    for tag, size, kld in points:
+        ax.plot([size / 2**20], [kld], marker="*" if tag in front else "o", markersize=12 if tag in front else 7,
+                linestyle="none", zorder=2)
+        ax.annotate(tag, (size / 2**20, kld), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("file size (MiB)")
+    ax.set_ylabel("mean KL divergence from the 16-bit target (llama-perplexity)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_output(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return Path(path)
