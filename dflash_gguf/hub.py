@@ -9,6 +9,7 @@ Nothing here writes into a snapshot, and no code from a repo is run.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -596,6 +597,47 @@ def list_files(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]:
     revision = resolved.revision or resolved.commit or "main"
     commit = resolved.commit or _pin(resolved.repo, revision)
     return _hub_choice(Resolved(resolved.path, resolved.repo, commit, revision), patterns)
+
+
+def safetensors_header(resolved: Resolved, name: str) -> dict[str, Any]:
+    """The JSON header of one safetensors file (tensor names, dtypes, shapes and offsets, in the file's order, and its
+    ``__metadata__``), never its tensor data: from the file itself for a local folder (and a file already in the Hub
+    cache), else by a range request on the Hub (``parse_safetensors_file_metadata``: the first 100 kB, and the rest of
+    the header only when it is longer).
+
+    Raises:
+        ResolveError: the Hub refused or could not be reached.
+        UnsupportedModelError: the file is not safetensors.
+    """
+    local = resolved.path / name
+    if resolved.repo is None or local.is_file():
+        return read_safetensors_header(local)
+    revision = resolved.revision or resolved.commit or "main"
+    with _translated(resolved.repo, revision, name):
+        meta = HfApi().parse_safetensors_file_metadata(resolved.repo, name, revision=resolved.commit or revision)
+    header: dict[str, Any] = {"__metadata__": dict(meta.metadata)} if meta.metadata else {}
+    for tensor, info in meta.tensors.items():
+        header[tensor] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
+    return header
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """A local safetensors file's JSON header, read without its data.
+
+    Raises:
+        UnsupportedModelError: not a safetensors file.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= 100_000_000:
+                raise ValueError(f"a header of {size} bytes")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError) as e:
+        raise UnsupportedModelError(f"{path}: not a readable safetensors file ({e}). Download it again.") from None
+    if not isinstance(header, dict):
+        raise UnsupportedModelError(f"{path}: its safetensors header is not a JSON object. Download it again.")
+    return header
 
 
 def fetch_file(spec: str, *, progress: bool = True) -> FetchedFile:

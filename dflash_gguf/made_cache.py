@@ -88,3 +88,23 @@ def keep(kind: str, key: Mapping[str, Any], made: Path, suffix: str, *, move: bo
     if move:
         Path(made).unlink(missing_ok=True)
     return Kept(path, dict(about or {}))
+
+
+def folder_for(kind: str, key: Mapping[str, Any]) -> Path:
+    """Where a result that is a folder of files (a stand-in pair) is kept for ``key``."""
+    return entry_path(kind, key, "")
+
+
+def folder_complete(folder: Path, key: Mapping[str, Any]) -> bool:
+    """Whether ``folder`` was completed for ``key`` (:func:`mark_complete` wrote its key last)."""
+    try:
+        recorded = json.loads((folder / "made-for.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return recorded == _canonical(key)
+
+
+def mark_complete(folder: Path, key: Mapping[str, Any]) -> None:
+    """Record that ``folder`` holds the whole result for ``key``: written last, so a folder cut short is made again."""
+    with atomic_output(folder / "made-for.json") as tmp:
+        tmp.write_text(json.dumps(_canonical(key), sort_keys=True) + "\n", encoding="utf-8")

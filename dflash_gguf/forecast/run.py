@@ -1,0 +1,202 @@
+"""``dflash-gguf forecast``: each drafter configuration's speed-up on this machine at every accepted length, from the
+repos' configs alone, before their weights are downloaded.
+
+How: precheck on the configs and cards (a pair that cannot work is refused with its code before anything is built);
+stand-in checkpoints (:mod:`.standin`: the small files as they are, the weights from their safetensors headers, values
+random); the pipeline itself converts them, so the stand-in GGUFs are what it would write for the real repos but for
+the tensor data; then tune's engine serves each configuration with ``--spec-synth-len L``. The stand-in GGUFs are
+kept by their inputs (made cache), so a second forecast of the same repos and types only measures.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, made_cache
+from ..cores import machine_cores
+from ..errors import TuneError
+from ..folder_lock import WORK_DIR
+from ..pipeline import MANIFEST_NAME, read_manifest
+from ..pipeline.naming import model_name
+from ..pipeline.run import PipelineOptions, run_pipeline
+from ..pipeline.sources import Source, resolve_source
+from ..pipeline.stages import precheck_sources
+from ..tune import Configuration, Measurement, TuneOptions, coarse_n_max, inspect_drafter, measure_configurations
+from ..tune.report import Drafter, ServerInfo
+from .curve import Curve, breadth_first, default_lengths, interpolate
+from .standin import make_standin
+
+log = logging.getLogger(__name__)
+
+STANDINS_KIND = "standins"  # made_cache's folder for stand-in pairs
+SYNTHETIC_NOTE = ("acceptance was synthetic (llama-server --spec-synth-len: real drafting and verification, drafts "
+                  "accepted at random to the length given); the text generated is not the model's, so the greedy "
+                  "check does not apply")
+
+
+@dataclass(frozen=True)
+class ForecastOptions:
+    """What ``dflash-gguf forecast`` takes; names mirror its flags."""
+
+    target: str
+    drafters: tuple[str, ...]
+    quant: str | None = None  # the target's type (the pipeline's default when None)
+    draft_quant: str | None = None
+    n_max_values: tuple[int, ...] = ()  # () : tune's coarse sweep for each drafter
+    lengths: tuple[float, ...] = ()  # () : 1, 2, ... n-max + 1 per configuration
+    acceptance: tuple[float, ...] = ()  # lengths to name the fastest configuration at
+    tune_options: TuneOptions = field(default_factory=TuneOptions)
+    threads: int = field(default_factory=machine_cores)
+
+
+@dataclass(frozen=True)
+class Standins:
+    """The stand-in pair: the pipeline's output folder for stand-ins of the repos, and whether an earlier forecast
+    made it."""
+
+    folder: Path
+    target: Path
+    drafters: tuple[Path, ...]
+    reused: bool
+
+
+@dataclass(frozen=True)
+class ForecastReport:
+    """The target alone and each drafter configuration's curve, measured on this machine."""
+
+    standins: Standins
+    baseline: Measurement
+    curves: tuple[Curve, ...]
+    server: ServerInfo
+    options: ForecastOptions
+    notes: tuple[str, ...] = ()
+
+    @property
+    def baseline_tps(self) -> float:
+        return self.baseline.gen_tps or 0.0
+
+    def fastest_at(self, length: float) -> tuple[Curve | None, float | None]:
+        """The configuration predicted fastest at an accepted length (interpolated on each curve whose lengths span
+        it; a configuration whose n-max + 1 is below ``length`` cannot reach it), and its predicted speed-up; (None,
+        1.0) when the target alone is."""
+        best: tuple[Curve | None, float | None] = (None, 1.0)
+        for curve in self.curves:
+            value = interpolate(curve.speedups(self.baseline_tps), length)
+            if value is not None and value > (best[1] or 0.0):
+                best = (curve, value)
+        return best
+
+    def to_dict(self) -> dict[str, Any]:
+        o = self.options
+        predicted = []
+        for length in o.acceptance:
+            curve, speedup = self.fastest_at(length)
+            predicted.append({"acceptance_length": length, "fastest": "target alone" if curve is None else
+                              {"drafter": curve.drafter, "spec_type": curve.spec_type, "n_max": curve.n_max},
+                              "speedup": round(speedup, 3) if speedup is not None else None})
+        return {"synthetic": True, "note": SYNTHETIC_NOTE, "target": o.target, "drafters": list(o.drafters),
+                "quant": o.quant, "draft_quant": o.draft_quant,
+                "standins": {"folder": str(self.standins.folder), "target": self.standins.target.name,
+                             "drafters": [d.name for d in self.standins.drafters], "reused": self.standins.reused},
+                "generation_tokens_per_second": self.baseline.gen_tps, "peak_rss": self.baseline.peak_rss,
+                "configurations": [c.to_dict(self.baseline) for c in self.curves], "predicted": predicted,
+                "server": self.server.to_dict(), "workload": o.tune_options.workload.to_dict(),
+                "user_flags": list(o.tune_options.user_flags), "budget": o.tune_options.budget,
+                "notes": list(self.notes)}
+
+
+def make_standins(opts: ForecastOptions, on_step: Callable[[str], None] | None = None) -> Standins:
+    """The stand-in pair for the repos and types, made by the pipeline from stand-in checkpoints, or the one an
+    earlier forecast made for the same inputs.
+
+    Raises:
+        IncompatiblePairError, ConfigError, UnsupportedModelError, NotCoveredError: precheck refused the pair (before
+            anything is built), with its code.
+        ResolveError: the Hub refused or could not be reached.
+    """
+    step = on_step or (lambda text: None)
+    target = resolve_source(opts.target)
+    drafters = [resolve_source(d) for d in opts.drafters]
+    for drafter in drafters:
+        precheck_sources(drafter, target)
+    key = {"target": target.identity(), "drafters": [d.identity() for d in drafters], "quant": opts.quant,
+           "draft_quant": opts.draft_quant, "tool": f"dflash-gguf {__version__}"}
+    folder = made_cache.folder_for(STANDINS_KIND, key)
+    pair = folder / "pair"
+    reused = made_cache.folder_complete(folder, key) and (pair / MANIFEST_NAME).is_file()
+    if not reused:
+        shutil.rmtree(folder, ignore_errors=True)
+        checkpoints = folder / "checkpoints"
+        step(f"stand-in of {target.label}")
+        t_dir = make_standin(target.resolved, checkpoints / "target" / _name(target))
+        d_dirs = []
+        for i, d in enumerate(drafters):
+            step(f"stand-in of {d.label}")
+            d_dirs.append(make_standin(d.resolved, checkpoints / f"drafter-{i}" / _name(d)))
+        step("converting the stand-ins")
+        run_pipeline(PipelineOptions(str(t_dir), str(d_dirs[0]), opts.quant, pair, draft_quant=opts.draft_quant,
+                                     more_drafters=tuple(map(str, d_dirs[1:])), mmproj=False, threads=opts.threads))
+        shutil.rmtree(checkpoints)
+        shutil.rmtree(pair / WORK_DIR, ignore_errors=True)  # the run's scratch (its links into the checkpoints)
+        made_cache.mark_complete(folder, key)
+    record = read_manifest(pair / MANIFEST_NAME)
+    return Standins(pair, record.file("target"), tuple(record.drafter_files()), reused)
+
+
+def _name(source: Source) -> str:
+    """The folder name the pipeline names its files after: the repo's basename, or the local folder's name."""
+    return model_name(source.repo, source.path)
+
+
+def configurations(drafters: Sequence[Drafter], opts: ForecastOptions) -> list[tuple[Drafter, int, list[float]]]:
+    """(drafter, n-max, lengths to measure) per configuration: the n-max values given (or tune's coarse sweep),
+    each at or under the drafter's limit, the lengths given (or 1 ... n-max + 1) within [1, n-max + 1]."""
+    out = []
+    for d in drafters:
+        values = [v for v in (opts.n_max_values or tuple(coarse_n_max(d.max_n_max))) if v <= d.max_n_max]
+        for n in dict.fromkeys(values):
+            lengths = [v for v in (opts.lengths or default_lengths(n)) if 1.0 <= v <= n + 1]
+            out.append((d, n, breadth_first(lengths)))
+    return out
+
+
+def forecast(opts: ForecastOptions, on_progress: Callable[[int, int, str], None] | None = None,
+             on_step: Callable[[str], None] | None = None) -> ForecastReport:
+    """Stand-ins made (or reused), then the target alone and every configuration at every length, breadth first
+    (each configuration's ends before any interior point) within the budget.
+
+    Raises:
+        as :func:`make_standins`; LlamaServerNotFound: no llama-server; TuneError: the target alone could not be
+        served.
+    """
+    standins = make_standins(opts, on_step)
+    drafters = [inspect_drafter(p) for p in standins.drafters]
+    plan = configurations(drafters, opts)
+    order = [Configuration()]
+    depth = max((len(lengths) for _, _, lengths in plan), default=0)
+    for i in range(depth):  # breadth first: every configuration's i-th length before any (i+1)-th
+        order += [Configuration(drafter=d, n_max=n, synth_len=lengths[i]) for d, n, lengths in plan
+                  if i < len(lengths)]
+    measured, server = measure_configurations(standins.target, order, opts.tune_options, on_progress,
+                                              budget=opts.tune_options.budget)
+    baseline = measured[0]
+    if baseline.status != "ok" or not baseline.gen_tps:
+        raise TuneError(f"The stand-in target {standins.target} alone could not be served ({baseline.status}). "
+                        f"{baseline.error or ''} Check that llama-server loads it with these flags: "
+                        f"{' '.join(opts.tune_options.user_flags) or '(defaults)'}.")
+    curves = tuple(Curve(d.path.name, d.spec_type or "", n,
+                         tuple(m for m in measured[1:] if m.config.drafter == d and m.config.n_max == n))
+                   for d, n, _ in plan)
+    notes = [SYNTHETIC_NOTE]
+    if len(measured) < len(order):
+        notes.append(f"the {opts.tune_options.budget:g} s budget was spent: {len(order) - len(measured)} of "
+                     f"{len(order)} configurations were not measured (each curve's ends were measured first).")
+    return ForecastReport(standins, baseline, tuple(c for c in curves if c.points), server, opts, tuple(notes))
+
+
+__all__ = ["ForecastOptions", "ForecastReport", "Standins", "configurations", "forecast", "make_standins"]

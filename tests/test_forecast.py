@@ -1,0 +1,197 @@
+"""``dflash-gguf forecast``: stand-ins equal to the pipeline's output but for tensor data, made from the small files
+and safetensors headers alone (from a local folder, or the loopback Hub by range request), a pair precheck refuses
+refused before anything is built, and each configuration measured by b11434's llama-server at synthetic accepted
+lengths. Asserts structure and parity, never speeds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import fixtures as mf
+import gguf_compare
+import numpy as np
+import pytest
+import reference
+from conftest import REFERENCE_COMPARISONS, run_cli
+from fixtures.drafters import make_dspark_drafter
+from fixtures.gemma4_assistant import make_gemma4_assistant
+
+from dflash_gguf import made_cache
+from dflash_gguf.forecast import ForecastOptions, crossing, make_standins
+from dflash_gguf.forecast.curve import breadth_first, interpolate
+from dflash_gguf.forecast.standin import write_safetensors
+from dflash_gguf.hub import read_safetensors_header
+
+
+def _qwen3(root: Path) -> tuple[Path, Path]:
+    return (mf.make_qwen3_target(root / "t", llama_cpp_src=reference.require_llama_cpp_src()),
+            mf.make_drafter(root / "d", target="qwen3"))
+
+
+def _qwen35_moe(root: Path) -> tuple[Path, Path]:
+    return (mf.make_qwen35_target(root / "t", llama_cpp_src=reference.require_llama_cpp_src(), moe=True),
+            mf.make_drafter(root / "d", target="qwen35"))
+
+
+def _gemma4_vision(root: Path) -> tuple[Path, Path]:
+    return mf.make_gemma4_target(root / "t", towers="vision"), mf.make_drafter(root / "d", target="gemma4")
+
+
+def _gemma4_assistant(root: Path) -> tuple[Path, Path]:
+    return mf.make_gemma4_target(root / "t"), make_gemma4_assistant(root / "d")
+
+
+def _qwen3_dspark(root: Path) -> tuple[Path, Path]:
+    return (mf.make_qwen3_target(root / "t", llama_cpp_src=reference.require_llama_cpp_src()),
+            make_dspark_drafter(root / "d"))
+
+
+PAIRS: dict[str, Callable[[Path], tuple[Path, Path]]] = {
+    "dense-dflash": _qwen3, "moe-dflash": _qwen35_moe, "image-text-dflash": _gemma4_vision,
+    "mtp-assistant": _gemma4_assistant, "dspark": _qwen3_dspark}
+
+
+# Our lineage evidence: a fingerprint of the target's embedding rows, so of tensor data (its shape part still agrees).
+DATA_FINGERPRINTS = ("dflash_gguf.target.embd_fingerprint",)
+
+
+def _same_but_data(ours: Path, real: Path) -> list[str]:
+    """Every difference in keys (name, type, value, order) and tensors (name, order, type, shape) of two GGUFs."""
+    problems = []
+    kv_a, kv_b = gguf_compare.read_kv(ours), gguf_compare.read_kv(real)
+    if list(kv_a) != list(kv_b):
+        problems.append(f"keys: {list(kv_a)} vs {list(kv_b)}")
+    for k in kv_a:
+        if k in DATA_FINGERPRINTS and k in kv_b:
+            if kv_a[k][1].split(":")[:4] != kv_b[k][1].split(":")[:4]:
+                problems.append(f"key {k}: the fingerprints' shapes differ: {kv_a[k]!r:.60} vs {kv_b[k]!r:.60}")
+        elif k in kv_b and kv_a[k] != kv_b[k]:
+            problems.append(f"key {k}: {kv_a[k]!r:.120} vs {kv_b[k]!r:.120}")
+    t_a, t_b = gguf_compare.read_tensors_fast(ours), gguf_compare.read_tensors_fast(real)
+    if list(t_a) != list(t_b):
+        problems.append("tensor names or order differ")
+    problems += [f"tensor {n}: {t_a[n][:2]} vs {t_b[n][:2]}" for n in t_a if n in t_b and t_a[n][:2] != t_b[n][:2]]
+    return problems
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_standins_are_the_pipelines_files_but_for_tensor_data(tmp_path: Path, pair: str) -> None:
+    """The stand-in pair (from the configs, tokenizers and safetensors headers) has every key and value, every
+    tensor name, its order, shape and type of what dflash-convert makes from the real checkpoints."""
+    target, drafter = PAIRS[pair](tmp_path / "src")
+    standins = make_standins(ForecastOptions(str(target), (str(drafter),), quant="Q4_K_M"))
+    real = tmp_path / "real"
+    made = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--quant", "Q4_K_M", "--no-mmproj",
+                   "--outdir", real)
+    assert made.returncode == 0, made.stdout + made.stderr
+    doc = json.loads((real / "pair.json").read_text())
+    assert _same_but_data(standins.target, real / doc["outputs"]["target"]["file"]) == []
+    assert _same_but_data(standins.drafters[0], real / doc["outputs"]["drafter"]["file"]) == []
+    assert gguf_compare.read_tensors_fast(standins.target) != gguf_compare.read_tensors_fast(
+        real / doc["outputs"]["target"]["file"])  # the values are the stand-in's own
+    assert not list(standins.folder.parent.rglob("*.safetensors"))  # the stand-in checkpoints are removed
+    again = make_standins(ForecastOptions(str(target), (str(drafter),), quant="Q4_K_M"))
+    assert again.reused and again.target == standins.target
+
+
+def test_a_standin_file_keeps_the_header_with_finite_values(tmp_path: Path) -> None:
+    header = {"__metadata__": {"format": "pt"},
+              "b": {"dtype": "BF16", "shape": [3, 5], "data_offsets": [0, 30]},
+              "a": {"dtype": "F8_E4M3", "shape": [4096], "data_offsets": [30, 4126]},
+              "c": {"dtype": "F32", "shape": [2], "data_offsets": [4126, 4134]},
+              "i": {"dtype": "I64", "shape": [1], "data_offsets": [4134, 4142]}}
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, header)
+    assert read_safetensors_header(path) == header
+    raw = path.read_bytes()
+    start = 8 + int.from_bytes(raw[:8], "little")
+    f32 = np.frombuffer(raw[start + 4126:start + 4134], dtype=np.float32)
+    bf16 = np.frombuffer(raw[start:start + 30], dtype=np.uint16).astype(np.uint32) << 16
+    assert np.isfinite(f32).all() and f32.any() and np.isfinite(bf16.view(np.float32)).all() and bf16.any()
+    fp8 = np.frombuffer(raw[start + 30:start + 4126], dtype=np.uint8)
+    assert not ((fp8 & 0x7F) == 0x7F).any() and len(set(fp8.tolist())) > 100  # no NaN codes, not constant
+    assert raw[start + 4134:start + 4142] == bytes(8)  # integers: zeros
+
+
+def test_a_pair_precheck_refuses_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    target = mf.make_gemma4_target(tmp_path / "t")
+    drafter = mf.make_drafter(tmp_path / "d", target="qwen3")
+    proc = run_cli("dflash-gguf", "forecast", "--target", target, "--drafter", drafter)
+    pipeline = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", tmp_path / "pair")
+    precheck = run_cli("dflash-gguf", "precheck", drafter, target)
+    assert proc.returncode == pipeline.returncode != 0, proc.stdout + proc.stderr  # one verdict, one code
+    assert "pair.mask_token" in proc.stdout + proc.stderr and "pair.mask_token" in precheck.stdout
+    assert precheck.returncode != 0 and "MUST NOT be served" in precheck.stdout
+    assert not (made_cache.cache_root() / "standins").exists()
+
+
+def test_the_curve_arithmetic() -> None:
+    assert crossing([(1, 0.2), (2, 0.6), (3, 1.4)]) == pytest.approx(2.5)
+    assert crossing([(1, 0.2), (3, 0.9)]) is None and crossing([(1, 1.1), (2, 2.0)]) == 1
+    assert interpolate([(1, 0.2), (3, 1.0)], 2) == pytest.approx(0.6) and interpolate([(1, 0.2), (3, 1.0)], 4) is None
+    assert breadth_first([1, 2, 3, 4, 5]) == [1, 5, 3, 2, 4]
+
+
+def test_standins_from_the_hub_download_no_weights(tmp_path: Path) -> None:
+    """From repo ids on the loopback Hub: the safetensors files are read by range request (their headers), never
+    downloaded, and the stand-ins equal those made from the same folders on disk."""
+    import hub_server
+    from hub_server import FakeRepo
+
+    target, drafter = _qwen3(tmp_path / "src")
+    repos = {"Qwen/qwen3-tiny": FakeRepo({p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}),
+             "z-lab/qwen3-tiny-DFlash-b16": FakeRepo({p.name: p.read_bytes() for p in drafter.iterdir()
+                                                      if p.is_file()})}
+    code = ("import json, sys; from dflash_gguf.forecast import ForecastOptions, make_standins; "
+            "s = make_standins(ForecastOptions('Qwen/qwen3-tiny', ('z-lab/qwen3-tiny-DFlash-b16',), 'Q8_0')); "
+            "print(json.dumps([str(s.target), str(s.drafters[0])]))")
+    with hub_server.serve(repos) as hub:
+        env = hub_server.client_env(hub.url, tmp_path / "hf") | {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                              stdin=subprocess.DEVNULL)
+        touching = hub.requested("*.safetensors")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sizes = {f"{p.name}": p.stat().st_size for d in (target, drafter) for p in d.glob("*.safetensors")}
+    assert touching and all(r.method == "GET" and r.range == "bytes=0-100000" for r in touching), touching
+    assert max(sizes.values()) > 100_001  # so a range read of the header is not the whole file
+    hub_target, hub_drafter = map(Path, json.loads(proc.stdout))
+    local = make_standins(ForecastOptions(str(target), (str(drafter),), "Q8_0"))
+    assert gguf_compare.diff(hub_target, local.target) == []
+    assert gguf_compare.diff(hub_drafter, local.drafters[0]) == []
+
+
+@pytest.mark.reference
+def test_forecast_measures_each_length_with_llama_server(tmp_path: Path) -> None:
+    """The target alone, then the drafter at n-max 2 at synthetic accepted lengths 1, 2 and 3 (b11434's
+    --spec-synth-len), with the speed-up, break-even and memory in tune's vocabulary; a second forecast reuses the
+    stand-ins."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    target, drafter = _qwen3(tmp_path / "src")
+    env = reference.llama_server_env() | {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    cmd = [str(Path(sys.executable).parent / "dflash-gguf"), "forecast", "--target", str(target), "--drafter",
+           str(drafter), "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--acceptance", "2.5", "--json", "--",
+           "-t", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["synthetic"] is True and doc["generation_tokens_per_second"] > 0 and doc["peak_rss"] > 0
+    [config] = doc["configurations"]
+    assert config["spec_type"] == "draft-dflash" and config["n_max"] == 2
+    rows = config["lengths"]
+    assert [r["acceptance_length"] for r in rows] == [1.0, 2.0, 3.0] and all(r["status"] == "ok" for r in rows)
+    assert all(r["generation_tokens_per_second"] > 0 and r["speedup"] > 0 for r in rows)
+    expected = crossing([(r["acceptance_length"], r["generation_tokens_per_second"]
+                          / doc["generation_tokens_per_second"]) for r in rows])
+    assert config["break_even_acceptance_length"] == (None if expected is None else round(expected, 3))
+    assert config["drafter_rss"] is not None and config["drafter_rss"] > 0
+    [predicted] = doc["predicted"]
+    assert predicted["acceptance_length"] == 2.5 and predicted["fastest"] in ("target alone", {
+        "drafter": config["drafter"], "spec_type": "draft-dflash", "n_max": 2})
+    assert doc["standins"]["reused"] is False
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0 and json.loads(again.stdout)["standins"]["reused"] is True
+    REFERENCE_COMPARISONS.append("forecast: llama-server --spec-synth-len over a grid")
