@@ -332,6 +332,17 @@ def _bin_env() -> dict[str, str]:
     return out
 
 
+def noting_binary(folder: Path, name: str) -> tuple[Path, Path, dict[str, str]]:
+    """b11434's ``name`` behind a wrapper that notes each start's arguments, one line a run, before running it: the
+    wrapper, the notes file, and the environment (its library path) it needs; point the tool's variable at it."""
+    notes = folder / f"{name}-runs.txt"
+    notes.touch()
+    wrapper = folder / name
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> "{notes}"\nexec "{llama_bin(name)}" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, notes, {"LD_LIBRARY_PATH": _bin_env()["LD_LIBRARY_PATH"]}
+
+
 def run_llama_quantize(
     inp: str | os.PathLike[str],
     out: str | os.PathLike[str],

@@ -51,11 +51,8 @@ def test_quality_of_every_tag(tmp_path: Path) -> None:
     text = tmp_path / "text" / "wiki.txt"
     text.parent.mkdir()
     text.write_text(TEXT)
-    calls = tmp_path / "calls.txt"
-    counting = tmp_path / "llama-perplexity"  # the real binary, each start noted
-    counting.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\nexec "{reference.llama_bin("llama-perplexity")}" "$@"\n')
-    counting.chmod(0o755)
-    env = {"LLAMA_PERPLEXITY": str(counting), "LD_LIBRARY_PATH": reference._bin_env()["LD_LIBRARY_PATH"]}
+    counting, calls, lib = reference.noting_binary(tmp_path, "llama-perplexity")
+    env = {"LLAMA_PERPLEXITY": str(counting), **lib}
     proc = run_cli("dflash-gguf", "quality", folder, "--text", text, "--threads", "2", "--plot", "--json", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
@@ -141,11 +138,8 @@ def test_quality_of_a_one_pass_folder_makes_its_base(tmp_path: Path) -> None:
     text = tmp_path / "text" / "wiki.txt"
     text.parent.mkdir()
     text.write_text(TEXT)
-    calls = tmp_path / "calls.txt"
-    counting = tmp_path / "llama-perplexity"
-    counting.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\nexec "{reference.llama_bin("llama-perplexity")}" "$@"\n')
-    counting.chmod(0o755)
-    env = {"LLAMA_PERPLEXITY": str(counting), "LD_LIBRARY_PATH": reference._bin_env()["LD_LIBRARY_PATH"]}
+    counting, calls, lib = reference.noting_binary(tmp_path, "llama-perplexity")
+    env = {"LLAMA_PERPLEXITY": str(counting), **lib}
     args = ("--text", text, "--chunks", "2", "--threads", "2", "--json")
 
     no_checkpoint = run_cli("dflash-gguf", "quality", folder, *args, env=env)
