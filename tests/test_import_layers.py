@@ -1,4 +1,4 @@
-"""The package's imports run one way: cli → publish → pipeline → tune → verify → sidecar → tokenizer_fixups → hub →
+"""The package's imports run one way: cli → publish → forecast → pipeline → tune → verify → sidecar → tokenizer_fixups → hub →
 drafters → convert → quantize → ggufio → the base modules, with no circle between modules, and a drafter family's
 package reached from outside ``drafters/`` only through the registry (``dflash_gguf.drafters``) and its shared
 records (``drafters.findings``, ``drafters.family``). Every import counts, those inside functions too."""
@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("verify",),
     ("tune",),
     ("pipeline",),
+    ("forecast",),
     ("publish",),
     ("cli",),
 )
