@@ -1,7 +1,8 @@
-"""The package's imports run one way: cli → publish → forecast → pipeline → tune → verify → sidecar → tokenizer_fixups → hub →
-drafters → convert → quantize → ggufio → the base modules, with no circle between modules, and a drafter family's
-package reached from outside ``drafters/`` only through the registry (``dflash_gguf.drafters``) and its shared
-records (``drafters.findings``, ``drafters.family``). Every import counts, those inside functions too."""
+"""The package's imports run one way: cli → publish → forecast → pipeline → tune → verify → sidecar →
+tokenizer_fixups → hub → drafters → convert → quantize → ggufio → the base modules, with no circle between modules,
+and a drafter family's package reached from outside ``drafters/`` only through the registry
+(``dflash_gguf.drafters``) and its shared records (``drafters.findings``, ``drafters.family``). Every import counts,
+those inside functions too."""
 
 from __future__ import annotations
 
