@@ -9,7 +9,6 @@ Nothing here writes into a snapshot, and no code from a repo is run.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +33,7 @@ from huggingface_hub import errors as hf
 from huggingface_hub.hf_api import RepoFile as HfRepoFile
 from huggingface_hub.utils import tqdm as hf_tqdm
 
+from .convert.safetensors import read_raw_header
 from .convert.targets.projector import PREPROCESSOR_FILES
 from .drafters import FAMILIES
 from .errors import (
@@ -607,36 +607,17 @@ def safetensors_header(resolved: Resolved, name: str) -> dict[str, Any]:
 
     Raises:
         ResolveError: the Hub refused or could not be reached.
-        UnsupportedModelError: the file is not safetensors.
+        InputError: a local file is not safetensors.
     """
     local = resolved.path / name
     if resolved.repo is None or local.is_file():
-        return read_safetensors_header(local)
+        return read_raw_header(local)[0]
     revision = resolved.revision or resolved.commit or "main"
     with _translated(resolved.repo, revision, name):
         meta = HfApi().parse_safetensors_file_metadata(resolved.repo, name, revision=resolved.commit or revision)
     header: dict[str, Any] = {"__metadata__": dict(meta.metadata)} if meta.metadata else {}
     for tensor, info in meta.tensors.items():
         header[tensor] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
-    return header
-
-
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """A local safetensors file's JSON header, read without its data.
-
-    Raises:
-        UnsupportedModelError: not a safetensors file.
-    """
-    try:
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 2 <= size <= 100_000_000:
-                raise ValueError(f"a header of {size} bytes")
-            header = json.loads(f.read(size))
-    except (OSError, ValueError) as e:
-        raise UnsupportedModelError(f"{path}: not a readable safetensors file ({e}). Download it again.") from None
-    if not isinstance(header, dict):
-        raise UnsupportedModelError(f"{path}: its safetensors header is not a JSON object. Download it again.")
     return header
 
 

@@ -21,10 +21,10 @@ from fixtures.drafters import make_dspark_drafter
 from fixtures.gemma4_assistant import make_gemma4_assistant
 
 from dflash_gguf import made_cache
+from dflash_gguf.convert.safetensors import read_raw_header
 from dflash_gguf.forecast import ForecastOptions, crossing, make_standins
 from dflash_gguf.forecast.curve import breadth_first, interpolate
 from dflash_gguf.forecast.standin import write_safetensors
-from dflash_gguf.hub import read_safetensors_header
 
 
 def _qwen3(root: Path) -> tuple[Path, Path]:
@@ -106,7 +106,7 @@ def test_a_standin_file_keeps_the_header_with_finite_values(tmp_path: Path) -> N
               "i": {"dtype": "I64", "shape": [1], "data_offsets": [4134, 4142]}}
     path = tmp_path / "model.safetensors"
     write_safetensors(path, header)
-    assert read_safetensors_header(path) == header
+    assert read_raw_header(path)[0] == header
     raw = path.read_bytes()
     start = 8 + int.from_bytes(raw[:8], "little")
     f32 = np.frombuffer(raw[start + 4126:start + 4134], dtype=np.float32)

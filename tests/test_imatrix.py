@@ -55,14 +55,18 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
     return {t.name: np.array(t.data) for t in GGUFReader(path).tensors}
 
 
-@pytest.mark.reference
-def test_imatrix_auto_is_llama_imatrix_by_hand(tmp_path: Path) -> None:
-    reference.require_or_skip(reference.llama_cpp_available())
-    target = mf.make_gemma4_target(tmp_path / "targets")
-    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
+def _gemma4_pair_and_text(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The Gemma-4 fixture target and its drafter, and the calibration text as ``calibration/calib.txt``."""
     text = tmp_path / "calibration" / "calib.txt"
     text.parent.mkdir()
     text.write_text(TEXT)
+    return mf.make_gemma4_target(tmp_path / "targets"), mf.make_drafter(tmp_path / "drafters", target="gemma4"), text
+
+
+@pytest.mark.reference
+def test_imatrix_auto_is_llama_imatrix_by_hand(tmp_path: Path) -> None:
+    reference.require_or_skip(reference.llama_cpp_available())
+    target, drafter, text = _gemma4_pair_and_text(tmp_path)
     folder = tmp_path / "pair"
     args = ["dflash-convert", "--target", target, "--drafter", drafter, "--quant", "Q4_K_M,IQ4_XS", "--imatrix",
             "auto", "--calibration", text, *CALIBRATION, "--keep-intermediate", "--outdir", folder]
@@ -188,11 +192,7 @@ def test_imatrix_auto_is_made_once_for_any_folder(tmp_path: Path) -> None:
     """A second --imatrix auto run on the same target and text into a fresh folder runs no llama-imatrix: the matrix
     is taken from the content cache, byte for byte, and so are the quants made with it; another text makes it again."""
     reference.require_or_skip(reference.llama_cpp_available())
-    target = mf.make_gemma4_target(tmp_path / "targets")
-    drafter = mf.make_drafter(tmp_path / "drafters", target="gemma4")
-    text = tmp_path / "calibration" / "calib.txt"
-    text.parent.mkdir()
-    text.write_text(TEXT)
+    target, drafter, text = _gemma4_pair_and_text(tmp_path)
     counting, calls, lib = reference.noting_binary(tmp_path, "llama-imatrix")
     env = {**_tools_env(), "LLAMA_IMATRIX": str(counting), **lib}
     runs = lambda: len(calls.read_text().splitlines())  # noqa: E731

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError, TensorError
 from ..jsonfile import load_json, parse_bounded
@@ -35,8 +36,9 @@ class TensorRef:
     nbytes: int
 
 
-def read_header(path: Path) -> dict[str, TensorRef]:
-    """Parse one safetensors file's header; tensors sorted by name as b11434 orders them.
+def read_raw_header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """One safetensors file's JSON header as written (``__metadata__`` included, in the file's order), where its
+    data starts, and the file's size; the data is not read.
 
     Raises:
         InputError: the file is truncated or its header is not valid safetensors.
@@ -59,7 +61,17 @@ def read_header(path: Path) -> dict[str, TensorRef]:
             raise InputError(f"{path} has a corrupt safetensors header (not JSON: {e}). {fix}") from None
     if not isinstance(header, dict):
         raise InputError(f"{path} has a corrupt safetensors header (not a JSON object). {fix}")
-    data_start = 8 + n
+    return header, 8 + n, size
+
+
+def read_header(path: Path) -> dict[str, TensorRef]:
+    """Parse one safetensors file's header; tensors sorted by name as b11434 orders them.
+
+    Raises:
+        InputError: the file is truncated or its header is not valid safetensors.
+    """
+    fix = f"Re-download {path.name} (for a Hub snapshot: delete it and fetch it again)."
+    header, data_start, size = read_raw_header(path)
     tensors: dict[str, TensorRef] = {}
     for name, meta in header.items():
         if name == "__metadata__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -119,14 +118,3 @@ def _small_files(folder: Path) -> list[str]:
     """The small files a folder holds, as SMALL_PATTERNS selects them (top level only, as the Hub fetch does)."""
     return [p.name for p in sorted(folder.iterdir())
             if p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in SMALL_PATTERNS)]
-
-
-def standin_bytes(resolved: Resolved) -> int:
-    """How many bytes the stand-in's weights take (the repo's safetensors files' sizes)."""
-    return sum(f.size or 0 for f in list_files(resolved, WEIGHT_PATTERNS) if f.path.endswith(".safetensors"))
-
-
-def remove_weights(dest: Path) -> None:
-    """The stand-in's safetensors files removed once converted (their bytes are the repo's size)."""
-    for p in dest.rglob("*.safetensors"):
-        os.unlink(p)
