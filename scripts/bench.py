@@ -14,7 +14,8 @@
    (``--only-pipeline``: only these).
 5. The tuner's own cost: ``dflash-gguf tune`` on the hand-built acceptance fixture (acceptance ~1) against a
    hand loop that starts b11434's llama-server for the same configurations and sends the same number of
-   requests (``--only-tune``: only these).
+   requests (``--only-tune``: only these). Then ``dflash-gguf forecast`` on stand-ins against the real pair
+   converted from the same folders, both at b11434's ``--spec-synth-len`` (``--only-forecast``: only these).
 6. Quantization kernels, one thread (``--only-kernels``: only these): in process, MB/s of BF16 input for the
    compiled kernels at every instruction set this CPU has, the numpy kernels and b11434's ``quantize_row_*_ref``
    (libggml-base, F32 in, the widening excluded), then with an importance matrix against ``ggml_quantize_chunk``;
@@ -1169,6 +1170,61 @@ def tune_rows(work: Path, venv_bin: Path, server: Path) -> list[str]:
     return lines
 
 
+FORECAST_LAYERS, FORECAST_N_MAX = 12, 4
+
+
+def forecast_rows(work: Path, venv_bin: Path, server: Path) -> list[str]:
+    """``dflash-gguf forecast`` (stand-ins from the folders' configs and headers) against the real pair dflash-convert
+    makes from the same folders, both measured by tune's engine with b11434's llama-server at ``--spec-synth-len L``,
+    one run each, 2 threads: the forecast / real ratio per accepted length. The last column checks the step-time
+    model ``tune`` places its measurements with (speed proportional to L at a fixed n-max), fitted at L = n-max + 1."""
+    from dflash_gguf.tune import Configuration, TuneOptions, Workload, inspect_drafter, measure_configurations
+
+    target, mb = make_big_qwen3_target(work / "forecast", FORECAST_LAYERS, tied=True)
+    drafter = fixtures.make_drafter(work / "forecast" / "drafters", target="qwen3", hidden=2048,
+                                    config_overrides={"num_target_layers": FORECAST_LAYERS})
+    flags = ["-t", "2"]
+    wl = Workload(n_predict=64, repeats=2)
+    env = {**os.environ, "LLAMA_SERVER": str(server), "XDG_CACHE_HOME": str(work / "xdg")}
+    cmd = [str(venv_bin / "dflash-gguf"), "forecast", "--target", str(target), "--drafter", str(drafter), "--quant",
+           "Q4_0", "--n-max", str(FORECAST_N_MAX), "--n-predict", str(wl.n_predict), "--repeats", str(wl.repeats),
+           "--json", "--", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    if proc.returncode:
+        raise SystemExit(f"forecast failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    doc = json.loads(proc.stdout)
+    real = work / "forecast" / "real"
+    subprocess.run([str(venv_bin / "dflash-convert"), "--target", str(target), "--drafter", str(drafter), "--quant",
+                    "Q4_0", "--outdir", str(real)], check=True, capture_output=True, env=env)
+    pair = json.loads((real / "pair.json").read_text())["outputs"]
+    d = inspect_drafter(real / pair["drafter"]["file"])
+    lengths = [float(v) for v in range(1, FORECAST_N_MAX + 2)]
+    os.environ["LLAMA_SERVER"] = str(server)
+    measured, info = measure_configurations(
+        real / pair["target"]["file"], [Configuration(), *(Configuration(d, FORECAST_N_MAX, synth_len=v)
+                                                           for v in lengths)],
+        TuneOptions(workload=wl, user_flags=tuple(flags)))
+    base = measured[0].gen_tps or 0.0
+    real_up = {m.config.synth_len: (m.gen_tps or 0.0) / base for m in measured[1:]}
+    [curve] = doc["configurations"]
+    fc_up = {row["acceptance_length"]: row["speedup"] for row in curve["lengths"]}
+    top = lengths[-1]
+    lines = [f"| Qwen3-1.7B-shaped target, {FORECAST_LAYERS} layers ({mb:.0f} MB BF16) Q4_0 + DFlash Q8_0, n-max "
+             f"{FORECAST_N_MAX}, -t 2 | forecast (stand-ins) | real pair | forecast / real | step-time model / real |",
+             "|---|---|---|---|---|",
+             f"| target alone | {doc['generation_tokens_per_second']:.1f} tokens/s | {base:.1f} tokens/s | "
+             f"{doc['generation_tokens_per_second'] / base:.2f} | |"]
+    for v in lengths:
+        model = real_up[top] * v / top
+        lines.append(f"| L = {v:g} | {fc_up[v]:.3f}x | {real_up[v]:.3f}x | {fc_up[v] / real_up[v]:.2f} | "
+                     f"{model / real_up[v]:.2f} |")
+    even = curve["break_even_acceptance_length"]
+    lines.append(f"| break-even | {'never here' if even is None else f'L = {even:g}'} | | | |")
+    lines.append(f"|   {wl.n_predict} tokens x {len(wl.prompts)} prompts x {wl.repeats} repeats; server {info.build}; "
+                 f"{info.system_info} | | | | |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None,
@@ -1180,6 +1236,8 @@ def main() -> None:
                     help="run only the Qwen3-MoE, gpt-oss and MiniMax-M2 target conversion rows")
     ap.add_argument("--only-pipeline", action="store_true", help="run only the whole-pipeline rows")
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
+    ap.add_argument("--only-forecast", action="store_true",
+                    help="run only the forecast-against-the-real-pair rows")
     ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
     ap.add_argument("--only-projector", action="store_true", help="run only the projector (mmproj) row")
     ap.add_argument("--only-kquant-disk", action="store_true",
@@ -1223,6 +1281,9 @@ def main() -> None:
         if args.only_tune:
             print("\n".join(tune_rows(work, venv_bin, bins / "llama-server")))
             return
+        if args.only_forecast:
+            print("\n".join(forecast_rows(work, venv_bin, bins / "llama-server")))
+            return
         drafter, target = make_big_drafter(work)
         st = drafter / "model.safetensors"
         mb = st.stat().st_size / 1e6
@@ -1259,6 +1320,7 @@ def main() -> None:
         lines += projector_rows(work, venv_bin, ref_py)
         lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         lines += ["", *tune_rows(work, venv_bin, bins / "llama-server")]
+        lines += ["", *forecast_rows(work, venv_bin, bins / "llama-server")]
         lines += ["", *kernel_rows(work, venv_bin, bins / "llama-quantize")]
         lines += ["", *kquant_disk_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         print("\n".join(lines))

@@ -6,6 +6,7 @@ lengths. Asserts structure and parity, never speeds."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,9 +23,9 @@ from fixtures.gemma4_assistant import make_gemma4_assistant
 
 from dflash_gguf import made_cache
 from dflash_gguf.convert.safetensors import read_raw_header
-from dflash_gguf.forecast import ForecastOptions, crossing, make_standins
-from dflash_gguf.forecast.curve import breadth_first, interpolate
+from dflash_gguf.forecast import ForecastOptions, make_standins
 from dflash_gguf.forecast.standin import write_safetensors
+from dflash_gguf.tune.curve import breadth_first, crossing, interpolate
 
 
 def _qwen3(root: Path) -> tuple[Path, Path]:
@@ -83,7 +84,7 @@ def test_standins_are_the_pipelines_files_but_for_tensor_data(tmp_path: Path, pa
     """The stand-in pair (from the configs, tokenizers and safetensors headers) has every key and value, every
     tensor name, its order, shape and type of what dflash-convert makes from the real checkpoints."""
     target, drafter = PAIRS[pair](tmp_path / "src")
-    standins = make_standins(ForecastOptions(str(target), (str(drafter),), quant="Q4_K_M"))
+    standins = make_standins(ForecastOptions(str(target), (str(drafter),), quant="Q4_K_M", mmproj=False))
     real = tmp_path / "real"
     made = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--quant", "Q4_K_M", "--no-mmproj",
                    "--outdir", real)
@@ -94,7 +95,7 @@ def test_standins_are_the_pipelines_files_but_for_tensor_data(tmp_path: Path, pa
     assert gguf_compare.read_tensors_fast(standins.target) != gguf_compare.read_tensors_fast(
         real / doc["outputs"]["target"]["file"])  # the values are the stand-in's own
     assert not list(standins.folder.parent.rglob("*.safetensors"))  # the stand-in checkpoints are removed
-    again = make_standins(ForecastOptions(str(target), (str(drafter),), quant="Q4_K_M"))
+    again = make_standins(ForecastOptions(str(target), (str(drafter),), quant="Q4_K_M", mmproj=False))
     assert again.reused and again.target == standins.target
 
 
@@ -190,8 +191,67 @@ def test_forecast_measures_each_length_with_llama_server(tmp_path: Path) -> None
     assert config["drafter_rss"] is not None and config["drafter_rss"] > 0
     [predicted] = doc["predicted"]
     assert predicted["acceptance_length"] == 2.5 and predicted["fastest"] in ("target alone", {
-        "drafter": config["drafter"], "spec_type": "draft-dflash", "n_max": 2})
+        "method": "draft-dflash", "drafter": config["drafter"], "spec_type": "draft-dflash", "n_max": 2})
     assert doc["standins"]["reused"] is False
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
     assert again.returncode == 0 and json.loads(again.stdout)["standins"]["reused"] is True
     REFERENCE_COMPARISONS.append("forecast: llama-server --spec-synth-len over a grid")
+
+
+def test_precheck_forecast_and_the_pipeline_refuse_a_projector_the_configs_rule_out(tmp_path: Path) -> None:
+    """A Qwen3.5 checkpoint with a vision tower and no processor config: the pipeline cannot make its projector. From
+    repo ids, precheck, forecast and dflash-convert all refuse it with the same code before any weight is fetched;
+    --no-mmproj, which leaves the projector out, lets precheck pass."""
+    import hub_server
+    from hub_server import FakeRepo
+
+    from dflash_gguf.errors import ConfigError
+
+    target = mf.make_qwen35_target(tmp_path / "t", llama_cpp_src=reference.require_llama_cpp_src(),
+                                   vision_tower=True)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        (target / name).unlink(missing_ok=True)
+    drafter = mf.make_drafter(tmp_path / "d", target="qwen35")
+    repos = {"Qwen/qwen35-tiny": FakeRepo({p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}),
+             "z-lab/qwen35-tiny-DFlash": FakeRepo({p.name: p.read_bytes() for p in drafter.iterdir() if p.is_file()})}
+    t, d = "Qwen/qwen35-tiny", "z-lab/qwen35-tiny-DFlash"
+    with hub_server.serve(repos) as hub:
+        env = hub_server.client_env(hub.url, tmp_path / "hf") | {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+        runs = {"precheck": run_cli("dflash-gguf", "precheck", d, t, env=env),
+                "forecast": run_cli("dflash-gguf", "forecast", "--target", t, "--drafter", d, env=env),
+                "convert": run_cli("dflash-convert", "--target", t, "--drafter", d, "--outdir", tmp_path / "pair",
+                                   env=env)}
+        weights = hub.requested("*.safetensors")
+        text_only = run_cli("dflash-gguf", "precheck", "--no-mmproj", d, t, env=env)
+    for name, proc in runs.items():
+        assert proc.returncode == ConfigError.exit_code, (name, proc.stdout + proc.stderr)
+        assert "image_mean" in proc.stderr and "--no-mmproj" in proc.stderr, (name, proc.stderr)
+    assert weights == []  # refused from the configs: no weight file was asked for, not even a header
+    assert text_only.returncode == 0, text_only.stdout + text_only.stderr
+    assert not (tmp_path / "xdg" / "dflash-gguf" / "made" / "standins").exists()
+
+
+def test_the_lengths_tune_measured_are_read_from_pair_json(tmp_path: Path, demo_pair: Path) -> None:
+    """``forecast --acceptance pair.json``: per method and drafter file, the accepted length at its fastest
+    configuration, as tune recorded it; a record without a tune measurement is refused with the way out."""
+    from dflash_gguf.errors import InputError
+    from dflash_gguf.forecast import acceptance_from_record
+
+    folder = tmp_path / "pair"
+    shutil.copytree(demo_pair, folder)
+    with pytest.raises(InputError, match="Run dflash-gguf tune on it first"):
+        acceptance_from_record(folder)
+    manifest = folder / "pair.json"
+    data = json.loads(manifest.read_text())
+    row = {"status": "ok", "method": "draft-dflash", "drafter": "d.gguf", "synthetic_acceptance_length": None}
+    data["tuning"] = {"status": "measured", "configurations": [
+        {**row, "method": "target alone", "drafter": None, "mean_accepted_per_step": None,
+         "generation_tokens_per_second": 50.0},
+        {**row, "n_max": 4, "mean_accepted_per_step": 2.38, "generation_tokens_per_second": 70.0},
+        {**row, "n_max": 15, "mean_accepted_per_step": 1.64, "generation_tokens_per_second": 45.0},
+        {**row, "n_max": 2, "mean_accepted_per_step": 1.9, "generation_tokens_per_second": 90.0,
+         "changed_output": True},  # not servable: not a length the drafter is served at
+        {**row, "method": "draft-mtp (target's own head)", "drafter": None, "mean_accepted_per_step": 0.8,
+         "generation_tokens_per_second": 60.0}]}
+    manifest.write_text(json.dumps(data))
+    assert acceptance_from_record(manifest) == acceptance_from_record(folder) == (1.8, 3.38)

@@ -255,6 +255,70 @@ def test_matched_pair_drafts_and_is_measured(acceptance: dict[str, Path]) -> Non
 
 
 @pytest.mark.reference
+def test_sampling_is_measured_in_both_draft_sampling_modes(acceptance: dict[str, Path]) -> None:
+    """At --temperature 0.8 the requests sample (seeded): the matched pair (acceptance ~1 at greedy) and the perturbed
+    one (~0) are each measured with b11434's default greedy drafts and with --spec-draft-sampling probabilistic, the
+    acceptance from the server's counters, the same-seed text reported rather than ruled out."""
+    docs = {}
+    for name in ("target", "perturbed"):
+        proc, doc = run_tune(acceptance[name], acceptance["drafter"], "--n-max", "3", "--n-predict", "32",
+                             "--repeats", "1", "--methods", "drafters", "--temperature", "0.8", "--top-p", "0.95",
+                             "--seed", "7", "--json", "--", "-t", "1")
+        assert proc.returncode in (0, ACCEPTANCE_COLLAPSED), proc.stderr[-3000:]
+        docs[name] = doc
+        settings = doc["workload"]["sampling_settings"]
+        assert settings["temperature"] == 0.8 and settings["top_p"] == 0.95 and settings["seed"] == 7
+        modes = {r["draft_sampling"]: r for r in doc["configurations"] if r["drafter"]}
+        assert set(modes) == {None, "probabilistic"}, doc["configurations"]
+        assert "--spec-draft-sampling" in modes["probabilistic"]["server_args"]
+        for r in modes.values():
+            assert r["status"] == "ok" and r["draft_tokens"] > 0 and r["acceptance"] is not None
+            assert r["servable"] is True  # differing same-seed text is reported, not ruled out
+    matched = [r["acceptance"] for r in docs["target"]["configurations"] if r["drafter"]]
+    perturbed = [r["acceptance"] for r in docs["perturbed"]["configurations"] if r["drafter"]]
+    assert min(matched) > max(perturbed), (matched, perturbed)  # sampling does not hide which drafter predicts
+    REFERENCE_COMPARISONS.append("llama-server/tune-sampling")
+
+
+@pytest.mark.reference
+def test_several_clients_are_measured_per_client_and_per_slot(acceptance: dict[str, Path]) -> None:
+    """--parallel 1,4: one tune per shape; with 4 clients the server runs -np 4, the configurations are ranked by the
+    aggregate and report each client's speed and each of the 4 slots' acceptance from the server's answers."""
+    proc, doc = run_tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--n-predict", "32",
+                         "--repeats", "1", "--methods", "drafters", "--parallel", "1,4", "--json", "--", "-t", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, four = doc["shapes"]
+    assert [r["parallel"] for r in doc["by_shape"]] == [1, 4] and one["parallel"] == 1 and four["parallel"] == 4
+    assert four["exact_text_check"] is False and one["exact_text_check"] is True
+    [drafting] = [r for r in four["configurations"] if r["drafter"]]
+    assert drafting["requests"] == 4 * 4 and set(drafting["acceptance_per_slot"]) == {"0", "1", "2", "3"}
+    assert all(0.8 < a <= 1.0 for a in drafting["acceptance_per_slot"].values()), drafting
+    assert drafting["client_tokens_per_second"] > 0 and drafting["generation_tokens_per_second"] > 0
+    REFERENCE_COMPARISONS.append("llama-server/tune-parallel")
+
+
+@pytest.mark.reference
+def test_the_context_shows_in_the_target_and_the_drafter_memory_apart(acceptance: dict[str, Path]) -> None:
+    """--ctx 16384 against 4096: llama-server's buffer lines give the target's and the DFlash drafter's KV caches apart
+    (the drafter keeps one of its own), each larger at the longer context; a --memory-limit below the target's own
+    files starts nothing and says what was needed."""
+    kv = {}
+    for ctx in (4096, 16384):
+        proc, doc = run_tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--n-predict", "16",
+                             "--repeats", "1", "--methods", "drafters", "--ctx", str(ctx), "--json", "--", "-t", "1")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        alone, drafting = doc["configurations"][0], next(r for r in doc["configurations"] if r["drafter"])
+        assert set(alone["memory_mib"]) == {"target"} and set(drafting["memory_mib"]) == {"target", "drafter"}
+        assert drafting["memory_mib"]["drafter"]["model"] > 0 and drafting["memory_mib"]["drafter"]["kv"] > 0
+        kv[ctx] = (drafting["memory_mib"]["target"]["kv"], drafting["memory_mib"]["drafter"]["kv"])
+    assert kv[16384][0] > kv[4096][0] and kv[16384][1] > kv[4096][1], kv
+    small, _ = run_tune(acceptance["target"], acceptance["drafter"], "--n-max", "3", "--repeats", "1",
+                        "--memory-limit", "1M", "--", "-t", "1")
+    assert small.returncode == 17 and "over-limit" in small.stderr and "needs about" in small.stderr, small.stderr
+    REFERENCE_COMPARISONS.append("llama-server/tune-context-memory")
+
+
+@pytest.mark.reference
 def test_perturbed_target_collapses_with_its_own_exit_code(acceptance: dict[str, Path]) -> None:
     proc, doc = run_tune(acceptance["perturbed"], acceptance["drafter"], "--quick", "--n-predict", "32", "--thinking",
                       "off", "--methods", "drafters", "--json", "--", "-t", "1")

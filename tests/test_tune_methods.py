@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -23,8 +24,9 @@ import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, llama_cpp_src, run_cli, run_tune
 
+from dflash_gguf.cli.tune import render_report
 from dflash_gguf.drafters import Drafter
-from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, TuneError
+from dflash_gguf.errors import ACCEPTANCE_COLLAPSED, InputError, TuneError
 from dflash_gguf.ggufio.reader import read_gguf
 from dflash_gguf.pipeline.manifest import Manifest, read_manifest
 from dflash_gguf.pipeline.naming import DRAFTERS_DIR
@@ -382,3 +384,160 @@ def test_no_mtp_leaves_the_head_out_and_tune_then_offers_none(qwen35: dict[str, 
     refused = run_cli("dflash-convert", "--target", qwen35["target_dir"], "--drafter", qwen35["drafter_dir"],
                       "--outdir", tmp_path / "x", "--no-mtp", "--target-gguf", qwen35["target"])
     assert refused.returncode == 2 and "--no-mtp applies to a target this run converts" in refused.stderr
+
+
+# -- the curve ----------------------------------------------------------------------------------------------------
+
+def _drafting(n_max: int, tps: float, steps: int, accepted: int) -> Measurement:
+    """A drafter configuration measured with ``steps`` verification steps that kept ``accepted`` drafted tokens."""
+    return replace(_m(Configuration(D, n_max), tps, drafted=steps * n_max, accepted=accepted), draft_steps=steps)
+
+
+def test_each_measured_configuration_is_placed_on_its_curve() -> None:
+    """At a fixed n-max a step costs the same whatever is kept, so a configuration at L tokens per step and S tokens/s
+    breaks even at L * base / S and would draw level with the fastest of its sweep at L * fastest / S."""
+    four, fifteen = _drafting(4, 140.0, 100, 238), _drafting(15, 90.0, 100, 164)  # L 3.38 and 2.64
+    report = _report(_m(Configuration(), 100.0), four, fifteen)
+    by_n = {p.n_max: p for p in report.placements}
+    assert by_n[4].accepted_length == pytest.approx(3.38) and by_n[4].speedup == pytest.approx(1.4)
+    assert by_n[4].break_even_length == pytest.approx(3.38 / 1.4)
+    assert by_n[4].fastest_of_sweep is None and by_n[4].length_to_win is None
+    assert by_n[15].break_even_length == pytest.approx(2.64 / 0.9)  # not reached: slower than the target alone
+    assert by_n[15].length_to_win == pytest.approx(2.64 * 140 / 90) and by_n[15].fastest_of_sweep == four.config.label
+    assert "would need L 4.11 to draw level with" in by_n[15].sentence and "(reached)" not in by_n[15].sentence
+    assert "(reached)" in by_n[4].sentence
+    doc = report.to_dict()["placements"]
+    assert {p["n_max"]: p["acceptance_length_to_win"] for p in doc} == {4: None, 15: 4.107}
+    text = render_report(report)
+    assert "on the curve" in text and by_n[15].sentence in text
+
+
+
+# -- sampling -----------------------------------------------------------------------------------------------------
+
+def test_the_requests_sample_as_given_and_seeded() -> None:
+    from dflash_gguf.tune.workload import Sampling
+
+    assert Workload().request("p")["temperature"] == 0.0 and Workload().request("p")["top_k"] == 1
+    hot = Workload(sampling=Sampling(0.8, top_p=0.9, seed=3, source="given")).request("p")
+    assert (hot["temperature"], hot["top_p"], hot["seed"]) == (0.8, 0.9, 3) and "top_k" not in hot  # server default
+    model = Sampling.of_model({"general.sampling.temp": 0.6, "general.sampling.top_k": 20}, top_p=0.95)
+    assert (model.temperature, model.top_k, model.top_p) == (0.6, 20, 0.95) and "generation_config" in model.source
+    with pytest.raises(InputError, match="no general.sampling.temp"):
+        Sampling.of_model({})
+    probabilistic = Configuration(D, 4, draft_sampling="probabilistic")
+    assert probabilistic.server_args()[-2:] == ["--spec-draft-sampling", "probabilistic"]
+    assert probabilistic.label == "dflash-t-Q8_0.gguf n-max 4 probabilistic draft"
+
+
+def test_when_sampling_other_text_under_the_same_seed_is_reported_not_ruled_out() -> None:
+    from dflash_gguf.tune.workload import Sampling
+
+    other = _m(Configuration(D, 4), 150.0, tokens=(11, 12, 99, 14))
+    greedy = _report(_m(Configuration(), 100.0), other)
+    assert not greedy.servable(other) and greedy.changed_output == (other,)
+    sampled = replace(greedy, workload=Workload(sampling=Sampling(0.8, source="given")))
+    assert sampled.servable(other) and sampled.changed_output == () and sampled.text_apart == (other,)
+    assert sampled.best is other and "Under the same seeds and prompts 1 configuration(s)" in sampled.verdict
+    assert "Sampled (temperature 0.8" in sampled.verdict
+    assert "same-seed text" in render_report(sampled) and "temperature 0.8" in render_report(sampled)
+
+
+def test_sampling_flags_meant_for_the_server_are_refused(demo_pair: Path) -> None:
+    target = read_manifest(demo_pair / "pair.json").file("target")
+    server = run_cli("dflash-gguf", "tune", target, "--dry-run", "--llama-server", sys.executable, "--", "--temp",
+                     "0.8")
+    assert server.returncode == 2 and "--temperature" in server.stdout + server.stderr
+    filters = run_cli("dflash-gguf", "tune", target, "--dry-run", "--llama-server", sys.executable, "--top-p", "0.9")
+    assert filters.returncode == 2 and "add --temperature" in filters.stdout + filters.stderr
+    hot = run_cli("dflash-gguf", "tune", target, "--dry-run", "--llama-server", sys.executable, "--temperature", "0.7")
+    assert hot.returncode == 0 and "temperature 0.7, seed 0 (given)" in hot.stdout
+    assert "--spec-draft-sampling probabilistic" in hot.stdout
+
+
+# -- several clients ----------------------------------------------------------------------------------------------
+
+def test_several_clients_are_ranked_by_their_aggregate_and_shown_per_client_and_slot() -> None:
+    """Two clients, one repeat: each request's own timings give a client's speed; every token of the round over its
+    wall time is the aggregate the configurations are ranked by; each slot's acceptance comes from its requests."""
+    from dflash_gguf.tune.engine import with_default_flags
+
+    def sample(slot: int, client: int, accepted: int) -> Sample:
+        return Sample("code", 10, 5.0, 64, 1000.0, 40, accepted, TOKENS, slot=slot, client=client)
+
+    m = Measurement(Configuration(D, 4), "ok", (sample(0, 0, 30), sample(1, 1, 10)), 1, None, 1 << 20, 3.0,
+                    parallel=2, round_seconds=(1.25,))
+    assert m.client_tps == pytest.approx(64.0) and m.gen_tps == pytest.approx(128 / 1.25)
+    assert m.acceptance_per_slot == {0: 0.75, 1: 0.25}
+    doc = m.to_dict()
+    assert doc["parallel"] == 2 and doc["acceptance_per_slot"] == {"0": 0.75, "1": 0.25}
+    base = Measurement(Configuration(), "ok", (sample(0, 0, 0), sample(1, 1, 0)), 1, None, 1 << 20, 3.0, parallel=2,
+                       round_seconds=(1.0,))
+    report = _report(base, m)
+    assert report.parallel == 2 and not report.exact_text_check and report.placements == ()
+    text = render_report(report)
+    assert "client tok/s" in text and "75.0|25.0" in text and "2 clients at once (-np 2)" in text
+    assert with_default_flags(["-t", "2"], 4) == ["-t", "2", "-c", "16384", "-np", "4", "-lv", "4", "--metrics"]
+    assert with_default_flags(["-c", "8192"], 4)[:4] == ["-c", "8192", "-np", "4"]  # the user's context is kept
+
+
+def test_the_winner_for_several_clients_is_served_with_as_many_slots(demo_pair: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(demo_pair, tmp_path / "gemma-4-tiny-it"))
+    record = read_manifest(folder / "pair.json")
+    drafter = inspect_drafter(record.file("drafter"))
+    report = _winning(drafter, Configuration(drafter, 3))
+    four = replace(report, measurements=tuple(replace(m, parallel=4) for m in report.measurements))
+    record_serving(Manifest.load(folder), record.file("target"), record.file("drafter"), four)
+    serve = read_manifest(folder / "pair.json").serve
+    assert serve is not None and serve.shell.endswith("-np 4") and "parallel = 4" in (
+        folder / "models.ini").read_text()
+    np_flag = run_cli("dflash-gguf", "tune", folder, "--dry-run", "--llama-server", sys.executable, "--", "-np", "4")
+    assert np_flag.returncode == 2 and "--parallel N" in np_flag.stdout + np_flag.stderr
+    planned = run_cli("dflash-gguf", "tune", folder, "--dry-run", "--llama-server", sys.executable, "--parallel", "4")
+    assert planned.returncode == 0 and "-c 16384 -np 4" in planned.stdout
+
+
+def test_a_shape_changes_the_clients_the_context_and_the_sampling() -> None:
+    from dflash_gguf.cli.tune import shape_options
+    from dflash_gguf.tune.workload import Sampling
+
+    base = TuneOptions(workload=Workload(sampling=Sampling(0.6, top_p=0.9, seed=5, source="given")))
+    four = shape_options("np=4,ctx=16384,temp=0.8", base)
+    assert (four.parallel, four.ctx, four.workload.sampling.temperature) == (4, 16384, 0.8)
+    assert four.workload.sampling.top_p == 0.9 and four.workload.sampling.seed == 5  # the rest kept
+    assert shape_options("temp=0", base).workload.sampling.greedy and shape_options("", base) == base
+    with pytest.raises(click.BadParameter, match="KEY one of np, ctx, temp"):
+        shape_options("threads=4", base)
+    with pytest.raises(click.BadParameter, match="not a number"):
+        shape_options("np=four", base)
+
+
+def test_the_buffers_are_split_between_the_target_the_drafter_and_the_projector() -> None:
+    """In b11434's order: the target's model and context, then the draft model and its context, then the projector
+    (clip); the line formats of llama_model::load_tensors, llama_kv_cache and llama_context."""
+    from dflash_gguf.tune.memory import MemorySplit, kv_cache_mib, parse_size
+
+    log = "\n".join([
+        "load_tensors:   CPU_Mapped model buffer size =   120.00 MiB",
+        "llama_context: constructing llama_context",
+        "llama_context:        CPU  output buffer size =     0.58 MiB",
+        "llama_kv_cache:        CPU KV buffer size =    64.00 MiB",
+        "llama_context:        CPU compute buffer size =   300.75 MiB",
+        "load_tensors:   CPU_Mapped model buffer size =    10.00 MiB",
+        "llama_context: constructing llama_context",
+        "llama_kv_cache:      CUDA0 KV buffer size =     8.00 MiB",
+        "llama_context:      CUDA0 compute buffer size =    20.00 MiB",
+        "clip_model_loader:      CPU model buffer size =     5.00 MiB"])
+    split = MemorySplit.from_log(log).to_dict()
+    assert split["target"] == {"model": 120.0, "kv": 64.0, "compute": 300.75, "other": 0.58, "total": 485.33}
+    assert split["drafter"] == {"model": 10.0, "kv": 8.0, "compute": 20.0, "other": 0.0, "total": 38.0}
+    assert split["projector"]["model"] == 5.0
+    own_head = MemorySplit.from_log("\n".join(log.splitlines()[:5] + log.splitlines()[6:9])).to_dict()
+    assert own_head["drafter"]["model"] == 0.0 and own_head["drafter"]["kv"] == 8.0  # a second context, no model
+    meta = {"general.architecture": "qwen3", "qwen3.block_count": 2, "qwen3.attention.head_count": 4,
+            "qwen3.attention.head_count_kv": 2, "qwen3.embedding_length": 256}
+    assert kv_cache_mib(meta, 4096) == pytest.approx(2 * 4096 * 2 * (64 + 64) * 2 / 2**20)  # f16 K and V
+    assert kv_cache_mib(meta, 4096, "q8_0", "q8_0") == pytest.approx(2 * 4096 * 2 * 128 * 34 / 32 / 2**20)
+    assert parse_size("12G") == 12 * 2**30 and parse_size("512m") == 512 * 2**20 and parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")

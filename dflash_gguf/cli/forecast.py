@@ -8,21 +8,34 @@ from pathlib import Path
 
 import click
 
-from ..forecast import ForecastOptions, ForecastReport, forecast
+from ..errors import PlotUnavailable
+from ..forecast import ForecastOptions, ForecastReport, acceptance_from_record, forecast
 from ..tune import TuneOptions, Workload
+from ..tune.engine import CONTEXT_PER_CLIENT
+from ..tune.plot import FORECAST_PLOT_NAME, write_curve_plot
 from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
 
 
-def _floats(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...]:
-    if not value:
-        return ()
+def _lengths_in(value: str, option: str) -> tuple[float, ...]:
+    """Accepted lengths from ``1,2,3.5``.
+
+    Raises:
+        click.BadParameter: not numbers, or one below 1.
+    """
     try:
         out = tuple(float(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise click.BadParameter(f"{value!r}: give numbers separated by commas, e.g. 1,2,3.5.") from None
+        hint = " or a pair.json (or its folder) an earlier tune recorded into" if option == "--acceptance" else ""
+        raise click.BadParameter(f"{value!r}: give numbers separated by commas, e.g. 1,2,3.5{hint}.",
+                                 param_hint=option) from None
     if any(v < 1 for v in out):
-        raise click.BadParameter(f"{value!r}: an accepted length counts the target's own token, so it is 1 or more.")
+        raise click.BadParameter(f"{value!r}: an accepted length counts the target's own token, so it is 1 or more.",
+                                 param_hint=option)
     return out
+
+
+def _lengths(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...]:
+    return _lengths_in(value, "--lengths") if value else ()
 
 
 def render_forecast(report: ForecastReport) -> str:
@@ -39,7 +52,7 @@ def render_forecast(report: ForecastReport) -> str:
         rss = f"{c['peak_rss'] / 2**20:.0f} MiB" if c["peak_rss"] else "-"
         if c["drafter_rss"] is not None:
             rss += f" (drafter +{c['drafter_rss'] / 2**20:.0f})"
-        rows.append([f"{c['drafter']} {c['spec_type']} n-max {c['n_max']}", *cells,
+        rows.append([f"{c['drafter'] or c['method']} {c['spec_type']} n-max {c['n_max']}", *cells,
                      f"L >= {even:g}" if even is not None else "never here", rss])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
@@ -48,9 +61,15 @@ def render_forecast(report: ForecastReport) -> str:
     lines.insert(0, f"target alone: {doc['generation_tokens_per_second']:.1f} tokens/s"
                     f"{f', peak RSS {base_rss / 2**20:.0f} MiB' if base_rss else ''}; speed-up over it at each "
                     "mean accepted length L (tokens per step, the target's included)")
+    for c in doc["configurations"]:
+        if d := c["memory_mib"].get("drafter"):
+            t = c["memory_mib"].get("target") or {}
+            lines.append(f"{c['drafter'] or c['method']} n-max {c['n_max']}: llama.cpp's buffers, target "
+                         f"{t.get('total', 0):.0f} MiB (KV {t.get('kv', 0):.0f}), drafter {d['total']:.0f} MiB (model "
+                         f"{d['model']:.0f}, KV {d['kv']:.0f}, compute {d['compute']:.0f})")
     for p in doc["predicted"]:
         f = p["fastest"]
-        what = f if isinstance(f, str) else f"{f['drafter']} n-max {f['n_max']}"
+        what = f if isinstance(f, str) else f"{f['drafter'] or f['method']} n-max {f['n_max']}"
         lines.append(f"at L = {p['acceptance_length']:g}: {what} ({p['speedup']:.2f}x)")
     s = doc["server"]
     w = doc["workload"]
@@ -70,11 +89,19 @@ def render_forecast(report: ForecastReport) -> str:
 @click.option("--draft-quant", default=None, metavar="TYPE", help="The drafter's type, as dflash-convert.")
 @click.option("--n-max", "n_max", multiple=True, type=click.IntRange(1, 64),
               help="These --spec-draft-n-max values (repeatable; default: tune's coarse sweep for each drafter).")
-@click.option("--lengths", callback=_floats, default=None, metavar="L[,L...]",
+@click.option("--lengths", callback=_lengths, default=None, metavar="L[,L...]",
               help="The synthetic mean accepted lengths to measure (default 1, 2, ... n-max + 1).")
-@click.option("--acceptance", callback=_floats, default=None, metavar="L[,L...]",
-              help="Name the fastest configuration at these accepted lengths (e.g. a drafter card's, or what tune "
-                   "measured).")
+@click.option("--acceptance", "acceptance", default=None, metavar="L[,L...]|PAIR.json",
+              help="Name the fastest configuration at these accepted lengths (e.g. a drafter card's), or at those an "
+                   "earlier tune measured and recorded in a pair.json (or its folder).")
+@click.option("--plot", is_flag=True, help=f"Draw {FORECAST_PLOT_NAME} in the current folder: speed-up against "
+              "accepted length per configuration. Needs matplotlib: pip install 'dflash-gguf[plot]'.")
+@click.option("--ctx", "context", type=click.IntRange(256), default=None, metavar="N",
+              help="Each client's context, as tune's --ctx (default 4096).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Clients at once, as tune's --parallel (one value here).")
+@click.option("--no-mmproj", "no_mmproj", is_flag=True,
+              help="Judge the pair as dflash-convert --no-mmproj makes it (the projector is never needed to measure).")
 @click.option("--budget", type=float, default=None, metavar="SECONDS",
               help="Stop starting configurations once this much time is spent (each curve's ends come first).")
 @click.option("--n-predict", type=click.IntRange(1, 4096), default=None, help="Tokens per prompt (default 128).")
@@ -86,9 +113,10 @@ def render_forecast(report: ForecastReport) -> str:
 @verbose_option
 @handle_errors
 def forecast_cmd(target: str, drafters: tuple[str, ...], quant: str | None, draft_quant: str | None,
-                 n_max: tuple[int, ...], lengths: tuple[float, ...], acceptance: tuple[float, ...],
-                 budget: float | None, n_predict: int | None, repeats: int | None, llama_server: Path | None,
-                 server_flags: tuple[str, ...], json_: bool, verbose: bool) -> None:
+                 n_max: tuple[int, ...], lengths: tuple[float, ...], acceptance: str | None, plot: bool,
+                 context: int | None, parallel: int, no_mmproj: bool, budget: float | None, n_predict: int | None,
+                 repeats: int | None, llama_server: Path | None, server_flags: tuple[str, ...], json_: bool,
+                 verbose: bool) -> None:
     """Predict each drafter configuration's speed-up on this machine before downloading the weights.
 
     Only the repos' small files are fetched (configs, tokenizers, the safetensors headers by range request);
@@ -108,11 +136,26 @@ def forecast_cmd(target: str, drafters: tuple[str, ...], quant: str | None, draf
     base = Workload()
     workload = Workload(n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats)
     flags = tuple(shlex.split(" ".join(shlex.quote(f) for f in server_flags)))
-    opts = ForecastOptions(target, drafters, quant, draft_quant, n_max, lengths, acceptance,
-                           TuneOptions(workload=workload, user_flags=flags, budget=budget, llama_server=llama_server))
+    given = acceptance_from_record(Path(acceptance)) if acceptance and Path(acceptance).exists() else \
+        _lengths_in(acceptance, "--acceptance") if acceptance else ()
+    opts = ForecastOptions(target, drafters, quant, draft_quant, n_max, lengths, given,
+                           TuneOptions(workload=workload, user_flags=flags, budget=budget, llama_server=llama_server,
+                                       parallel=parallel, ctx=context or CONTEXT_PER_CLIENT),
+                           mmproj=not no_mmproj)
     with Progress("forecast", unit="configuration", label_width=40) as progress:
         report = forecast(opts, progress, on_step=lambda text: click.echo(text, err=True))
+    picture, why_not = None, None
+    if plot:
+        w = opts.tune_options.workload
+        title = (f"{Path(target).name}: synthetic acceptance, {w.n_predict} tokens x {w.repeats} repeat(s), "
+                 f"threads {report.server.threads or 'default'}")
+        try:
+            picture = write_curve_plot(report.curve_points(), given, Path.cwd() / FORECAST_PLOT_NAME, title)
+        except PlotUnavailable as e:
+            why_not = str(e)
     if json_:
-        echo_json(report.to_dict())
+        echo_json({**report.to_dict(), "plot": str(picture) if picture else None, "plot_skipped": why_not})
         return
     click.echo(render_forecast(report))
+    if picture or why_not:
+        click.echo(f"picture: {picture}" if picture else why_not)

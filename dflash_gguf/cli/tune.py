@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import ACCEPTANCE_COLLAPSED, PlotUnavailable, TuneError
+from ..ggufio.reader import read_gguf
 from ..pipeline import MANIFEST_NAME, read_manifest
 from ..pipeline.manifest import PairRecord, TagRecord
 from ..pipeline.naming import encoding_tag
@@ -17,8 +19,10 @@ from ..pipeline.quality import measure_quality
 from ..pipeline.serve import record_tag_tuning, record_tuning
 from ..sidecar import is_sidecar
 from ..tune import METHODS, TagSpeed, TuneOptions, Workload, fastest_tag, plan_tune, tune
+from ..tune.engine import CONTEXT_PER_CLIENT, flag_value
+from ..tune.memory import parse_size
 from ..tune.plot import PLOT_NAME, TAGS_PLOT_NAME, write_plot, write_tags_plot
-from ..tune.workload import BUILTIN_PROMPTS, load_image, load_prompt_file
+from ..tune.workload import BUILTIN_PROMPTS, SAMPLING_SERVER_FLAGS, Sampling, load_image, load_prompt_file
 
 if TYPE_CHECKING:  # the tuner is imported when the command runs, not at every CLI start
     from ..tune import Measurement, TuneReport
@@ -114,6 +118,79 @@ def _by_kind(m: Measurement, show: Callable[[Measurement], str]) -> str:
     return "|".join(show(m.of_kind(k)) for k in ("text", "image"))
 
 
+def _shape_row(report: TuneReport) -> dict[str, Any]:
+    """One serving shape's outcome, for the comparison of several shapes."""
+    best, base = report.best, report.baseline
+    return {"shape": report.shape_text, "parallel": report.parallel,
+            "target_alone": round(base.gen_tps or 0.0, 1) if base else None,
+            "best": best.config.label if best else None,
+            "best_tokens_per_second": round(best.gen_tps or 0.0, 1) if best else None,
+            "best_client_tokens_per_second": round(best.client_tps or 0.0, 1) if best else None,
+            "speedup": round(report.speedup(best) or 1.0, 2) if best else None}
+
+
+def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(dict.fromkeys(int(v) for v in value.split(",") if v.strip()))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: give client counts of 1 or more, separated by commas (e.g. 1,4).")
+    return out
+
+
+_SHAPE_KEYS = {"np": "parallel", "ctx": "ctx", "temp": "temperature", "top-k": "top_k", "top-p": "top_p",
+               "min-p": "min_p"}
+
+
+def shape_options(spec: str, base: TuneOptions) -> TuneOptions:
+    """``np=4,ctx=16384,temp=0.8`` (any of np, ctx, temp, top-k, top-p, min-p) over ``base``.
+
+    Raises:
+        click.BadParameter: an unknown key or a value of the wrong kind.
+    """
+    values: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, raw = part.partition("=")
+        if key not in _SHAPE_KEYS:
+            raise click.BadParameter(f"{part!r}: give KEY=VALUE with KEY one of {', '.join(_SHAPE_KEYS)}.",
+                                     param_hint="--shape")
+        try:
+            values[_SHAPE_KEYS[key]] = int(raw) if key in ("np", "ctx", "top-k") else float(raw)
+        except ValueError:
+            raise click.BadParameter(f"{part!r}: {raw!r} is not a number.", param_hint="--shape") from None
+    sampling = base.workload.sampling
+    filters = {k: values.pop(k) for k in ("temperature", "top_k", "top_p", "min_p") if k in values}
+    if filters:
+        merged: dict[str, Any] = {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                                  "top_p": sampling.top_p, "min_p": sampling.min_p} | filters
+        sampling = replace(sampling, **merged, source="given") if merged["temperature"] else \
+            Sampling(seed=sampling.seed)
+    return replace(base, workload=replace(base.workload, sampling=sampling), **values)
+
+
+def sampling_of(target: Path, mode: str | None, **given: Any) -> Sampling:
+    """What every request samples with: greedy, the values given, or (``model``) the target GGUF's own settings
+    under them.
+
+    Raises:
+        click.UsageError: a filter or ``--sampling greedy`` with a temperature, or a filter without one.
+        InputError: ``model`` and the GGUF records no temperature.
+    """
+    seed = given.pop("seed")
+    if mode == "model":
+        return replace(Sampling.of_model(read_gguf(target), **given), seed=seed)
+    filters = [f"--{k.replace('_', '-')}" for k in ("top_k", "top_p", "min_p") if given.get(k) is not None]
+    temperature = given.get("temperature")
+    if mode == "greedy" and temperature:
+        raise click.UsageError("--sampling greedy and --temperature: choose one.")
+    if filters and not temperature:
+        raise click.UsageError(f"{', '.join(filters)} filter what a temperature samples: add --temperature T (or "
+                               "--sampling model).")
+    return Sampling(temperature, given.get("top_k"), given.get("top_p"), given.get("min_p"), seed,
+                    "given") if temperature else Sampling(seed=seed)
+
+
 def render_report(report: TuneReport) -> str:
     """The measurement as a table, what it was measured with, and the verdict. With an image prompt, two more
     columns give tokens/s and acceptance for the text prompts and the image prompt apart."""
@@ -121,8 +198,9 @@ def render_report(report: TuneReport) -> str:
     base = report.baseline.gen_tps if report.baseline else None
     images = report.has_images
     kinds = ("tok/s text|image", "accept text|image") if images else ()
-    rows = [("method", "configuration", "gen tok/s", "range", "speed-up", "accept", *kinds, "mean len",
-             "prompt tok/s", "peak memory", "greedy text")]
+    several = ("client tok/s", "accept per slot") if report.parallel > 1 else ()
+    rows = [("method", "configuration", "gen tok/s", "range", "speed-up", "accept", *kinds, *several, "mean len",
+             "prompt tok/s", "peak memory", "greedy text" if wl.sampling.greedy else "same-seed text")]
     for m in report.measurements:
         if m.status != "ok":
             rows.append((m.config.method, m.config.detail, m.status.upper(), *[""] * (len(rows[0]) - 3)))
@@ -135,6 +213,9 @@ def render_report(report: TuneReport) -> str:
                      f"{rng[0]:.1f}-{rng[1]:.1f}" if rng else "-",
                      f"{m.gen_tps / base:.2f}x" if base and m.gen_tps else "-",
                      _pct(m.acceptance) if not m.config.alone else "", *split,
+                     *((f"{m.client_tps:.1f}" if m.client_tps else "-",
+                        "|".join(_pct(a).removesuffix("%").strip() for a in m.acceptance_per_slot.values())
+                        if not m.config.alone else "") if several else ()),
                      f"{m.mean_accepted_per_step:.2f}" if m.mean_accepted_per_step is not None else "",
                      f"{m.prompt_tps:.0f}" if m.prompt_tps else "-", m.memory_text, greedy))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -142,9 +223,14 @@ def render_report(report: TuneReport) -> str:
              for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     s = report.server
-    lines += ["", f"workload: {len(wl.prompts)} prompts ({', '.join(p.name for p in wl.prompts)}; {wl.source}), "
-                  f"{wl.n_predict} tokens each, greedy, {wl.repeats} repeat(s) after 1 warm-up; medians over "
-                  f"repeats; thinking: {report.thinking}",
+    if several:
+        lines += ["", f"{report.parallel} clients at once (-np {report.parallel}), each starting at another prompt: "
+                      "gen tok/s is their aggregate (every token of a round over its wall time), client tok/s one "
+                      "client's own speed, accept per slot each server slot's acceptance (%)"]
+    lines += ["", f"serving shape: {report.shape_text}",
+              f"workload: {len(wl.prompts)} prompts ({', '.join(p.name for p in wl.prompts)}; {wl.source}), "
+                  f"{wl.n_predict} tokens each, {wl.sampling.text}, {wl.repeats} repeat(s) after 1 warm-up; "
+                  f"medians over repeats; thinking: {report.thinking}",
               f"server: {s.path} (found by {s.source}), build "
               f"{s.build or 'unknown'}, threads {s.threads if s.threads is not None else 'server default'}",
               f"flags: {' '.join(report.user_flags) or '(none)'}; measured in {report.seconds:.0f} s"]
@@ -159,11 +245,18 @@ def render_report(report: TuneReport) -> str:
             lines.append(f"{m.config.label}: {m.status}: {first.removesuffix(' Its last lines:')}"
                          + (f" ... {rest[-1].strip()}" if rest else ""))
     lines += [f"note: {n}" for n in report.notes]
+    if by_owner := [m for m in report.ranking if m.memory.buffers]:
+        lines += ["", "memory (llama.cpp's buffers in MiB, model + KV cache + compute; each method at its fastest):"]
+        lines += [f"  {m.config.label}: {m.memory.text}" for m in by_owner]
     if len(report.ranking) > 2:  # the comparison: each method (each drafter file) at its best
         lines += ["", "ranking (each method and drafter at its fastest configuration):"]
         lines += [f"  {i}. {m.config.label}: {m.gen_tps or 0:.1f} tokens/s"
                   + (f", {up:.2f}x" if (up := report.speedup(m)) is not None else "")
                   for i, m in enumerate(report.ranking, 1)]
+    if placements := report.placements:
+        lines += ["", "on the curve (L: mean accepted length, the target's token included; from each configuration's "
+                      "measured step time, which a fixed n-max keeps whatever is accepted):"]
+        lines += [f"  {p.sentence}" for p in placements]
     lines += ["", report.verdict]
     if report.image_note:
         lines.append(report.image_note)
@@ -191,6 +284,30 @@ def render_report(report: TuneReport) -> str:
               help="The picture of the image prompt (PNG, JPEG...), instead of the one tune draws; needs a projector.")
 @click.option("--n-predict", type=click.IntRange(1, 4096), default=None, help="Tokens per prompt (default 128).")
 @click.option("--repeats", type=click.IntRange(1, 20), default=None, help="Measured repeats (default 3).")
+@click.option("--parallel", "parallel", default="1", callback=_counts, metavar="N[,N...]",
+              help="Clients at once, each in its own slot (-np N, and -c 4096 per client unless given): configurations "
+                   "ranked by the clients' aggregate tokens/s, each client's speed and each slot's acceptance shown. "
+                   "Several values: measured one after another and compared; the first is recorded.")
+@click.option("--shape", "shape", multiple=True, metavar="KEY=V[,KEY=V...]",
+              help="Another serving shape to measure and compare (repeatable): the options above with np, ctx, temp, "
+                   "top-k, top-p or min-p changed, e.g. --shape np=4,ctx=16384 --shape temp=0.8.")
+@click.option("--ctx", "context", type=click.IntRange(256), default=None, metavar="N",
+              help="Each client's context (default 4096): every configuration served with -c N x clients, the "
+                   "target's and the drafter's model, KV and compute buffers reported apart.")
+@click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
+              help="Bytes, or with K, M, G (e.g. 12G): a configuration whose estimated need (files, KV caches at the "
+                   "context, the target's compute buffers) is above it is reported with its need, not started.")
+@click.option("--temperature", type=click.FloatRange(0.0, 5.0), default=None,
+              help="Sample every request at this temperature (default: greedy); each drafter's fastest n-max is then "
+                   "also measured with --spec-draft-sampling probabilistic.")
+@click.option("--top-k", "top_k", type=click.IntRange(0), default=None, help="With --temperature: top-k.")
+@click.option("--top-p", "top_p", type=click.FloatRange(0.0, 1.0), default=None, help="With --temperature: top-p.")
+@click.option("--min-p", "min_p", type=click.FloatRange(0.0, 1.0), default=None, help="With --temperature: min-p.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="Every request's seed: the same seed with and without a drafter, so their texts can be compared.")
+@click.option("--sampling", "sampling", type=click.Choice(["greedy", "model"]), default=None,
+              help="model: the target's own sampling settings (its generation_config.json, as general.sampling.* in "
+                   "its GGUF); --temperature and the filters given override them.")
 @click.option("--thinking", type=click.Choice(["auto", "on", "off"]), default="auto",
               help="The template's enable_thinking switch: auto = as llama-server serves with your flags.")
 @click.option("--methods", "methods", multiple=True, metavar="NAMES",
@@ -219,7 +336,10 @@ def render_report(report: TuneReport) -> str:
 @handle_errors
 def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | None, budget: float | None, quick: bool,
              n_max: tuple[int, ...], prompts: Path | None, mmproj: Path | None, no_mmproj: bool, image: Path | None,
-             n_predict: int | None, repeats: int | None, thinking: str, methods: tuple[str, ...],
+             n_predict: int | None, repeats: int | None, parallel: tuple[int, ...], shape: tuple[str, ...],
+             context: int | None, memory_limit: str | None, temperature: float | None, top_k: int | None,
+             top_p: float | None, min_p: float | None, seed: int, sampling: str | None, thinking: str,
+             methods: tuple[str, ...],
              allow_changed_output: bool, plot: bool, tags: str | None, quality_text: Path | None, no_record: bool,
              dry_run: bool, json_: bool, verbose: bool) -> None:
     """Measure every way llama-server can speculate for the target here, and name the fastest.
@@ -253,13 +373,29 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         raise TuneError(f"--image {image}: an image prompt needs the target's projector, and none is served. Pass "
                         "--mmproj FILE (pair.json and output folders name theirs by themselves).")
     base = Workload(n_predict=64, repeats=1) if quick else Workload()
+    how = sampling_of(target, sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    if slots := [f for f in extra if f.split("=")[0] in ("-np", "--parallel")]:
+        raise click.UsageError(f"{slots[0]} after `--`: tune's own --parallel N sends N clients at once and serves "
+                               "them with -np N; one client in N slots would measure nothing more.")
+    if context is not None and flag_value(extra, ("-c", "--ctx-size")) is not None:
+        raise click.UsageError("--ctx and -c after `--`: give one (--ctx is each client's context; -c the server's, "
+                               "which b11434 divides among the -np slots).")
+    try:
+        limit = parse_size(memory_limit) if memory_limit is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--memory-limit") from None
+    if named := [f for f in extra if f.split("=")[0] in SAMPLING_SERVER_FLAGS]:
+        raise click.UsageError(f"{' '.join(named)} after `--`: every request sets its own sampling, so a server "
+                               "default would change nothing. Give tune's own --temperature, --top-k, --top-p, "
+                               "--min-p and --seed instead.")
     workload = Workload(prompts=load_prompt_file(prompts) if prompts else BUILTIN_PROMPTS,
                         n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, thinking=thinking,
                         source=Path(prompts).name if prompts else "built-in",  # names only: pair.json may be published
                         image=load_image(image) if image is not None else None,
-                        image_source=Path(image).name if image is not None else "generated")
-    options = TuneOptions(workload=workload, user_flags=extra, budget=budget, quick=quick, n_max_values=n_max,
-                          llama_server=llama_server, methods=parse_methods(methods),
+                        image_source=Path(image).name if image is not None else "generated", sampling=how)
+    options = TuneOptions(workload=workload, user_flags=extra, parallel=parallel[0], ctx=context or CONTEXT_PER_CLIENT,
+                          memory_limit=limit, budget=budget, quick=quick,
+                          n_max_values=n_max, llama_server=llama_server, methods=parse_methods(methods),
                           serve_changed_output=allow_changed_output, projector=projector)
     if quality_text is not None and tags is None:
         raise click.UsageError("--quality compares the tags of a folder: add --tags all (or the tags to compare).")
@@ -283,7 +419,8 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         click.echo(f"server: {plan.server.path} (found by {plan.server.source})")
         click.echo(f"flags for every configuration: {' '.join(plan.flags)}")
         click.echo(f"workload: {len(plan.workload.prompts)} prompts ({', '.join(p.name for p in plan.workload.prompts)}"
-                   f"), {workload.n_predict} tokens each, {workload.repeats} repeat(s) after 1 warm-up")
+                   f"), {workload.n_predict} tokens each, {workload.repeats} repeat(s) after 1 warm-up; "
+                   f"{workload.sampling.text}")
         click.echo("configurations, in order:")
         for c in plan.first:
             command = ["llama-server", "-m", str(plan.target.path), *plan.target_args, *c.server_args()]
@@ -292,8 +429,12 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         click.echo("dry run: no server was started.")
         return
 
-    with Progress("tune", unit="config") as progress:
-        report = tune(target, drafters, options, progress)
+    reports = []
+    shapes = [replace(options, parallel=n) for n in parallel] + [shape_options(spec, options) for spec in shape]
+    for i, opts in enumerate(shapes):
+        with Progress("tune" if len(shapes) == 1 else f"tune, shape {i + 1} of {len(shapes)}", unit="config") as bar:
+            reports.append(tune(target, drafters, opts, bar))
+    report = reports[0]  # the shape recorded: the first
     if manifest is not None and not no_record:
         record_tuning(manifest, report)
     picture, why_not = None, None
@@ -302,14 +443,28 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
             picture = write_plot(report, (manifest.parent if manifest else Path.cwd()) / PLOT_NAME)
         except PlotUnavailable as e:
             why_not = str(e)
-    code = ACCEPTANCE_COLLAPSED if report.collapse_found else 0
+    code = ACCEPTANCE_COLLAPSED if any(r.collapse_found for r in reports) else 0
+    recorded = str(manifest) if manifest and not no_record else None
     if json_:
-        echo_json({**report.to_dict(), "recorded_in": str(manifest) if manifest and not no_record else None,
-                   "plot": str(picture) if picture else None, "plot_skipped": why_not, "exit_code": code})
+        doc = {**report.to_dict(), "recorded_in": recorded, "plot": str(picture) if picture else None,
+               "plot_skipped": why_not, "exit_code": code}
+        echo_json(doc if len(reports) == 1 else {"shapes": [r.to_dict() for r in reports], "by_shape": [
+            _shape_row(r) for r in reports], **{k: doc[k] for k in ("recorded_in", "plot", "plot_skipped",
+                                                                     "exit_code")}})
     else:
-        click.echo(render_report(report))
-        if manifest is not None and not no_record:
-            click.echo(f"recorded in {manifest} (serve command and {manifest.parent / 'models.ini'} updated)")
+        for r in reports:
+            if len(reports) > 1:
+                click.echo(f"\n== {r.shape_text} ==")
+            click.echo(render_report(r))
+        if len(reports) > 1:
+            click.echo("\nby serving shape (aggregate tokens/s of all clients; the fastest configuration):")
+            for row in map(_shape_row, reports):
+                click.echo(f"  {row['shape']}: target alone {row['target_alone']} tokens/s; fastest "
+                           f"{row['best']} at {row['best_tokens_per_second']} tokens/s ({row['speedup']}x), each "
+                           f"client {row['best_client_tokens_per_second']} tokens/s")
+        if manifest is not None and recorded:
+            click.echo(f"recorded in {manifest} (serve command and {manifest.parent / 'models.ini'} updated"
+                       + (f", for the first shape: {report.shape_text})" if len(reports) > 1 else ")"))
         if picture or why_not:
             click.echo(f"picture: {picture}" if picture else why_not)
     ctx.exit(code)

@@ -12,6 +12,8 @@ from ..errors import InputError
 from ..hub import resolve
 from ..pipeline import MANIFEST_NAME
 from ..pipeline.manifest import verify_manifest
+from ..pipeline.sources import Source
+from ..pipeline.stages import precheck_projector
 from ..verify import Report, precheck, verify_files
 from ._common import echo_json, handle_errors, json_option
 
@@ -81,14 +83,19 @@ def verify_cmd(ctx: click.Context, drafter: Path, target: Path | None, allow_der
 @click.argument("target")
 @click.option("--allow-derived-target", is_flag=True,
               help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
+@click.option("--no-mmproj", "no_mmproj", is_flag=True,
+              help="Do not judge the target's projector (as dflash-convert --no-mmproj, which leaves it out).")
 @json_option
 @click.pass_context
 @handle_errors
-def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_target: bool, json_: bool) -> None:
+def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_target: bool, no_mmproj: bool,
+                 json_: bool) -> None:
     """Judge a drafter/target pair from config.json and model cards only, before any weights are fetched.
 
     DRAFTER and TARGET are folders or Hub repo ids (org/name[@revision]); for repo ids only config.json
-    and README.md are downloaded. Same check ids and exit codes as dflash-verify.
+    and README.md are downloaded (and, for a target with vision or audio towers, its processor config files, so
+    the projector is judged as dflash-convert would: the same refusal and exit code). Same check ids and exit
+    codes as dflash-verify.
 
     \b
     Example:
@@ -100,6 +107,8 @@ def precheck_cmd(ctx: click.Context, drafter: str, target: str, allow_derived_ta
     report = precheck(d.path / "config.json", t.path / "config.json", drafter_repo=d.repo or d.path.name,
                       target_repo=t.repo or t.path.name, drafter_card=card(d), target_card=card(t),
                       allow_derived_target=allow_derived_target)
+    if not no_mmproj and not report.errors:  # the pipeline's next refusal, from the configs: the same code
+        precheck_projector(Source(target, t))
     if json_:
         echo_json({**report.to_dict(), "sources": {"drafter": d.label, "target": t.label}})
     else:

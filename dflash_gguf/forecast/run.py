@@ -13,22 +13,33 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, made_cache
 from ..cores import machine_cores
-from ..errors import TuneError
+from ..errors import InputError, TuneError
 from ..folder_lock import WORK_DIR
 from ..pipeline import MANIFEST_NAME, read_manifest
 from ..pipeline.naming import model_name
 from ..pipeline.run import PipelineOptions, run_pipeline
 from ..pipeline.sources import Source, resolve_source
-from ..pipeline.stages import precheck_sources
-from ..tune import Configuration, Measurement, TuneOptions, coarse_n_max, inspect_drafter, measure_configurations
+from ..pipeline.stages import precheck_projector, precheck_sources
+from ..tune import (
+    Configuration,
+    Measurement,
+    TargetInfo,
+    TuneOptions,
+    check_target,
+    coarse_n_max,
+    inspect_drafter,
+    measure_configurations,
+)
+from ..tune.curve import breadth_first, default_lengths, interpolate
 from ..tune.report import Drafter, ServerInfo
-from .curve import Curve, breadth_first, default_lengths, interpolate
+from ..tune.sweep import OWN_MTP_MAX_N_MAX
+from .curve import Curve
 from .standin import make_standin
 
 log = logging.getLogger(__name__)
@@ -52,6 +63,7 @@ class ForecastOptions:
     acceptance: tuple[float, ...] = ()  # lengths to name the fastest configuration at
     tune_options: TuneOptions = field(default_factory=TuneOptions)
     threads: int = field(default_factory=machine_cores)
+    mmproj: bool = True  # judge the target's projector as dflash-convert would (--no-mmproj: as with it)
 
 
 @dataclass(frozen=True)
@@ -91,13 +103,18 @@ class ForecastReport:
                 best = (curve, value)
         return best
 
+    def curve_points(self) -> list[tuple[str, list[tuple[float, float]]]]:
+        """(name, [(accepted length, speed-up), ...]) per configuration measured: what ``forecast.png`` draws."""
+        return [(f"{c.name} n-max {c.n_max}", c.speedups(self.baseline_tps)) for c in self.curves]
+
     def to_dict(self) -> dict[str, Any]:
         o = self.options
         predicted = []
         for length in o.acceptance:
             curve, speedup = self.fastest_at(length)
             predicted.append({"acceptance_length": length, "fastest": "target alone" if curve is None else
-                              {"drafter": curve.drafter, "spec_type": curve.spec_type, "n_max": curve.n_max},
+                              {"method": curve.config.method, "drafter": curve.drafter, "spec_type": curve.spec_type,
+                               "n_max": curve.n_max},
                               "speedup": round(speedup, 3) if speedup is not None else None})
         return {"synthetic": True, "note": SYNTHETIC_NOTE, "target": o.target, "drafters": list(o.drafters),
                 "quant": o.quant, "draft_quant": o.draft_quant,
@@ -124,6 +141,8 @@ def make_standins(opts: ForecastOptions, on_step: Callable[[str], None] | None =
     drafters = [resolve_source(d) for d in opts.drafters]
     for drafter in drafters:
         precheck_sources(drafter, target)
+    if opts.mmproj:  # not needed to measure, but the pair the user would make has it: the same verdict
+        precheck_projector(target)
     key = {"target": target.identity(), "drafters": [d.identity() for d in drafters], "quant": opts.quant,
            "draft_quant": opts.draft_quant, "tool": f"dflash-gguf {__version__}"}
     folder = made_cache.folder_for(STANDINS_KIND, key)
@@ -148,21 +167,50 @@ def make_standins(opts: ForecastOptions, on_step: Callable[[str], None] | None =
     return Standins(pair, record.file("target"), tuple(record.drafter_files()), reused)
 
 
+def acceptance_from_record(path: Path) -> tuple[float, ...]:
+    """The mean accepted lengths an earlier ``tune`` measured, from the pair.json it recorded into (or its folder):
+    per method and drafter file, the length at its fastest configuration.
+
+    Raises:
+        InputError: not a pair manifest, or it records no drafting ``tune`` measured.
+    """
+    manifest = Path(path) / MANIFEST_NAME if Path(path).is_dir() else Path(path)
+    tuning = read_manifest(manifest).tuning or {}
+    fastest: dict[tuple[Any, Any], tuple[float, float]] = {}
+    for c in tuning.get("configurations") or ():
+        per_step, tps = c.get("mean_accepted_per_step"), c.get("generation_tokens_per_second")
+        if (c.get("status") != "ok" or not isinstance(per_step, int | float) or not isinstance(tps, int | float)
+                or c.get("synthetic_acceptance_length") is not None or c.get("changed_output")):
+            continue
+        key = (c.get("method"), c.get("drafter"))
+        if key not in fastest or tps > fastest[key][1]:
+            fastest[key] = (round(1.0 + per_step, 2), tps)
+    if not fastest:
+        raise InputError(f"{manifest}: no drafting configuration measured by tune is recorded there (its 'tuning' "
+                         "section). Run dflash-gguf tune on it first, or pass the lengths as numbers: --acceptance "
+                         "2.6,3.4.")
+    return tuple(sorted({length for length, _ in fastest.values()}))
+
+
 def _name(source: Source) -> str:
     """The folder name the pipeline names its files after: the repo's basename, or the local folder's name."""
     return model_name(source.repo, source.path)
 
 
-def configurations(drafters: Sequence[Drafter], opts: ForecastOptions) -> list[tuple[Drafter, int, list[float]]]:
-    """(drafter, n-max, lengths to measure) per configuration: the n-max values given (or tune's coarse sweep),
-    each at or under the drafter's limit, the lengths given (or 1 ... n-max + 1) within [1, n-max + 1]."""
-    out = []
-    for d in drafters:
-        values = [v for v in (opts.n_max_values or tuple(coarse_n_max(d.max_n_max))) if v <= d.max_n_max]
-        for n in dict.fromkeys(values):
-            lengths = [v for v in (opts.lengths or default_lengths(n)) if 1.0 <= v <= n + 1]
-            out.append((d, n, breadth_first(lengths)))
-    return out
+def configurations(target: TargetInfo, drafters: Sequence[Drafter], opts: ForecastOptions
+                   ) -> list[tuple[Configuration, list[float]]]:
+    """Each configuration (its ``synth_len`` unset) with the lengths to measure it at: the target's own MTP head when
+    its GGUF has one b11434 can run, then each drafter, over the n-max values given (or tune's coarse sweep) at or under
+    the method's limit, at the lengths given (or 1 ... n-max + 1) within [1, n-max + 1]."""
+    def sweep(limit: int) -> list[int]:
+        return list(dict.fromkeys(v for v in (opts.n_max_values or tuple(coarse_n_max(limit))) if v <= limit))
+
+    def lengths(n: int) -> list[float]:
+        return breadth_first([v for v in (opts.lengths or default_lengths(n)) if 1.0 <= v <= n + 1])
+
+    out = [(Configuration(own_mtp=True, n_max=n), lengths(n)) for n in sweep(OWN_MTP_MAX_N_MAX)] \
+        if target.has_own_mtp else []
+    return out + [(Configuration(drafter=d, n_max=n), lengths(n)) for d in drafters for n in sweep(d.max_n_max)]
 
 
 def forecast(opts: ForecastOptions, on_progress: Callable[[int, int, str], None] | None = None,
@@ -175,13 +223,11 @@ def forecast(opts: ForecastOptions, on_progress: Callable[[int, int, str], None]
         served.
     """
     standins = make_standins(opts, on_step)
-    drafters = [inspect_drafter(p) for p in standins.drafters]
-    plan = configurations(drafters, opts)
+    plan = configurations(check_target(standins.target), [inspect_drafter(p) for p in standins.drafters], opts)
     order = [Configuration()]
-    depth = max((len(lengths) for _, _, lengths in plan), default=0)
+    depth = max((len(lengths) for _, lengths in plan), default=0)
     for i in range(depth):  # breadth first: every configuration's i-th length before any (i+1)-th
-        order += [Configuration(drafter=d, n_max=n, synth_len=lengths[i]) for d, n, lengths in plan
-                  if i < len(lengths)]
+        order += [replace(config, synth_len=lengths[i]) for config, lengths in plan if i < len(lengths)]
     measured, server = measure_configurations(standins.target, order, opts.tune_options, on_progress,
                                               budget=opts.tune_options.budget)
     baseline = measured[0]
@@ -189,9 +235,8 @@ def forecast(opts: ForecastOptions, on_progress: Callable[[int, int, str], None]
         raise TuneError(f"The stand-in target {standins.target} alone could not be served ({baseline.status}). "
                         f"{baseline.error or ''} Check that llama-server loads it with these flags: "
                         f"{' '.join(opts.tune_options.user_flags) or '(defaults)'}.")
-    curves = tuple(Curve(d.path.name, d.spec_type or "", n,
-                         tuple(m for m in measured[1:] if m.config.drafter == d and m.config.n_max == n))
-                   for d, n, _ in plan)
+    curves = tuple(Curve(config, tuple(m for m in measured[1:] if replace(m.config, synth_len=None) == config))
+                   for config, _ in plan)
     notes = [SYNTHETIC_NOTE]
     if len(measured) < len(order):
         notes.append(f"the {opts.tune_options.budget:g} s budget was spent: {len(order) - len(measured)} of "
@@ -199,4 +244,5 @@ def forecast(opts: ForecastOptions, on_progress: Callable[[int, int, str], None]
     return ForecastReport(standins, baseline, tuple(c for c in curves if c.points), server, opts, tuple(notes))
 
 
-__all__ = ["ForecastOptions", "ForecastReport", "Standins", "configurations", "forecast", "make_standins"]
+__all__ = ["ForecastOptions", "ForecastReport", "Standins", "acceptance_from_record", "configurations", "forecast",
+           "make_standins"]

@@ -423,6 +423,8 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     prechecks = [stages.precheck_sources(d, target, allow_derived_target=opts.allow_derived_target,
                                          drafter_by_llama_cpp=drafter_by_llama_cpp) for d in drafters]
     precheck = prechecks[0]
+    if opts.mmproj and opts.target_gguf is None:  # the projector's refusal from the configs, before any weight
+        stages.precheck_projector(target)
     method = stages.choose_target_method(target, opts.target_gguf, opts.llama_cpp)
     advice = stages.qat_advice(target, opts.target_type, opts.target_overrides) if opts.target_gguf is None else None
     if advice:

@@ -59,8 +59,10 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
         target_args += ["--mmproj", _in_folder(projector, folder)]
         note += ("; the projector is loaded for image and audio input (-hf and the --models-dir router load the "
                  "mmproj- file by themselves; --no-mmproj serves text only)")
-    drafted = target_args + _files_in_folder(own.server_args(), folder)
-    cmd = target_args + _files_in_folder(served.server_args(), folder)
+    # the serving shape measured: several clients at once are served with as many slots
+    shape = ["-np", str(report.parallel)] if report is not None and report.parallel > 1 else []
+    drafted = target_args + _files_in_folder(own.server_args(), folder) + shape
+    cmd = target_args + _files_in_folder(served.server_args(), folder) + shape
     # Run in the folder, like the commands above: names, not paths, so pair.json and models.ini can be published.
     # Several tags: the preset names each tag's files (one folder of --models-dir is one model, load_from_models_dir).
     models_dir = ["llama-server", "--models-preset", PRESET_NAME] if several_tags else \
@@ -69,7 +71,7 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
     # reads no preset, so n-max goes on the command line (common/arg.cpp download_dflash / download_dspark). With
     # several tags, the tag picks the target, and the sidecar named -TAG. with it (find_best_model, find_best_sibling).
     repo = f"USER/REPO:{encoding_tag(target.name)}" if several_tags else "USER/REPO"
-    hub = ["llama-server", "-hf", repo, *_without_files(served.server_args())]
+    hub = ["llama-server", "-hf", repo, *_without_files(served.server_args()), *shape]
     family = family_of_spec_type(info.spec_type)
     if served.drafter is not None and family is not None and not family.models_dir_attaches:
         note += (f"; the --models-dir router does not attach {family.title} ({family.sidecar_prefix} file) in "
@@ -78,7 +80,8 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
     return ServePlan(tuple(cmd), shlex.join(cmd), served.method, served.n_max or own.n_max,
                      served.p_min if served.n_max is not None else own.p_min, ",".join(served.spec_types) or None,
                      report is not None and report.best is not None, served.drafter is not None, note,
-                     shlex.join(drafted), _preset_options(served), shlex.join(models_dir), PRESET_NAME, folder.name,
+                     shlex.join(drafted), _preset_options(served) | ({"parallel": shape[1]} if shape else {}),
+                     shlex.join(models_dir), PRESET_NAME, folder.name,
                      " ".join(hub))
 
 

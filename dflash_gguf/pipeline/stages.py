@@ -31,6 +31,7 @@ from ..errors import DflashGgufError, IncompatiblePairError, NotCoveredError
 from ..ggufio.readahead import warm_up
 from ..ggufio.reader import split_siblings
 from ..hf_configs import read_config
+from ..hub import PROCESSOR_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance
 from ..quantize import choose_quantizer, quantize_gguf
@@ -43,7 +44,7 @@ from ..verify.lineage import assistant_repo_for, identity_from_card
 from .llama_cpp import converter_script, llama_cpp_version, run_converter
 from .manifest import Made
 from .naming import checkpoint_type
-from .sources import Source
+from .sources import Source, fetch_source
 
 log = logging.getLogger(__name__)
 
@@ -380,15 +381,27 @@ def has_projector(model_dir: Path) -> bool:
     return targets.has_projector(model_dir)
 
 
-def check_projector_source(model_dir: Path) -> None:
-    """The projector's conversion planned (its config, processor settings and tower tensors checked; nothing
-    written), so a checkpoint it cannot be made from stops the run before the target is converted.
+def precheck_projector(target: Source) -> None:
+    """What config.json and the processor files (fetched now for a repo: a few kB) say of the target's projector,
+    judged before any weight is fetched: the refusal the run would meet once the weights are here, given now.
+
+    Raises:
+        ConfigError, NotCoveredError: as :func:`check_projector_source`.
+        ResolveError: the processor files could not be fetched.
+    """
+    if has_projector(target.path):
+        check_projector_source(fetch_source(target, PROCESSOR_PATTERNS, progress=False).path, with_tensors=False)
+
+
+def check_projector_source(model_dir: Path, *, with_tensors: bool = True) -> None:
+    """The projector's conversion planned (its config, processor settings and, ``with_tensors``, tower tensors
+    checked; nothing written), so a checkpoint it cannot be made from stops the run before the target is converted.
 
     Raises:
         ConfigError, TensorError, NotCoveredError: as the projector converter.
     """
     try:
-        targets.projector_for(model_dir)
+        targets.projector_for(model_dir, with_tensors=with_tensors)
     except DflashGgufError as e:
         raise type(e)(f"{e} The target's projector (mmproj) cannot be made from this checkpoint; --no-mmproj makes "
                       "the pair without it (text only).") from None

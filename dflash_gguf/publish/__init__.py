@@ -496,8 +496,14 @@ def _measured(tuning: Any, measured: bool) -> list[str]:
                         "(`--spec-draft-n-max`). `dflash-gguf tune` measures the fastest on your machine; speed-ups "
                         "depend on the hardware.", ""]
     server, workload = tuning.get("server") or {}, tuning.get("workload") or {}
-    lines += ["Measured by `dflash-gguf tune` with llama-server (greedy decoding; every configuration's text checked "
-              "against the target alone's):", "",
+    shape = tuning.get("shape") or {}
+    exact = tuning.get("exact_text_check", True)
+    check = ("every configuration's text checked against the target alone's" if exact else "text differences from the "
+             "target alone's reported: with sampling or several clients the check is not exact")
+    lines += [f"Measured by `dflash-gguf tune` with llama-server ({check}):", "",
+              f"- served as: {shape.get('sampling') or 'greedy (temperature 0, top_k 1)'}; "
+              f"{shape.get('parallel') or 1} client(s) at once"
+              + (f"; context {shape['context_per_client']} per client" if shape.get("context_per_client") else ""),
               f"- llama.cpp build: {server.get('build') or '?'}; threads: {server.get('threads') or '?'}; devices: "
               f"{', '.join(server.get('devices') or []) or 'CPU'}",
               f"- system: {server.get('system_info') or '?'}",

@@ -149,3 +149,35 @@ def write_quality_plot(points: Sequence[tuple[str, int, float]], front: Sequence
         fig.savefig(tmp, format="png")
     plt.close(fig)
     return Path(path)
+
+
+FORECAST_PLOT_NAME = "forecast.png"
+
+
+def write_curve_plot(curves: Sequence[tuple[str, Sequence[tuple[float, float]]]], marks: Sequence[float], path: Path,
+                     title: str) -> Path:
+    """``forecast.png``: each configuration's speed-up over the target alone against the mean accepted length
+    (``curves``: name, (length, speed-up) points), the break-even line at 1x, and the lengths given (``marks``: a
+    card's, or what tune measured) as vertical lines. Written atomically; returns ``path``.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+    """
+    plt = _pyplot(FORECAST_PLOT_NAME)
+    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
+    ax.axhline(1.0, color="0.3", linewidth=1.2, label="target alone (break-even)")
+    for name, points in curves:
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+    for i, length in enumerate(marks):
+        ax.axvline(length, color="0.5", linestyle=":", linewidth=1.2,
+                   label="accepted length given" if i == 0 else None)
+    ax.set_xlabel("mean accepted length L (tokens per step, the target's own included; synthetic)")
+    ax.set_ylabel("speed-up over the target alone")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    with atomic_output(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return Path(path)

@@ -15,6 +15,8 @@ from statistics import median
 from typing import Any, Literal
 
 from ..drafters import OWN_MTP_FAMILY, Drafter
+from .curve import Placement
+from .memory import MemorySplit
 from .workload import PromptKind, Workload
 
 # Acceptance below this, over enough drafts, is a collapse: the field report's QAT target drafted 7844 tokens
@@ -22,7 +24,8 @@ from .workload import PromptKind, Workload
 COLLAPSE_ACCEPTANCE = 0.05
 MIN_DRAFTS_TO_JUDGE = 32
 
-RunStatus = Literal["ok", "crashed", "timeout", "refused", "skipped"]  # how one measured configuration ran
+# how one configuration ran ("over-limit": not started, its estimated memory above --memory-limit)
+RunStatus = Literal["ok", "crashed", "timeout", "refused", "skipped", "over-limit"]
 
 
 # The target's own multi-token-prediction head: llama-server b11434 builds a second context of type
@@ -54,6 +57,9 @@ class Configuration:
     # of by the target's choice (b11434 server_sample_and_accept_synth, "benchmarking only"): the speed a drafter
     # would have at that acceptance, the output not the model's
     synth_len: float | None = None
+    # --spec-draft-sampling: "probabilistic" samples the draft and verifies it by rejection sampling; None is b11434's
+    # default, greedy (the draft's argmax held to the target's sample)
+    draft_sampling: str | None = None
 
     @property
     def alone(self) -> bool:
@@ -80,7 +86,8 @@ class Configuration:
     def _draft_length(self) -> str:
         """``n-max 4 p-min 0.5``, or "" for a method without one (n-gram drafting alone)."""
         p = f" p-min {self.p_min:g}" if self.p_min is not None else ""
-        return f"n-max {self.n_max}{p}" if self.n_max is not None else ""
+        mode = f" {self.draft_sampling} draft" if self.draft_sampling is not None else ""
+        return f"n-max {self.n_max}{p}{mode}" if self.n_max is not None else ""
 
     @property
     def label(self) -> str:
@@ -114,6 +121,8 @@ class Configuration:
             args += ["--spec-draft-n-max", str(self.n_max)]
         if self.p_min is not None:
             args += ["--spec-draft-p-min", f"{self.p_min:g}"]
+        if self.draft_sampling is not None:
+            args += ["--spec-draft-sampling", self.draft_sampling]
         if self.synth_len is not None:
             args += ["--spec-synth-len", f"{self.synth_len:g}"]
         return args
@@ -123,6 +132,7 @@ class Configuration:
                 "drafter_type": self.drafter.type_name if self.drafter else None,
                 "spec_type": ",".join(self.spec_types) or None, "n_max": self.n_max,
                 "p_min": self.p_min, "synthetic_acceptance_length": self.synth_len,
+                "draft_sampling": self.draft_sampling,
                 "server_args": self.server_args(by_name=True)}
 
 
@@ -139,6 +149,8 @@ class Sample:
     draft_accepted: int = 0
     tokens: tuple[int, ...] = ()  # the generated token ids (``return_tokens``), for the greedy check
     kind: PromptKind = "text"  # "image": the prompt carried an image (its tokens are in prompt_n)
+    slot: int | None = None  # the server slot that ran it (``id_slot``)
+    client: int = 0  # which of the clients sent it (several at once: --parallel)
 
     @classmethod
     def from_timings(cls, prompt: str, t: dict[str, Any], tokens: Sequence[int] = (),
@@ -151,9 +163,9 @@ class Sample:
     def from_answer(cls, prompt: str, answer: dict[str, Any], kind: PromptKind = "text") -> Sample:
         """One /completion answer: its ``timings`` and, when asked for, its ``tokens``."""
         tokens = answer.get("tokens")
-        return cls.from_timings(prompt, answer.get("timings") or {},
-                                tokens if isinstance(tokens, list) and all(isinstance(x, int) for x in tokens) else (),
-                                kind)
+        slot = answer.get("id_slot")
+        return replace(cls.from_timings(prompt, answer.get("timings") or {}, tokens if isinstance(tokens, list) and all(
+            isinstance(x, int) for x in tokens) else (), kind), slot=slot if isinstance(slot, int) else None)
 
 
 @dataclass(frozen=True)
@@ -242,6 +254,9 @@ class Measurement:
     seconds: float = 0.0
     error: str | None = None
     device_memory: tuple[DeviceMemory, ...] = ()  # offloaded: what each device held (host RSS misses it)
+    memory: MemorySplit = field(default_factory=MemorySplit)  # every buffer, the target's and the drafter's apart
+    parallel: int = 1  # clients at once (-np): gen_tps is then their aggregate throughput
+    round_seconds: tuple[float, ...] = ()  # wall time of each repeat's requests, every client's
 
     @property
     def kinds(self) -> tuple[PromptKind, ...]:
@@ -293,15 +308,42 @@ class Measurement:
                 out.append(sum(getattr(s, n_attr) for s in chunk) * 1000.0 / ms)
         return out
 
+    def _throughput(self) -> list[float]:
+        """Generated tokens per second of each repeat: one client's by the server's timings; several clients' as
+        their aggregate, every token of the round over its wall time."""
+        if self.parallel == 1 or len(self.round_seconds) != self.repeats or not self.samples:
+            return self._per_repeat("predicted_n", "predicted_ms")
+        per = len(self.samples) // self.repeats
+        return [sum(s.predicted_n for s in self.samples[r * per:(r + 1) * per]) / seconds
+                for r, seconds in enumerate(self.round_seconds) if seconds > 0]
+
     @property
     def gen_tps(self) -> float | None:
-        v = self._per_repeat("predicted_n", "predicted_ms")
+        """Median generated tokens/s over repeats: what a configuration is ranked by (aggregate when several
+        clients were measured at once)."""
+        v = self._throughput()
         return median(v) if v else None
 
     @property
     def gen_tps_range(self) -> tuple[float, float] | None:
-        v = self._per_repeat("predicted_n", "predicted_ms")
+        v = self._throughput()
         return (min(v), max(v)) if v else None
+
+    @property
+    def client_tps(self) -> float | None:
+        """Median over repeats of a client's own generation speed (the server's timings of its requests)."""
+        v = self._per_repeat("predicted_n", "predicted_ms")
+        return median(v) if v else None
+
+    @property
+    def acceptance_per_slot(self) -> dict[int, float | None]:
+        """Each server slot's share of drafted tokens kept (slots named by ``id_slot``)."""
+        slots: dict[int, list[Sample]] = {}
+        for s in self.samples:
+            if s.slot is not None:
+                slots.setdefault(s.slot, []).append(s)
+        return {k: (sum(x.draft_accepted for x in v) / d if (d := sum(x.draft_n for x in v)) else None)
+                for k, v in sorted(slots.items())}
 
     @property
     def prompt_tps(self) -> float | None:
@@ -346,7 +388,10 @@ class Measurement:
                 "draft_tokens": self.drafted, "draft_tokens_accepted": self.accepted, "draft_steps": self.draft_steps,
                 "mean_accepted_per_step": _r(self.mean_accepted_per_step, 3), "peak_rss_bytes": self.peak_rss,
                 "device_memory_mib": {d.name: round(d.mib, 2) for d in self.device_memory},
+                "memory_mib": self.memory.to_dict(),
                 "requests": len(self.samples), "request_seconds": _r(self.request_seconds, 2),
+                "parallel": self.parallel, "client_tokens_per_second": _r(self.client_tps),
+                "acceptance_per_slot": {str(k): _r(v, 4) for k, v in self.acceptance_per_slot.items()},
                 "seconds": _r(self.seconds, 1), "by_prompt_kind": self.kind_dict()}
 
 
@@ -396,6 +441,24 @@ class TuneReport:
     # (drafter file name, what its and the target's names say) for a collapsed drafter whose files show why
     lineage: tuple[tuple[str, str], ...] = ()
     projector: Path | None = None  # served with every configuration (--mmproj): the workload has an image prompt
+    context: int | None = None  # the server's -c, which b11434 divides among the -np slots
+    memory_limit: int | None = None  # --memory-limit, bytes
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        """How it was served and asked: the sampling, the clients at once, the context and the memory limit. The
+        winner is the winner for this shape."""
+        return {"sampling": self.workload.sampling.text, "parallel": self.parallel, "context": self.context,
+                "context_per_client": self.context // self.parallel if self.context else None,
+                "memory_limit_bytes": self.memory_limit}
+
+    @property
+    def shape_text(self) -> str:
+        """"greedy (temperature 0, top_k 1); 1 client; context 4096 per client"."""
+        d = self.shape
+        limit = f"; memory limit {d['memory_limit_bytes'] / 2**30:.1f} GiB" if d["memory_limit_bytes"] else ""
+        context = f"; context {d['context_per_client']} per client" if d["context_per_client"] else ""
+        return f"{d['sampling']}; {d['parallel']} client(s) at once{context}{limit}"
 
     @cached_property
     def baseline(self) -> Measurement | None:
@@ -444,10 +507,24 @@ class TuneReport:
                 f"prompts, at {_tps(image.gen_tps)} against {_tps(text.gen_tps)} tokens/s; greedy text {greedy}. "
                 "A drafter sees the prompt's text tokens only, not the image's embeddings.")
 
+    @property
+    def parallel(self) -> int:
+        """Clients measured at once (-np)."""
+        return self.measurements[0].parallel if self.measurements else 1
+
+    @property
+    def exact_text_check(self) -> bool:
+        """Speculation must give the target alone's exact tokens: greedy, one client. When sampling, a drafter
+        changes which random draws are made (rejection sampling keeps the distribution, not the draws); with several
+        clients, which requests share a batch changes the floating-point sums. Then a difference is reported, not
+        ruled out."""
+        return self.workload.sampling.greedy and self.parallel == 1
+
     def servable(self, m: Measurement) -> bool:
-        """Measured, and (unless the user allows it) generating the target alone's greedy text."""
-        return m.status == "ok" and bool(m.gen_tps) and (self.serve_changed_output or self.greedy(m).same
-                                                            is not False)
+        """Measured, and (unless the user allows it, or the check is not exact) generating the target alone's
+        greedy text."""
+        return m.status == "ok" and bool(m.gen_tps) and (self.serve_changed_output or not self.exact_text_check
+                                                            or self.greedy(m).same is not False)
 
     @property
     def drafting(self) -> tuple[Measurement, ...]:
@@ -456,8 +533,15 @@ class TuneReport:
 
     @property
     def changed_output(self) -> tuple[Measurement, ...]:
-        """Configurations whose greedy text is not the target alone's."""
-        return tuple(m for m in self.drafting if self.greedy(m).same is False)
+        """Configurations whose greedy text is not the target alone's (none unless the check is exact: see
+        ``text_apart``)."""
+        return tuple(m for m in self.drafting if self.exact_text_check and self.greedy(m).same is False)
+
+    @property
+    def text_apart(self) -> tuple[Measurement, ...]:
+        """When the check is not exact (sampling, several clients): configurations whose text is not the target
+        alone's under the same seeds and prompts."""
+        return () if self.exact_text_check else tuple(m for m in self.drafting if self.greedy(m).same is False)
 
     @property
     def best(self) -> Measurement | None:
@@ -515,6 +599,27 @@ class TuneReport:
             entries.append(self.baseline)
         return tuple(sorted(entries, key=lambda m: m.gen_tps or 0.0, reverse=True))
 
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """Each measured drafting configuration (own head or a drafter file, not behind n-gram drafting) placed on its
+        curve: the accepted length it reached, its break-even length, and the length it would need to beat the
+        fastest configuration of its sweep (same method and file)."""
+        base = self.baseline.gen_tps if self.baseline else None
+        if not base or self.parallel > 1:  # the step-time model is one client's
+            return ()
+        sweeps: dict[tuple[str, str | None], list[Measurement]] = {}
+        for m in self.drafting:
+            if m.config.ngram is None and m.config.synth_len is None and self.servable(m):
+                key = (m.config.method, m.config.drafter.path.name if m.config.drafter else None)
+                sweeps.setdefault(key, []).append(m)
+        out = []
+        for ms in sweeps.values():
+            top = max(ms, key=lambda m: m.gen_tps or 0.0)
+            out += [Placement.of(m.config.label, m.config.n_max, 1.0 + per_step, m.gen_tps, base,
+                                 None if m is top else (top.config.label, top.gen_tps or 0.0))
+                    for m in ms if (per_step := m.mean_accepted_per_step) is not None and m.gen_tps]
+        return tuple(out)
+
     def speedup(self, m: Measurement) -> float | None:
         b = self.baseline
         return m.gen_tps / b.gen_tps if b and b.gen_tps and m.gen_tps else None
@@ -547,6 +652,15 @@ class TuneReport:
                          "drafter file or the runtime is broken" + (" (served anyway, as asked)." if
                                                                     self.serve_changed_output else
                                                                     " and it is not served."))
+        if apart := self.text_apart:
+            why = [f"sampled ({self.workload.sampling.text}): a drafter changes which random draws are made"
+                   if not self.workload.sampling.greedy else "",
+                   f"{self.parallel} clients at once: which requests share a batch changes the floating-point sums"
+                   if self.parallel > 1 else ""]
+            lines.append(f"Under the same seeds and prompts {len(apart)} configuration(s) generated other text than "
+                         f"the target alone ({'; '.join(m.config.label for m in apart)}). "
+                         f"{'; '.join(w for w in why if w).capitalize()}, so this is reported, not ruled out; one "
+                         "greedy client is the exact check.")
         if not best.config.alone:
             s = self.speedup(best) or 0.0
             method = f" ({best.config.method})" if best.config.method != best.config.label else ""
@@ -614,7 +728,8 @@ class TuneReport:
                                                        "servable": self.servable(m) if not m.config.alone else
                                                        m.status == "ok", "changed_output": id(m) in changed}
                                    for m in self.measurements],
-                "serve_changed_output": self.serve_changed_output,
+                "serve_changed_output": self.serve_changed_output, "parallel": self.parallel, "shape": self.shape,
+                "exact_text_check": self.exact_text_check,
                 "baseline": {"generation_tokens_per_second": _r(base),
                              "generation_tokens_per_second_range": [_r(x) for x in rng] if (rng := (
                                  self.baseline.gen_tps_range if self.baseline else None)) else None,
@@ -627,6 +742,7 @@ class TuneReport:
                              "speedup": _r(self.speedup(m), 3)} for m in self.ranking],
                 "collapsed": [d.path.name for d in self.collapsed], "own_mtp_collapsed": self.own_mtp_collapsed,
                 "lineage": dict(self.lineage),
+                "placements": [p.to_dict() for p in self.placements],
                 "verdict": self.verdict,
                 "image_prompts": self.image_note or None,
                 "notes": list(self.notes)}

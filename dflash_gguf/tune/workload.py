@@ -19,7 +19,7 @@ import base64
 import json
 import struct
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,9 +171,73 @@ def _prompt(path: Path, i: int, entry: Any) -> Prompt:
                      '{"messages": [{"role": "user", "content": "..."}]} or {"prompt": "raw text"}.')
 
 
+# llama-server flags that set a sampling default: every request sets its own (Sampling.body), so they would do nothing
+SAMPLING_SERVER_FLAGS = ("--temp", "--temperature", "--top-k", "--top-p", "--min-p", "--seed", "-s")
+_GGUF_SAMPLING = {"temperature": "general.sampling.temp", "top_k": "general.sampling.top_k",
+                  "top_p": "general.sampling.top_p", "min_p": "general.sampling.min_p"}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How every request samples: greedy (temperature 0, top-k 1) unless a temperature is given, as a chat front end
+    serves; seeded, so a configuration's text can be held to the target alone's under the same seed. A filter left
+    unset is llama-server's default (top-k 40, top-p 0.95, min-p 0.05 in b11434's common.h)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int = 0
+    source: str = "greedy"  # where the settings come from: greedy, given, or the target's general.sampling.* keys
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @classmethod
+    def of_model(cls, meta: Any, **given: Any) -> Sampling:
+        """The target GGUF's ``general.sampling.*`` keys (its generation_config.json, as the converter writes it),
+        ``given`` values over them (None: not given).
+
+        Raises:
+            InputError: the GGUF records no temperature.
+        """
+        found = {field: meta.get(key) for field, key in _GGUF_SAMPLING.items() if meta.get(key) is not None}
+        if "temperature" not in found and given.get("temperature") is None:
+            raise InputError("--sampling model: the target GGUF has no general.sampling.temp key (its checkpoint's "
+                             "generation_config.json gives no temperature). Give --temperature T (and --top-p, "
+                             "--top-k, --min-p) instead.")
+        return cls(**{**found, **{k: v for k, v in given.items() if v is not None}},
+                   source="the target's generation_config.json (general.sampling.* in its GGUF)")
+
+    def body(self) -> dict[str, Any]:
+        """The request fields."""
+        if self.greedy:
+            return {"temperature": 0.0, "top_k": 1, "seed": self.seed}
+        filters = {"top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        return {"temperature": self.temperature, "seed": self.seed, **{k: v for k, v in filters.items()
+                                                                         if v is not None}}
+
+    @property
+    def text(self) -> str:
+        """"greedy (temperature 0, top_k 1)" or "temperature 0.8, top_p 0.95, seed 0 (given)"."""
+        if self.greedy:
+            return "greedy (temperature 0, top_k 1)"
+        parts = [f"{k} {v:g}" for k, v in (("temperature", self.temperature), ("top_k", self.top_k),
+                                           ("top_p", self.top_p), ("min_p", self.min_p)) if v is not None]
+        unset = [k for k in ("top_k", "top_p", "min_p") if getattr(self, k) is None]
+        return (", ".join(parts) + f", seed {self.seed} ({self.source})"
+                + (f"; {', '.join(unset)} llama-server's default" if unset else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"greedy": self.greedy, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "seed": self.seed, "source": self.source}
+
+
 @dataclass(frozen=True)
 class Workload:
-    """The prompts and how each is generated: greedy, a fixed token count, one discarded warm-up."""
+    """The prompts and how each is generated: greedy unless sampling is given, a fixed token count, one discarded
+    warm-up."""
 
     prompts: tuple[Prompt, ...] = BUILTIN_PROMPTS
     n_predict: int = 128
@@ -182,6 +246,7 @@ class Workload:
     source: str = "built-in"
     image: bytes | None = None  # the user's --image; None: the tool draws one (used only with a projector)
     image_source: str = "generated"
+    sampling: Sampling = field(default_factory=Sampling)
 
     def with_image_prompt(self) -> Workload:
         """This workload with the image prompt added (once): for a target served with its projector."""
@@ -195,17 +260,18 @@ class Workload:
         return tuple(p for p in self.prompts if p.image is not None)
 
     def request(self, prompt: str, n_predict: int | None = None, media: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The /completion body: greedy and exactly ``n_predict`` tokens, the prompt evaluated every time, and the
-        generated token ids returned (the greedy check compares them with the target alone's). With ``media``
-        (base64), llama-server's multimodal prompt object: the text holds one media marker per item."""
+        """The /completion body: the sampling (greedy by default), exactly ``n_predict`` tokens, the prompt evaluated
+        every time, and the generated token ids returned (the text check compares them with the target alone's).
+        With ``media`` (base64), llama-server's multimodal prompt object: the text holds one media marker per item."""
         body: Any = {"prompt_string": prompt, "multimodal_data": list(media)} if media else prompt
-        return {"prompt": body, "n_predict": n_predict or self.n_predict, "temperature": 0.0, "top_k": 1,
-                "seed": 0, "ignore_eos": True, "cache_prompt": False, "stream": False, "return_tokens": True}
+        return {"prompt": body, "n_predict": n_predict or self.n_predict, **self.sampling.body(),
+                "ignore_eos": True, "cache_prompt": False, "stream": False, "return_tokens": True}
 
     def to_dict(self) -> dict[str, Any]:
         images = self.image_prompts
         return {"prompts": [p.name for p in self.prompts], "source": self.source, "n_predict": self.n_predict,
-                "repeats": self.repeats, "warmup": 1, "sampling": "greedy (temperature 0, top_k 1), ignore_eos",
+                "repeats": self.repeats, "warmup": 1, "sampling": f"{self.sampling.text}, ignore_eos",
+                "sampling_settings": self.sampling.to_dict(),
                 "thinking_requested": self.thinking,
                 "image": {"prompts": [p.name for p in images], "source": self.image_source,
                           "bytes": len(images[0].image or b"")} if images else None}

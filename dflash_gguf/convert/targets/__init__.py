@@ -353,9 +353,10 @@ def has_projector(model_dir: Path) -> bool:
     return _projector_class(read_config(Path(model_dir) / "config.json", "Target config"))[1] is not None
 
 
-def projector_for(model_dir: Path) -> ProjectorFamily | None:
-    """The projector family of a target dir, with its checkpoint indexed and config checked; None when its family
-    has no projector or config.json has neither vision_config nor audio_config.
+def projector_for(model_dir: Path, *, with_tensors: bool = True) -> ProjectorFamily | None:
+    """The projector family of a target dir, with its checkpoint indexed (unless not ``with_tensors``: the configs
+    judged before any weight is here) and config checked; None when its family has no projector or config.json has
+    neither vision_config nor audio_config.
 
     Raises:
         ConfigError, InputError, TensorError: the config or the preprocessor files cannot be converted (each
@@ -367,7 +368,7 @@ def projector_for(model_dir: Path) -> ProjectorFamily | None:
     arch, cls = _projector_class(raw)
     if cls is None or arch is None:
         return None
-    fam = cls(ProjectorSource(model_dir, path, arch, raw, index_checkpoint(model_dir)))
+    fam = cls(ProjectorSource(model_dir, path, arch, raw, index_checkpoint(model_dir) if with_tensors else {}))
     fam.check_config()
     return fam
 
