@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import reference
 from conftest import REFERENCE_COMPARISONS, run_cli
-from fixtures.drafters import make_dspark_drafter
+from fixtures.drafters import make_dflash2_drafter, make_dspark_drafter, make_eagle3_drafter, write_mask_embedding
 from fixtures.gemma4_assistant import make_gemma4_assistant
 
 from dflash_gguf import made_cache
@@ -51,9 +51,24 @@ def _qwen3_dspark(root: Path) -> tuple[Path, Path]:
             make_dspark_drafter(root / "d"))
 
 
+def _llama3_eagle3(root: Path) -> tuple[Path, Path]:
+    return (mf.make_llama3_target(root / "t", llama_cpp_src=reference.require_llama_cpp_src()),
+            make_eagle3_drafter(root / "d"))
+
+
+def _qwen3_dflash2(root: Path) -> tuple[Path, Path]:
+    """DFlash2 with its mask_embedding.pt (written by real torch), on a target whose embeddings the file needs."""
+    reference.require_or_skip(reference.reference_available())
+    target = mf.make_qwen3_target(root / "t", llama_cpp_src=reference.require_llama_cpp_src())
+    drafter = make_dflash2_drafter(root / "d", config_overrides={"num_target_layers": 6})
+    write_mask_embedding(drafter, reference.env.venv_python(reference.env.ref_venv_dir()))
+    return target, drafter
+
+
 PAIRS: dict[str, Callable[[Path], tuple[Path, Path]]] = {
     "dense-dflash": _qwen3, "moe-dflash": _qwen35_moe, "image-text-dflash": _gemma4_vision,
-    "mtp-assistant": _gemma4_assistant, "dspark": _qwen3_dspark}
+    "mtp-assistant": _gemma4_assistant, "dspark": _qwen3_dspark, "eagle3": _llama3_eagle3,
+    "dflash2": _qwen3_dflash2}
 
 
 # Our lineage evidence: a fingerprint of the target's embedding rows, so of tensor data (its shape part still agrees).
@@ -174,8 +189,8 @@ def test_forecast_measures_each_length_with_llama_server(tmp_path: Path) -> None
     target, drafter = _qwen3(tmp_path / "src")
     env = reference.llama_server_env() | {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
     cmd = [str(Path(sys.executable).parent / "dflash-gguf"), "forecast", "--target", str(target), "--drafter",
-           str(drafter), "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--acceptance", "2.5", "--json", "--",
-           "-t", "1"]
+           str(drafter), "--n-max", "2", "--repeats", "1", "--n-predict", "16", "--acceptance", "2.5", "--ctx", "2048",
+           "--temperature", "0.7", "--memory-limit", "4G", "--json", "--", "-t", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
@@ -189,6 +204,13 @@ def test_forecast_measures_each_length_with_llama_server(tmp_path: Path) -> None
                           / doc["generation_tokens_per_second"]) for r in rows])
     assert config["break_even_acceptance_length"] == (None if expected is None else round(expected, 3))
     assert config["drafter_rss"] is not None and config["drafter_rss"] > 0
+    assert doc["shape"] == {"sampling": "temperature 0.7, seed 0 (given); top_k, top_p, min_p llama-server's default",
+                            "parallel": 1, "context_per_client": 2048, "memory_limit_bytes": 4 * 2**30}
+    for r in rows:  # tune's vocabulary, per synthetic length
+        assert r["draft_sampling"] == "greedy" and r["parallel"] == 1 and r["skipped"] is None
+        assert r["memory_bytes"] > r["drafter_memory_bytes"] > 0 and r["synthetic_acceptance_length"] == r[
+            "acceptance_length"]
+    assert config["memory_mib"]["drafter"]["kv"] > 0 and doc["target_alone"]["drafter_memory_bytes"] == 0
     [predicted] = doc["predicted"]
     assert predicted["acceptance_length"] == 2.5 and predicted["fastest"] in ("target alone", {
         "method": "draft-dflash", "drafter": config["drafter"], "spec_type": "draft-dflash", "n_max": 2})
@@ -255,3 +277,24 @@ def test_the_lengths_tune_measured_are_read_from_pair_json(tmp_path: Path, demo_
          "generation_tokens_per_second": 60.0}]}
     manifest.write_text(json.dumps(data))
     assert acceptance_from_record(manifest) == acceptance_from_record(folder) == (1.8, 3.38)
+
+
+@pytest.mark.reference
+def test_forecast_measures_the_targets_own_mtp_head(tmp_path: Path) -> None:
+    """A Qwen3.5 target with its MTP layer: its own head is forecast beside the drafter, each at the synthetic
+    lengths its n-max allows."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    target, drafter = _qwen35_moe(tmp_path / "src")
+    env = reference.llama_server_env() | {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    cmd = [str(Path(sys.executable).parent / "dflash-gguf"), "forecast", "--target", str(target), "--drafter",
+           str(drafter), "--no-mmproj", "--n-max", "1", "--repeats", "1", "--n-predict", "8", "--json", "--", "-t", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    by_method = {c["method"]: c for c in doc["configurations"]}
+    assert set(by_method) == {"draft-mtp (target's own head)", "draft-dflash"}, by_method
+    own = by_method["draft-mtp (target's own head)"]
+    assert own["drafter"] is None and own["spec_type"] == "draft-mtp" and own["n_max"] == 1
+    assert [r["acceptance_length"] for r in own["lengths"]] == [1.0, 2.0]
+    assert all(r["status"] == "ok" and r["speedup"] > 0 for r in own["lengths"])
+    REFERENCE_COMPARISONS.append("forecast: the target's own MTP head at --spec-synth-len")

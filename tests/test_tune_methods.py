@@ -470,7 +470,9 @@ def test_several_clients_are_ranked_by_their_aggregate_and_shown_per_client_and_
     assert m.client_tps == pytest.approx(64.0) and m.gen_tps == pytest.approx(128 / 1.25)
     assert m.acceptance_per_slot == {0: 0.75, 1: 0.25}
     doc = m.to_dict()
-    assert doc["parallel"] == 2 and doc["acceptance_per_slot"] == {"0": 0.75, "1": 0.25}
+    assert doc["parallel"] == 2 and [(x["slot"], x["acceptance"]) for x in doc["slots"]] == [(0, 0.75), (1, 0.25)]
+    assert doc["aggregate_generation_tokens_per_second"] == 102.4
+    assert doc["per_client_generation_tokens_per_second"] == 64.0 and doc["draft_sampling"] == "greedy"
     base = Measurement(Configuration(), "ok", (sample(0, 0, 0), sample(1, 1, 0)), 1, None, 1 << 20, 3.0, parallel=2,
                        round_seconds=(1.0,))
     report = _report(base, m)
@@ -486,11 +488,12 @@ def test_the_winner_for_several_clients_is_served_with_as_many_slots(demo_pair: 
     record = read_manifest(folder / "pair.json")
     drafter = inspect_drafter(record.file("drafter"))
     report = _winning(drafter, Configuration(drafter, 3))
-    four = replace(report, measurements=tuple(replace(m, parallel=4) for m in report.measurements))
+    four = replace(report, measurements=tuple(replace(m, parallel=4) for m in report.measurements),
+                   user_flags=("-t", "2", "-ngld", "99", "--cache-type-k=q8_0", "-devd", "CUDA1"), context=65536)
     record_serving(Manifest.load(folder), record.file("target"), record.file("drafter"), four)
     serve = read_manifest(folder / "pair.json").serve
-    assert serve is not None and serve.shell.endswith("-np 4") and "parallel = 4" in (
-        folder / "models.ini").read_text()
+    assert serve is not None and serve.shell.endswith("-np 4 -ngld 99 --cache-type-k=q8_0 -devd CUDA1 -c 65536")
+    assert "parallel = 4" in (folder / "models.ini").read_text() and "-t 2" not in serve.shell
     np_flag = run_cli("dflash-gguf", "tune", folder, "--dry-run", "--llama-server", sys.executable, "--", "-np", "4")
     assert np_flag.returncode == 2 and "--parallel N" in np_flag.stdout + np_flag.stderr
     planned = run_cli("dflash-gguf", "tune", folder, "--dry-run", "--llama-server", sys.executable, "--parallel", "4")

@@ -11,9 +11,9 @@ import click
 from ..errors import PlotUnavailable
 from ..forecast import ForecastOptions, ForecastReport, acceptance_from_record, forecast
 from ..tune import TuneOptions, Workload
-from ..tune.engine import CONTEXT_PER_CLIENT
 from ..tune.plot import FORECAST_PLOT_NAME, write_curve_plot
 from ._common import Progress, echo_json, handle_errors, json_option, setup_logging, verbose_option
+from .tune import sampling_of, serving_options, serving_shape
 
 
 def _lengths_in(value: str, option: str) -> tuple[float, ...]:
@@ -96,8 +96,7 @@ def render_forecast(report: ForecastReport) -> str:
                    "earlier tune measured and recorded in a pair.json (or its folder).")
 @click.option("--plot", is_flag=True, help=f"Draw {FORECAST_PLOT_NAME} in the current folder: speed-up against "
               "accepted length per configuration. Needs matplotlib: pip install 'dflash-gguf[plot]'.")
-@click.option("--ctx", "context", type=click.IntRange(256), default=None, metavar="N",
-              help="Each client's context, as tune's --ctx (default 4096).")
+@serving_options
 @click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Clients at once, as tune's --parallel (one value here).")
 @click.option("--no-mmproj", "no_mmproj", is_flag=True,
@@ -114,7 +113,9 @@ def render_forecast(report: ForecastReport) -> str:
 @handle_errors
 def forecast_cmd(target: str, drafters: tuple[str, ...], quant: str | None, draft_quant: str | None,
                  n_max: tuple[int, ...], lengths: tuple[float, ...], acceptance: str | None, plot: bool,
-                 context: int | None, parallel: int, no_mmproj: bool, budget: float | None, n_predict: int | None,
+                 context: int | None, memory_limit: str | None, temperature: float | None, top_k: int | None,
+                 top_p: float | None, min_p: float | None, seed: int, sampling: str | None, parallel: int,
+                 no_mmproj: bool, budget: float | None, n_predict: int | None,
                  repeats: int | None, llama_server: Path | None, server_flags: tuple[str, ...], json_: bool,
                  verbose: bool) -> None:
     """Predict each drafter configuration's speed-up on this machine before downloading the weights.
@@ -134,14 +135,19 @@ def forecast_cmd(target: str, drafters: tuple[str, ...], quant: str | None, draf
     """
     setup_logging(verbose)
     base = Workload()
-    workload = Workload(n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats)
     flags = tuple(shlex.split(" ".join(shlex.quote(f) for f in server_flags)))
+    ctx_per_client, limit, asked = serving_shape(flags, context=context, memory_limit=memory_limit,
+                                                 temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                                 seed=seed)
+    # --sampling model reads the stand-in target's general.sampling.* keys once it is made
+    how = sampling_of(None, None if sampling == "model" else sampling, **asked)
+    workload = Workload(n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, sampling=how)
     given = acceptance_from_record(Path(acceptance)) if acceptance and Path(acceptance).exists() else \
         _lengths_in(acceptance, "--acceptance") if acceptance else ()
     opts = ForecastOptions(target, drafters, quant, draft_quant, n_max, lengths, given,
                            TuneOptions(workload=workload, user_flags=flags, budget=budget, llama_server=llama_server,
-                                       parallel=parallel, ctx=context or CONTEXT_PER_CLIENT),
-                           mmproj=not no_mmproj)
+                                       parallel=parallel, ctx=ctx_per_client, memory_limit=limit),
+                           mmproj=not no_mmproj, sampling_from_model=sampling == "model")
     with Progress("forecast", unit="configuration", label_width=40) as progress:
         report = forecast(opts, progress, on_step=lambda text: click.echo(text, err=True))
     picture, why_not = None, None

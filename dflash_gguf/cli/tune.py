@@ -169,16 +169,69 @@ def shape_options(spec: str, base: TuneOptions) -> TuneOptions:
     return replace(base, workload=replace(base.workload, sampling=sampling), **values)
 
 
-def sampling_of(target: Path, mode: str | None, **given: Any) -> Sampling:
+def serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The serving shape's options, tune's and forecast's alike: context, memory limit and sampling."""
+    for option in reversed(_SERVING_OPTIONS):
+        command = option(command)
+    return command
+
+
+_SERVING_OPTIONS = [
+    click.option("--ctx", "context", type=click.IntRange(256), default=None, metavar="N",
+                 help="Each client's context (default 4096): every configuration served with -c N x clients, the "
+                      "target's and the drafter's model, KV and compute buffers reported apart."),
+    click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
+                 help="Bytes, or with K, M, G (e.g. 12G): a configuration whose estimated need (files, KV caches at "
+                      "the context, the target's compute buffers) is above it is reported with its need, not started."),
+    click.option("--temperature", type=click.FloatRange(0.0, 5.0), default=None,
+                 help="Sample every request at this temperature (default: greedy); each drafter's fastest n-max is "
+                      "then also measured with --spec-draft-sampling probabilistic."),
+    click.option("--top-k", "top_k", type=click.IntRange(0), default=None, help="With --temperature: top-k."),
+    click.option("--top-p", "top_p", type=click.FloatRange(0.0, 1.0), default=None, help="With --temperature: top-p."),
+    click.option("--min-p", "min_p", type=click.FloatRange(0.0, 1.0), default=None, help="With --temperature: min-p."),
+    click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+                 help="Every request's seed: the same with and without a drafter, so their texts can be compared."),
+    click.option("--sampling", "sampling", type=click.Choice(["greedy", "model"]), default=None,
+                 help="model: the target's own sampling settings (its generation_config.json, as general.sampling.* "
+                      "in its GGUF); --temperature and the filters given override them."),
+]
+
+
+def serving_shape(extra: Sequence[str], *, context: int | None, memory_limit: str | None, **sampling: Any
+                  ) -> tuple[int, int | None, dict[str, Any]]:
+    """(each client's context, the memory limit in bytes, the sampling options as given) after refusing server
+    flags that would contradict them.
+
+    Raises:
+        click.UsageError, click.BadParameter: as each check says.
+    """
+    if slots := [f for f in extra if f.split("=")[0] in ("-np", "--parallel")]:
+        raise click.UsageError(f"{slots[0]} after `--`: the own --parallel N sends N clients at once and serves "
+                               "them with -np N; one client in N slots would measure nothing more.")
+    if context is not None and flag_value(extra, ("-c", "--ctx-size")) is not None:
+        raise click.UsageError("--ctx and -c after `--`: give one (--ctx is each client's context; -c the server's, "
+                               "which b11434 divides among the -np slots).")
+    if named := [f for f in extra if f.split("=")[0] in SAMPLING_SERVER_FLAGS]:
+        raise click.UsageError(f"{' '.join(named)} after `--`: every request sets its own sampling, so a server "
+                               "default would change nothing. Give the own --temperature, --top-k, --top-p, "
+                               "--min-p and --seed instead.")
+    try:
+        limit = parse_size(memory_limit) if memory_limit is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--memory-limit") from None
+    return context or CONTEXT_PER_CLIENT, limit, sampling
+
+
+def sampling_of(target: Path | None, mode: str | None, **given: Any) -> Sampling:
     """What every request samples with: greedy, the values given, or (``model``) the target GGUF's own settings
-    under them.
+    under them (``target`` None: the values given, the model's to be read later).
 
     Raises:
         click.UsageError: a filter or ``--sampling greedy`` with a temperature, or a filter without one.
         InputError: ``model`` and the GGUF records no temperature.
     """
     seed = given.pop("seed")
-    if mode == "model":
+    if mode == "model" and target is not None:
         return replace(Sampling.of_model(read_gguf(target), **given), seed=seed)
     filters = [f"--{k.replace('_', '-')}" for k in ("top_k", "top_p", "min_p") if given.get(k) is not None]
     temperature = given.get("temperature")
@@ -291,23 +344,7 @@ def render_report(report: TuneReport) -> str:
 @click.option("--shape", "shape", multiple=True, metavar="KEY=V[,KEY=V...]",
               help="Another serving shape to measure and compare (repeatable): the options above with np, ctx, temp, "
                    "top-k, top-p or min-p changed, e.g. --shape np=4,ctx=16384 --shape temp=0.8.")
-@click.option("--ctx", "context", type=click.IntRange(256), default=None, metavar="N",
-              help="Each client's context (default 4096): every configuration served with -c N x clients, the "
-                   "target's and the drafter's model, KV and compute buffers reported apart.")
-@click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
-              help="Bytes, or with K, M, G (e.g. 12G): a configuration whose estimated need (files, KV caches at the "
-                   "context, the target's compute buffers) is above it is reported with its need, not started.")
-@click.option("--temperature", type=click.FloatRange(0.0, 5.0), default=None,
-              help="Sample every request at this temperature (default: greedy); each drafter's fastest n-max is then "
-                   "also measured with --spec-draft-sampling probabilistic.")
-@click.option("--top-k", "top_k", type=click.IntRange(0), default=None, help="With --temperature: top-k.")
-@click.option("--top-p", "top_p", type=click.FloatRange(0.0, 1.0), default=None, help="With --temperature: top-p.")
-@click.option("--min-p", "min_p", type=click.FloatRange(0.0, 1.0), default=None, help="With --temperature: min-p.")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
-              help="Every request's seed: the same seed with and without a drafter, so their texts can be compared.")
-@click.option("--sampling", "sampling", type=click.Choice(["greedy", "model"]), default=None,
-              help="model: the target's own sampling settings (its generation_config.json, as general.sampling.* in "
-                   "its GGUF); --temperature and the filters given override them.")
+@serving_options
 @click.option("--thinking", type=click.Choice(["auto", "on", "off"]), default="auto",
               help="The template's enable_thinking switch: auto = as llama-server serves with your flags.")
 @click.option("--methods", "methods", multiple=True, metavar="NAMES",
@@ -373,27 +410,16 @@ def tune_cmd(ctx: click.Context, args: tuple[str, ...], llama_server: Path | Non
         raise TuneError(f"--image {image}: an image prompt needs the target's projector, and none is served. Pass "
                         "--mmproj FILE (pair.json and output folders name theirs by themselves).")
     base = Workload(n_predict=64, repeats=1) if quick else Workload()
-    how = sampling_of(target, sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    if slots := [f for f in extra if f.split("=")[0] in ("-np", "--parallel")]:
-        raise click.UsageError(f"{slots[0]} after `--`: tune's own --parallel N sends N clients at once and serves "
-                               "them with -np N; one client in N slots would measure nothing more.")
-    if context is not None and flag_value(extra, ("-c", "--ctx-size")) is not None:
-        raise click.UsageError("--ctx and -c after `--`: give one (--ctx is each client's context; -c the server's, "
-                               "which b11434 divides among the -np slots).")
-    try:
-        limit = parse_size(memory_limit) if memory_limit is not None else None
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--memory-limit") from None
-    if named := [f for f in extra if f.split("=")[0] in SAMPLING_SERVER_FLAGS]:
-        raise click.UsageError(f"{' '.join(named)} after `--`: every request sets its own sampling, so a server "
-                               "default would change nothing. Give tune's own --temperature, --top-k, --top-p, "
-                               "--min-p and --seed instead.")
+    ctx_per_client, limit, given = serving_shape(extra, context=context, memory_limit=memory_limit,
+                                                 temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                                 seed=seed)
+    how = sampling_of(target, sampling, **given)
     workload = Workload(prompts=load_prompt_file(prompts) if prompts else BUILTIN_PROMPTS,
                         n_predict=n_predict or base.n_predict, repeats=repeats or base.repeats, thinking=thinking,
                         source=Path(prompts).name if prompts else "built-in",  # names only: pair.json may be published
                         image=load_image(image) if image is not None else None,
                         image_source=Path(image).name if image is not None else "generated", sampling=how)
-    options = TuneOptions(workload=workload, user_flags=extra, parallel=parallel[0], ctx=context or CONTEXT_PER_CLIENT,
+    options = TuneOptions(workload=workload, user_flags=extra, parallel=parallel[0], ctx=ctx_per_client,
                           memory_limit=limit, budget=budget, quick=quick,
                           n_max_values=n_max, llama_server=llama_server, methods=parse_methods(methods),
                           serve_changed_output=allow_changed_output, projector=projector)

@@ -50,7 +50,7 @@ class Curve:
         rows = []
         for m in sorted(self.points, key=lambda m: m.config.synth_len or 0.0):
             rss = m.peak_rss
-            rows.append({"acceptance_length": m.config.synth_len, "status": m.status,
+            rows.append({**m.to_dict(base_tps), "acceptance_length": m.config.synth_len, "status": m.status,
                          "generation_tokens_per_second": _r(m.gen_tps),
                          "speedup": _r(m.gen_tps / base_tps, 3) if m.gen_tps and base_tps else None,
                          "peak_rss": rss, "error": m.error})

@@ -21,6 +21,7 @@ from .. import __version__, made_cache
 from ..cores import machine_cores
 from ..errors import InputError, TuneError
 from ..folder_lock import WORK_DIR
+from ..ggufio.reader import read_gguf
 from ..pipeline import MANIFEST_NAME, read_manifest
 from ..pipeline.naming import model_name
 from ..pipeline.run import PipelineOptions, run_pipeline
@@ -39,6 +40,7 @@ from ..tune import (
 from ..tune.curve import breadth_first, default_lengths, interpolate
 from ..tune.report import Drafter, ServerInfo
 from ..tune.sweep import OWN_MTP_MAX_N_MAX
+from ..tune.workload import Sampling
 from .curve import Curve
 from .standin import make_standin
 
@@ -64,6 +66,7 @@ class ForecastOptions:
     tune_options: TuneOptions = field(default_factory=TuneOptions)
     threads: int = field(default_factory=machine_cores)
     mmproj: bool = True  # judge the target's projector as dflash-convert would (--no-mmproj: as with it)
+    sampling_from_model: bool = False  # --sampling model: the stand-in target's general.sampling.* under those given
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,10 @@ class ForecastReport:
                 "standins": {"folder": str(self.standins.folder), "target": self.standins.target.name,
                              "drafters": [d.name for d in self.standins.drafters], "reused": self.standins.reused},
                 "generation_tokens_per_second": self.baseline.gen_tps, "peak_rss": self.baseline.peak_rss,
+                "target_alone": self.baseline.to_dict(self.baseline_tps),
+                "shape": {"sampling": o.tune_options.workload.sampling.text, "parallel": o.tune_options.parallel,
+                          "context_per_client": o.tune_options.ctx,
+                          "memory_limit_bytes": o.tune_options.memory_limit},
                 "configurations": [c.to_dict(self.baseline) for c in self.curves], "predicted": predicted,
                 "server": self.server.to_dict(), "workload": o.tune_options.workload.to_dict(),
                 "user_flags": list(o.tune_options.user_flags), "budget": o.tune_options.budget,
@@ -223,6 +230,13 @@ def forecast(opts: ForecastOptions, on_progress: Callable[[int, int, str], None]
         served.
     """
     standins = make_standins(opts, on_step)
+    if opts.sampling_from_model:
+        given = opts.tune_options.workload.sampling
+        how = replace(Sampling.of_model(read_gguf(standins.target), **{
+            k: v for k, v in given.to_dict().items() if k in ("top_k", "top_p", "min_p") and v is not None}
+            | ({"temperature": given.temperature} if not given.greedy else {})), seed=given.seed)
+        opts = replace(opts, tune_options=replace(opts.tune_options, workload=replace(
+            opts.tune_options.workload, sampling=how)))
     plan = configurations(check_target(standins.target), [inspect_drafter(p) for p in standins.drafters], opts)
     order = [Configuration()]
     depth = max((len(lengths) for _, lengths in plan), default=0)

@@ -21,6 +21,7 @@ from ..drafters import family_of_kind, family_of_spec_type
 from ..relpath import inside
 from ..sidecar import PRESET_NAME, sidecars_beside
 from ..tune import DEFAULT_N_MAX, Configuration, Drafter, TagSpeed, TuneReport, fastest_tag, inspect_drafter
+from ..tune.engine import CONTEXT_PER_CLIENT
 from .manifest import Manifest, Outputs, PairRecord, ServePlan, TagRecord, read_manifest
 from .naming import DRAFTERS_DIR, encoding_tag
 
@@ -59,8 +60,7 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
         target_args += ["--mmproj", _in_folder(projector, folder)]
         note += ("; the projector is loaded for image and audio input (-hf and the --models-dir router load the "
                  "mmproj- file by themselves; --no-mmproj serves text only)")
-    # the serving shape measured: several clients at once are served with as many slots
-    shape = ["-np", str(report.parallel)] if report is not None and report.parallel > 1 else []
+    shape = _shape_flags(report) if report is not None else []  # as measured, said explicitly
     drafted = target_args + _files_in_folder(own.server_args(), folder) + shape
     cmd = target_args + _files_in_folder(served.server_args(), folder) + shape
     # Run in the folder, like the commands above: names, not paths, so pair.json and models.ini can be published.
@@ -83,6 +83,37 @@ def serve_plan(target: Path, drafter: Path, report: TuneReport | None = None,
                      shlex.join(drafted), _preset_options(served) | ({"parallel": shape[1]} if shape else {}),
                      shlex.join(models_dir), PRESET_NAME, folder.name,
                      " ".join(hub))
+
+
+# llama-server b11434 flags (common/arg.cpp) that place the models or size their caches: what a measurement used with
+# them is what the served command must say, or the drafter lands on another device or the context changes
+_SERVING_FLAGS = frozenset({
+    "-ngl", "--gpu-layers", "--n-gpu-layers", "-ngld", "--spec-draft-ngl", "--gpu-layers-draft",
+    "--n-gpu-layers-draft", "-dev", "--device", "-devd", "--spec-draft-device", "--device-draft", "-ctk",
+    "--cache-type-k", "-ctv", "--cache-type-v", "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "-ctvd",
+    "--spec-draft-type-v", "--cache-type-v-draft", "-fa", "--flash-attn", "-c", "--ctx-size", "-ts",
+    "--tensor-split", "-sm", "--split-mode"})
+
+
+def _shape_flags(report: TuneReport) -> list[str]:
+    """What the served command adds for the shape measured: ``-np`` for several clients, the placement, KV-cache and
+    context flags the user gave, and ``-c`` for a context chosen with ``--ctx``."""
+    flags = ["-np", str(report.parallel)] if report.parallel > 1 else []
+    flags += _measured_flags(report.user_flags)
+    chosen = report.context is not None and report.context != CONTEXT_PER_CLIENT * report.parallel
+    if chosen and not any(f.split("=")[0] in ("-c", "--ctx-size") for f in report.user_flags):
+        flags += ["-c", str(report.context)]
+    return flags
+
+
+def _measured_flags(user_flags: Sequence[str]) -> list[str]:
+    """The placement, KV-cache type and context flags among the user's, each with its value, in their order."""
+    out = []
+    for i, f in enumerate(user_flags):
+        name = f.split("=", 1)[0]
+        if name in _SERVING_FLAGS:
+            out += [f] if "=" in f else [f, *user_flags[i + 1:i + 2]]
+    return out
 
 
 def _in_folder(path: Path, folder: Path) -> str:

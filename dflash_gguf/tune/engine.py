@@ -246,10 +246,12 @@ class Engine:
         args = ["-m", str(self.target), *target_args(self.opts), *config.server_args(), *self.flags]
         server: Server | None = None
         if self.opts.memory_limit is not None and (need := self.need_mib(config)) * 2**20 > self.opts.memory_limit:
-            m = Measurement(config, "over-limit", error=(
-                f"needs about {need:.0f} MiB, over the {self.opts.memory_limit / 2**20:.0f} MiB limit: the GGUF files, "
-                f"the KV caches at -c {flag_value(self.flags, ('-c', '--ctx-size'))} (every layer caching the whole "
-                "context: an upper bound) and the target alone's measured compute buffers; not started"))
+            context = flag_value(self.flags, ("-c", "--ctx-size"))
+            m = Measurement(config, "skipped", error=(
+                f"over the memory limit: needs about {need:.0f} MiB against the limit of "
+                f"{self.opts.memory_limit / 2**20:.0f} MiB, counting the GGUF files, the KV caches at -c {context} "
+                "(every layer caching the whole context: an upper bound) and the target alone's measured compute "
+                "buffers; not started"))
             self.measurements.append(m)
             self.progress(config.label)
             return m

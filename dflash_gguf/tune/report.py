@@ -24,8 +24,8 @@ from .workload import PromptKind, Workload
 COLLAPSE_ACCEPTANCE = 0.05
 MIN_DRAFTS_TO_JUDGE = 32
 
-# how one configuration ran ("over-limit": not started, its estimated memory above --memory-limit)
-RunStatus = Literal["ok", "crashed", "timeout", "refused", "skipped", "over-limit"]
+# how one configuration ran ("skipped": not started, for the reason its error gives, e.g. over --memory-limit)
+RunStatus = Literal["ok", "crashed", "timeout", "refused", "skipped"]
 
 
 # The target's own multi-token-prediction head: llama-server b11434 builds a second context of type
@@ -132,7 +132,7 @@ class Configuration:
                 "drafter_type": self.drafter.type_name if self.drafter else None,
                 "spec_type": ",".join(self.spec_types) or None, "n_max": self.n_max,
                 "p_min": self.p_min, "synthetic_acceptance_length": self.synth_len,
-                "draft_sampling": self.draft_sampling,
+                "draft_sampling": self.draft_sampling or ("greedy" if self.drafter or self.own_mtp else None),
                 "server_args": self.server_args(by_name=True)}
 
 
@@ -335,6 +335,19 @@ class Measurement:
         v = self._per_repeat("predicted_n", "predicted_ms")
         return median(v) if v else None
 
+    def slots(self) -> list[dict[str, Any]]:
+        """Per server slot: its requests, their generation speed (the server's timings) and acceptance."""
+        out = []
+        for slot in sorted({s.slot for s in self.samples if s.slot is not None}):
+            mine = [s for s in self.samples if s.slot == slot]
+            drafted, kept = sum(s.draft_n for s in mine), sum(s.draft_accepted for s in mine)
+            ms = sum(s.predicted_ms for s in mine)
+            out.append({"slot": slot, "requests": len(mine), "generation_tokens_per_second":
+                        _r(sum(s.predicted_n for s in mine) * 1000.0 / ms) if ms else None,
+                        "acceptance": _r(kept / drafted, 4) if drafted else None, "draft_tokens": drafted,
+                        "draft_tokens_accepted": kept})
+        return out
+
     @property
     def acceptance_per_slot(self) -> dict[int, float | None]:
         """Each server slot's share of drafted tokens kept (slots named by ``id_slot``)."""
@@ -390,8 +403,12 @@ class Measurement:
                 "device_memory_mib": {d.name: round(d.mib, 2) for d in self.device_memory},
                 "memory_mib": self.memory.to_dict(),
                 "requests": len(self.samples), "request_seconds": _r(self.request_seconds, 2),
-                "parallel": self.parallel, "client_tokens_per_second": _r(self.client_tps),
-                "acceptance_per_slot": {str(k): _r(v, 4) for k, v in self.acceptance_per_slot.items()},
+                "parallel": self.parallel, "aggregate_generation_tokens_per_second": _r(gen),
+                "per_client_generation_tokens_per_second": _r(self.client_tps),
+                "slots": self.slots() if self.parallel > 1 else None,
+                "memory_bytes": round(self.memory.mib() * 2**20) if self.memory.buffers else None,
+                "drafter_memory_bytes": round(self.memory.mib(["drafter"]) * 2**20) if self.memory.buffers else None,
+                "skipped": self.error if self.status == "skipped" else None,
                 "seconds": _r(self.seconds, 1), "by_prompt_kind": self.kind_dict()}
 
 
