@@ -24,6 +24,7 @@ from gguf_compare import diff
 from dflash_gguf.convert.pre_tokenizers import PRE_TOKENIZERS
 from dflash_gguf.convert.targets import TARGET_ARCHS
 from dflash_gguf.drafters import convert_drafter
+from dflash_gguf.errors import ConfigError
 from dflash_gguf.ggufio.reader import read_gguf
 
 BIN = Path(sys.executable).parent
@@ -178,9 +179,10 @@ def test_precheck_outfile_and_pipeline_agree(targets: dict[str, Path], tmp_path:
     target = _relabelled(base, tmp_path / "target", arch)
     drafter = mf.make_drafter(tmp_path, target="qwen35")
     outfile = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outfile", tmp_path / "d.gguf")
+    # the text pair (the fixture's vision config has no processor config: its projector is judged below)
     pipeline = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outdir", tmp_path / "pair",
-                       "--dry-run")
-    precheck = run_cli("dflash-gguf", "precheck", drafter, target, "--json")
+                       "--dry-run", "--no-mmproj")
+    precheck = run_cli("dflash-gguf", "precheck", drafter, target, "--json", "--no-mmproj")
     checks = {c["id"]: c for c in json.loads(precheck.stdout)["checks"]}
     if arch == NOT_COVERED:
         assert outfile.returncode == pipeline.returncode == 18, (outfile.stderr, pipeline.stderr)
@@ -192,6 +194,12 @@ def test_precheck_outfile_and_pipeline_agree(targets: dict[str, Path], tmp_path:
         assert outfile.returncode == 0, outfile.stderr
         assert pipeline.returncode == 0, pipeline.stderr
         assert precheck.returncode == 0 and checks["pair.target_vocab"]["status"] == "pass", precheck.stdout
+        # with its projector, which no processor config lets be made: one refusal, one code, from the configs
+        with_projector = run_cli("dflash-convert", "--drafter", drafter, "--target", target, "--outdir",
+                                 tmp_path / "pair", "--dry-run")
+        judged = run_cli("dflash-gguf", "precheck", drafter, target)
+        assert with_projector.returncode == judged.returncode == ConfigError.exit_code, judged.stderr
+        assert "image_mean" in with_projector.stderr and "image_mean" in judged.stderr
     assert not (tmp_path / "pair").exists()
 
 

@@ -32,14 +32,13 @@ from .workload import MEDIA_MARKER, Rendered, Workload, render
 
 log = logging.getLogger(__name__)
 
-# Flags the tuner adds unless the user's own flags set them: a context that holds the workload, one slot, and
-# log verbosity 4, at which llama.cpp logs every buffer it allocates (the device memory of an offloaded run, which
-# the host's RSS misses) and its system_info line; a few lines per request, nothing per token.
-_DEFAULT_FLAGS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    (("-c", "--ctx-size"), ("-c", "4096")),
-    (("-np", "--parallel"), ("-np", "1")),
-    (("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"), ("-lv", "4")),
-)
+# Flags the tuner adds unless the user's own flags set them (by any of their names): a context that holds the
+# workload for each client, a slot per client, and log verbosity 4, at which llama.cpp logs every buffer it allocates
+# (the memory split, and the device memory of an offloaded run, which the host's RSS misses) and its system_info
+# line; a few lines per request, nothing per token.
+_DEFAULT_FLAG_NAMES: tuple[tuple[str, ...], ...] = (
+    ("-c", "--ctx-size"), ("-np", "--parallel"),
+    ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"))
 CONTEXT_PER_CLIENT = 4096  # b11434 divides -c among the -np slots: each client gets what one client gets alone
 _SYSTEM_INFO_RE = re.compile(r"system_info: n_threads = (\d+)[^|\n]*\|\s*(.*)$", re.M)
 _DEVICE_RE = re.compile(r"(using device .*?)$|^\s*(Device \d+: .*)$", re.M)
@@ -132,15 +131,10 @@ def encodes_images(path: Path) -> bool:
 def served_projector(opts: TuneOptions) -> Path | None:
     """The projector every configuration is served with: ours (``--mmproj``), unless the user's flags name one
     (theirs) or ``--no-mmproj`` (none)."""
-    flags = opts.user_flags
-    if _NO_MMPROJ in flags:
+    if _NO_MMPROJ in opts.user_flags:
         return None
-    for i, f in enumerate(flags):
-        if f in _MMPROJ_FLAGS and i + 1 < len(flags):
-            return Path(flags[i + 1])
-        if f.startswith(tuple(n + "=" for n in _MMPROJ_FLAGS)):
-            return Path(f.split("=", 1)[1])
-    return opts.projector
+    named = flag_value(opts.user_flags, _MMPROJ_FLAGS)
+    return Path(named) if named is not None else opts.projector
 
 
 def target_args(opts: TuneOptions) -> list[str]:
@@ -196,10 +190,10 @@ def with_default_flags(user_flags: Sequence[str], parallel: int = 1, ctx: int = 
     """The user's flags plus the tuner's defaults for what they leave unset (``-np`` the clients measured at once,
     ``-c`` ``ctx`` per client), and ``--metrics``."""
     flags = list(user_flags)
-    for names, default in _DEFAULT_FLAGS:
-        if not any(f in names or any(f.startswith(n + "=") for n in names) for f in flags):
-            flags += {"-c": ["-c", str(ctx * parallel)], "-np": ["-np", str(parallel)]}.get(
-                default[0], list(default))
+    defaults = (["-c", str(ctx * parallel)], ["-np", str(parallel)], ["-lv", "4"])
+    for names, default in zip(_DEFAULT_FLAG_NAMES, defaults, strict=True):
+        if flag_value(flags, names) is None and not any(f in names for f in flags):
+            flags += default
     if "--metrics" not in flags:
         flags.append("--metrics")
     return flags
