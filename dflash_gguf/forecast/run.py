@@ -24,7 +24,8 @@ from ..folder_lock import WORK_DIR
 from ..ggufio.reader import read_gguf
 from ..pipeline import MANIFEST_NAME, read_manifest
 from ..pipeline.naming import model_name
-from ..pipeline.run import PipelineOptions, run_pipeline
+from ..pipeline.options import PipelineOptions
+from ..pipeline.run import run_pipeline
 from ..pipeline.sources import Source, resolve_source
 from ..pipeline.stages import precheck_projector, precheck_sources
 from ..tune import (

@@ -14,24 +14,20 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile, made_cache
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
-from ..cores import machine_cores
-from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable, QuantizeError
-from ..ggufio.split import NO_SPLIT, SplitRule, shard_path, split_gguf
+from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable
+from ..ggufio.split import shard_path, split_gguf
 from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance, folder_label
-from ..quantize import check_makeable, quant_type
-from ..quantize.builtin import NO_OVERRIDES, Overrides
-from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
+from ..quantize.builtin import NO_OVERRIDES
 from ..quantize.imatrix import Importance, imatrix_tool, load_importance, make_imatrix
-from ..quantize.rules import ONE_PASS_TYPES
 from ..relpath import inside
 from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
 from ..tune import TuneOptions, TuneReport, tune
@@ -57,7 +53,6 @@ from .manifest import (
     sha256_file,
 )
 from .naming import (
-    DEFAULT_PROJECTOR_TYPE,
     DRAFTERS_DIR,
     IMATRIX_DIR,
     checkpoint_type,
@@ -65,6 +60,15 @@ from .naming import (
     model_name,
     projector_name,
     size_ratio,
+)
+from .options import (
+    PipelineOptions,
+    check_quant_types,
+    drafter_side,
+    is_target_side,
+    makes_in_one_pass,
+    tag_side,
+    target_quant,
 )
 from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan, projector_params, split_outputs
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
@@ -75,86 +79,7 @@ log = logging.getLogger(__name__)
 
 WORK_DIR = folder_lock.WORK_DIR  # inside --outdir: the tokenizer overlay, the converters' scratch cwd, the lock
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
-
-
-DEFAULT_QUANT = "q4_0"  # the target's type when --quant is not given
-# The drafter's type of a run of one tag when --draft-quant is not given. Q8_0: ggml-org publishes DFlash drafters
-# only as BF16 and Q8_0, a 4-bit DFlash2 drafter collapsed to no useful drafts in another engine, and the drafter is
-# small next to the target, so the safe precision costs little. q4_0 stays available; `tune` decides between them.
-DEFAULT_DRAFT_QUANT = "q8_0"
 TARGET_PATTERNS = TOKENIZER_PATTERNS + PROCESSOR_PATTERNS  # a target's files beside its weights
-MXFP4_MOE = "mxfp4_moe"  # ... and for a checkpoint whose experts are MXFP4
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    """Everything ``dflash-convert --target --drafter`` takes; field names mirror the flags."""
-
-    target: str
-    drafter: str
-    quant: str | None = None  # the target's type (what users ask for); None: its default, see target_quant
-    outdir: Path | None = None
-    target_gguf: str | None = None
-    llama_cpp: Path | None = None
-    keep_intermediate: bool = False
-    allow_derived_target: bool = False
-    dry_run: bool = False
-    threads: int = field(default_factory=machine_cores)
-    # The drafter's own type (see drafter_types).
-    draft_quant: str | None = None  # None: DEFAULT_DRAFT_QUANT for one tag, each tag's own type for several
-    quantizer: str = "auto"  # as dflash-gguf quantize --quantizer: see quantize.choose_quantizer
-    tune: bool = False  # measure with llama-server at the end (when one is found)
-    tune_options: TuneOptions | None = None
-    more_drafters: tuple[str, ...] = ()  # further --drafter specs for the same target, compared by tune
-    drop_mtp: bool = False  # --no-mtp: the target GGUF without its own MTP head (b11434's converter flag)
-    imatrix: Path | None = None  # --imatrix: an importance matrix for llama-quantize (the target's quantization)
-    imatrix_auto: bool = False  # --imatrix auto: made by llama-imatrix from the run's 16-bit target on --calibration
-    calibration: str | None = None  # --calibration TEXT | REPO[@REV]:FILE
-    calibration_ctx: int = DEFAULT_IMATRIX_CTX  # --calibration-ctx: llama-imatrix -c
-    calibration_chunks: int | None = None  # --calibration-chunks: llama-imatrix --chunks (None: the whole text)
-    # --pure / --token-embedding-type / --output-tensor-type for the target's quantization
-    target_overrides: Overrides = NO_OVERRIDES
-    mmproj: bool = True  # --no-mmproj: leave the target's vision/audio projector out
-    mmproj_type: str = DEFAULT_PROJECTOR_TYPE  # --mmproj-type
-    split: SplitRule = NO_SPLIT  # --split-max-size / --split-max-tensors: the target in shards above it
-    # --quant A,B,C: the tags after the first (``quant``), made from one read of the checkpoint, each with its drafter
-    more_quants: tuple[str, ...] = ()
-    more_draft_quants: tuple[str, ...] = ()  # --draft-quant A,B,C: the drafter's type for each tag after the first
-
-    @property
-    def drafters(self) -> tuple[str, ...]:
-        return (self.drafter, *self.more_drafters)
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        """Every target type the run makes, the first served by default (settled: see ``target_type``)."""
-        return (self.target_type, *self.more_quants)
-
-    @property
-    def uses_imatrix(self) -> bool:
-        """The target is quantized with an importance matrix (given, or made in the run)."""
-        return self.imatrix is not None or self.imatrix_auto
-
-    @property
-    def several_tags(self) -> bool:
-        return bool(self.more_quants)
-
-    def drafter_types(self) -> tuple[str, ...]:
-        """The drafter's type served with each tag: ``--draft-quant`` (one for every tag, or one per tag); by default
-        Q8_0 for one tag, and for several each tag's own type, so ``-hf REPO:TAG`` pairs each target with the sidecar
-        named ``-TAG.`` (a type that only fits experts, MXFP4_MOE, becomes Q8_0: what it makes of the rest)."""
-        if self.more_draft_quants:
-            return (self.draft_quant or DEFAULT_DRAFT_QUANT, *self.more_draft_quants)
-        if self.draft_quant is not None or not self.several_tags:
-            return (self.draft_quant or DEFAULT_DRAFT_QUANT,) * len(self.tags)
-        return tuple(DEFAULT_DRAFT_QUANT if tag == MXFP4_MOE else tag for tag in self.tags)
-
-    @property
-    def target_type(self) -> str:
-        """The target's type, once ``target_quant`` has settled it (before anything reads it)."""
-        if self.quant is None:
-            raise AssertionError("the target's type is settled when its config.json is read (target_quant)")
-        return self.quant
 
 
 @dataclass(frozen=True)
@@ -239,98 +164,6 @@ def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> ToolVe
 # ------------------------------------------------------------------------------------------------ plan
 
 
-def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
-    """``--quant`` and ``--draft-quant`` as the types they name (any case, llama-quantize's aliases), refused before
-    anything is fetched when they cannot be made here: a type only llama-quantize makes with none found, or one
-    that needs an importance matrix without ``--imatrix`` (the target's; the drafter's type gets none), a tag named
-    twice, or a drafter type per tag that does not match the tags.
-
-    Raises:
-        QuantizeError: as above, naming the flag and the way out.
-        InputError: several tags with several --drafter, a tag twice, or --draft-quant's count off.
-    """
-    def checked(name: str, flag: str, target: bool) -> str:
-        found = quant_type(name, flag)
-        check_makeable(found, opts.quantizer, imatrix=opts.imatrix if target else None, flag=flag,
-                       imatrix_auto=opts.imatrix_auto and target,
-                       overrides=opts.target_overrides if target else NO_OVERRIDES)
-        return found.key
-
-    drafts = [checked(d, "--draft-quant", False) for d in ((opts.draft_quant,) if opts.draft_quant else ())
-              + opts.more_draft_quants]
-    opts = replace(opts, draft_quant=drafts[0] if drafts else None, more_draft_quants=tuple(drafts[1:]))
-    tags = [checked(t, "--quant", True) for t in ((opts.quant,) if opts.quant else ()) + opts.more_quants]
-    if len(tags) != len(set(tags)):
-        raise InputError(f"--quant {','.join(tags)} names a tag twice; name each once.")
-    if len(tags) > 1 and opts.more_drafters:
-        raise InputError("Several --quant tags and several --drafter are two comparisons at once: make the tags with "
-                         "one drafter, or compare the drafters at one tag (two runs with two --outdir folders).")
-    if len(drafts) > 1 and len(drafts) != len(tags):
-        raise InputError(f"--draft-quant {','.join(drafts)} names {len(drafts)} types for {len(tags)} --quant "
-                         "tag(s): give one type for every tag, or one per tag in the order of --quant.")
-    if len(tags) > 1 and opts.target_gguf is not None:
-        raise InputError("Several --quant tags are made from the target's checkpoint; --target-gguf is used as it is. "
-                         "Leave out --target-gguf, or give one --quant.")
-    if not tags:  # settled by target_quant once the target's config.json is here
-        return opts
-    return replace(opts, quant=tags[0], more_quants=tuple(tags[1:]))
-
-
-def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
-    """The target's type: ``--quant`` as given, else q4_0, or for a checkpoint whose experts are MXFP4 (gpt-oss)
-    llama-quantize's MXFP4_MOE, which keeps those blocks as they are. Any other block type for such a checkpoint
-    is refused here, before a weight is fetched: llama-quantize b11434 does not requantize MXFP4.
-
-    Raises:
-        QuantizeError: a block type other than MXFP4_MOE asked of an MXFP4 checkpoint.
-    """
-    mxfp4 = opts.target_gguf is None and stages.has_mxfp4_experts(target)
-    if opts.quant is None:
-        settled = replace(opts, quant=MXFP4_MOE if mxfp4 else DEFAULT_QUANT)
-        check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant",
-                       imatrix_auto=opts.imatrix_auto, overrides=opts.target_overrides)
-        return settled
-    for tag in opts.tags:
-        if mxfp4 and tag != MXFP4_MOE and not quant_type(tag).unquantized:
-            raise QuantizeError(
-                f"{target.label}: its experts are MXFP4 (config.json: quantization_config.quant_method mxfp4), and "
-                f"llama-quantize b11434 does not requantize MXFP4 ('requantizing from type mxfp4 is disabled'), so "
-                f"--quant {tag} cannot be made from this checkpoint. Leave --quant out (this target's default, "
-                f"{MXFP4_MOE}: the experts kept as they are and every other matrix Q8_0, as llama-quantize's "
-                "MXFP4_MOE makes them), or pass --quant bf16/f16 (the experts stay MXFP4), or convert the model's "
-                "BF16 release.")
-    return opts
-
-
-def _one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
-    """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
-    BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target with --imatrix
-    FILE: its weighted kernels; not with --imatrix auto, whose matrix is made from the 16-bit GGUF), and no
-    intermediate is to be kept. The target's per-tensor overrides (--pure, --tensor-type, ...) apply in the one pass
-    too."""
-    if target and opts.imatrix_auto:
-        return False
-    imatrix = target and opts.uses_imatrix
-    return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
-            and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix,
-                                        overrides=opts.target_overrides if target else NO_OVERRIDES) == "builtin")
-
-
-def tag_side(tag: str, tags: tuple[str, ...]) -> str:
-    """The stage-record name of a tag's target: ``target`` for the first (a run of one tag has only it), then
-    ``target.<tag>``."""
-    return "target" if tag == tags[0] else f"target.{tag}"
-
-
-def is_target_side(side: str) -> bool:
-    return side == "target" or side.startswith("target.")
-
-
-def drafter_side(draft_quant: str, types: tuple[str, ...]) -> str:
-    """The stage-record name of the drafter at a type: ``drafter`` for the first tag's, then ``drafter.<type>``."""
-    return "drafter" if draft_quant == types[0] else f"drafter.{draft_quant}"
-
-
 def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
     """Where a drafter's GGUF goes in the output folder: its sidecar name, in ``drafters/`` when the run makes
     several (llama.cpp's folder layout holds one target and one sidecar: the one served is linked beside the
@@ -379,14 +212,14 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
     src_t = _config_type(target.path / "config.json")
     builtin = isinstance(method, stages.BuiltinConverter)
     sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, tag), weights["target"], src_t, tag,
-                       builtin and _one_pass(opts, tag, target=True), link) for tag in opts.tags]
+                       builtin and makes_in_one_pass(opts, tag, target=True), link) for tag in opts.tags]
     for i, drafter in enumerate(drafters):
         src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
         for draft_quant in dict.fromkeys(opts.drafter_types()):
             sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, draft_quant,
                                                                             len(drafters) > 1),
                                    weights[f"drafter{i}"], src_d, draft_quant,
-                                   not drafter_by_llama_cpp and _one_pass(opts, draft_quant)))
+                                   not drafter_by_llama_cpp and makes_in_one_pass(opts, draft_quant)))
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
     if opts.split.given:
@@ -615,8 +448,9 @@ class _Run:
         quant = self.opts.target_type
         final = self.outdir / gguf_name(model_name(target.repo, target.path), quant)
         # several tags are written together, never from one tag's head start: their read is warmed instead
-        one_pass = _one_pass(self.opts, quant, target=True) and not final.exists() and not self.opts.several_tags \
-            and not self.opts.uses_imatrix and not self.opts.target_overrides.given  # by the default rules only
+        one_pass = (makes_in_one_pass(self.opts, quant, target=True) and not final.exists()
+                    and not self.opts.several_tags and not self.opts.uses_imatrix
+                    and not self.opts.target_overrides.given)  # by the default rules only
         return stages.working_ahead_of_target(target.path, final, quant if one_pass else None, self.opts.drop_mtp)
 
     # -------------------------------------------------------------------------------------------- stages
@@ -656,7 +490,7 @@ class _Run:
         convert = self._target_converter(target, tok, src)
         self.imatrix = self._imatrix_into_folder(name)
         builtin = isinstance(self.method, stages.BuiltinConverter)
-        one_pass = convert if builtin and _one_pass(self.opts, quant, target=True) else None
+        one_pass = convert if builtin and makes_in_one_pass(self.opts, quant, target=True) else None
         final = self.outdir / gguf_name(name, quant)
         inter = self.outdir / gguf_name(name, src)
         return final, self._side("target", key, convert, inter, final, quant, src, one_pass)
@@ -706,7 +540,7 @@ class _Run:
         finals = {tag: self.outdir / gguf_name(name, tag) for tag in tags}
         inter = self.outdir / gguf_name(name, src)
         made: dict[str, Made] = {}
-        together = [tag for tag in tags if builtin and tag != src and _one_pass(self.opts, tag, target=True)]
+        together = [tag for tag in tags if builtin and tag != src and makes_in_one_pass(self.opts, tag, target=True)]
         keys = {tag: {**key, "quant": tag, "one_pass": "builtin", **self._one_pass_key()} for tag in together}
         todo = [tag for tag in together if not self.manifest.reusable(
             f"{tag_side(tag, tags)}.convert", keys[tag],
@@ -841,7 +675,7 @@ class _Run:
         final = self.outdir / drafter_file(target, drafter, quant, several)
         final.parent.mkdir(exist_ok=True)
         inter = final.parent / gguf_name(name, src)
-        one_pass = convert if _one_pass(self.opts, quant) and not by_llama_cpp else None
+        one_pass = convert if makes_in_one_pass(self.opts, quant) and not by_llama_cpp else None
         return final, self._side(side, key, convert, inter, final, quant, src, one_pass)
 
     # ------------------------------------------------------------------------------------- bookkeeping
