@@ -51,6 +51,21 @@ def _pyplot(picture: str) -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: Path, *, legend: str | None) -> Path:
+    """Every picture's finish: a light grid, the legend (``outside``: right of the axes, for long labels;
+    ``inside``; None), written atomically as PNG and the figure closed; returns ``path``."""
+    ax.grid(True, alpha=0.3)
+    if legend == "outside":
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    elif legend == "inside":
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_output(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return Path(path)
+
+
 def write_plot(report: TuneReport, path: Path) -> Path:
     """Draw the measurement into ``path`` (PNG, written atomically); returns it.
 
@@ -82,13 +97,7 @@ def write_plot(report: TuneReport, path: Path) -> Path:
     ax.set_title(f"{report.target.name}: {len(wl.prompts)} prompts x {wl.n_predict} tokens, {wl.repeats} repeat(s), "
                  f"threads {report.server.threads if report.server.threads is not None else 'default'}",
                  fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.tight_layout()
-    with atomic_output(Path(path)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, legend="outside")
 
 
 TAGS_PLOT_NAME = "tags.png"
@@ -110,12 +119,7 @@ def write_tags_plot(points: Sequence[tuple[str, float, float]], path: Path, titl
     ax.set_xlabel("mean KL divergence from the 16-bit target (llama-perplexity)")
     ax.set_ylabel("generation tokens/s, fastest with its drafter")
     ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    with atomic_output(Path(path)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, legend=None)
 
 
 QUALITY_PLOT_NAME = "quality.png"
@@ -142,13 +146,7 @@ def write_quality_plot(points: Sequence[tuple[str, int, float]], front: Sequence
     ax.set_xlabel("file size (MiB)")
     ax.set_ylabel("mean KL divergence from the 16-bit target (llama-perplexity)")
     ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_output(Path(path)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, legend="inside")
 
 
 FORECAST_PLOT_NAME = "forecast.png"
@@ -174,10 +172,4 @@ def write_curve_plot(curves: Sequence[tuple[str, Sequence[tuple[float, float]]]]
     ax.set_xlabel("mean accepted length L (tokens per step, the target's own included; synthetic)")
     ax.set_ylabel("speed-up over the target alone")
     ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.tight_layout()
-    with atomic_output(Path(path)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, legend="outside")

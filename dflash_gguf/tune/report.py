@@ -351,12 +351,7 @@ class Measurement:
     @property
     def acceptance_per_slot(self) -> dict[int, float | None]:
         """Each server slot's share of drafted tokens kept (slots named by ``id_slot``)."""
-        slots: dict[int, list[Sample]] = {}
-        for s in self.samples:
-            if s.slot is not None:
-                slots.setdefault(s.slot, []).append(s)
-        return {k: (sum(x.draft_accepted for x in v) / d if (d := sum(x.draft_n for x in v)) else None)
-                for k, v in sorted(slots.items())}
+        return {x["slot"]: x["acceptance"] for x in self.slots()}
 
     @property
     def prompt_tps(self) -> float | None:
