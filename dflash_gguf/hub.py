@@ -27,13 +27,16 @@ from huggingface_hub import (
     get_cached_repo_tree,
     get_token,
     hf_hub_download,
+    hf_hub_url,
     snapshot_download,
 )
 from huggingface_hub import errors as hf
 from huggingface_hub.hf_api import RepoFile as HfRepoFile
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from .convert.safetensors import read_raw_header
+from .arrivals import Fetch, ReadRange, StreamShard
+from .convert.safetensors import MAX_HEADER, read_raw_header
 from .convert.targets.projector import PREPROCESSOR_FILES
 from .drafters import FAMILIES
 from .errors import (
@@ -49,7 +52,7 @@ from .errors import (
     UploadError,
 )
 from .ggufio.reader import split_siblings
-from .jsonfile import load_json
+from .jsonfile import load_json, parse_bounded
 from .relpath import name_problem
 
 log = logging.getLogger(__name__)
@@ -619,6 +622,96 @@ def safetensors_header(resolved: Resolved, name: str) -> dict[str, Any]:
     for tensor, info in meta.tensors.items():
         header[tensor] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
     return header
+
+
+def _range(repo: str, commit: str, revision: str, name: str, start: int, n: int) -> bytes:
+    """Bytes ``start`` .. ``start + n`` of a file (fewer at its end), by one range request."""
+    with _translated(repo, revision, name):
+        got = get_session().get(hf_hub_url(repo, name, revision=commit), follow_redirects=True,
+                                headers={**build_hf_headers(), "Range": f"bytes={start}-{start + n - 1}"})
+        hf_raise_for_status(got)
+    return got.content
+
+
+def _range_header(repo: str, commit: str, revision: str, name: str) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header and where its data starts, by range requests (the first 100 kB, then the rest of
+    a longer header): what the conversion plans from while the file itself is still downloading."""
+    fix = f"Its file {name} in {repo}@{commit} is not valid safetensors; check the repo."
+    first = _range(repo, commit, revision, name, 0, 100_008)
+    n = int.from_bytes(first[:8], "little")
+    if len(first) < 8 or n > MAX_HEADER:
+        raise InputError(f"{repo}@{commit}: {name} declares a header of {n} bytes. {fix}")
+    raw = first[8:8 + n]
+    if len(raw) < n:
+        raw += _range(repo, commit, revision, name, 8 + len(raw), n - len(raw))
+    try:
+        header = parse_bounded(raw)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{repo}@{commit}: {name} has a corrupt header ({e}). {fix}") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{repo}@{commit}: {name} has a corrupt header (not a JSON object). {fix}")
+    return header, 8 + n
+
+
+def _counting(on_bytes: Callable[[int], None]) -> type:
+    """A silent progress class for the client's download loop that hands each chunk's size to ``on_bytes``."""
+    class Counting(hf_tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            on_bytes(int(n or 0))
+            return super().update(n)
+
+    return Counting
+
+
+def stream_shards(resolved: Resolved, names: Sequence[str], into: Path | None
+                  ) -> tuple[list[StreamShard], Fetch, ReadRange]:
+    """The shards ``names`` of a pinned repo, ready to stream (``arrivals.ShardStream``): each one's header read now by
+    range requests, a few bytes of it on demand by the third function returned (the rows a header records before the
+    shard is here), its bytes fetched later by the second, into the Hub cache as :func:`fetch` puts them
+    (``into`` None: kept, so a later run reads them from disk), or into the folder ``into`` (the run's own work
+    folder, never the user's Hub cache: what ``--no-keep-source`` removes once consumed). A file complete there
+    already is not fetched again.
+
+    Raises:
+        ResolveError: a header could not be fetched (a subclass per cause, as :func:`resolve`).
+        InputError: a header is not valid safetensors.
+    """
+    repo, commit = resolved.repo, resolved.commit
+    assert repo is not None and commit is not None, "a local folder is read as it is"
+    revision = resolved.revision or commit
+    files = _listing(repo, commit, revision)
+    shards = []
+    for name in names:
+        where = (into / name) if into is not None else resolved.path / name
+        header_from = where if where.is_file() else None
+        if header_from is not None:
+            header, data_start, _ = read_raw_header(header_from)
+        else:
+            header, data_start = _range_header(repo, commit, revision, name)
+        shards.append(StreamShard(name, resolved.path / name, where, header, data_start, int(files.get(name) or 0)))
+
+    def fetch_one(shard: StreamShard, on_bytes: Callable[[int], None]) -> None:
+        if shard.path.is_file() and shard.path.stat().st_size == shard.size:
+            return
+        with _translated(repo, revision, shard.name):
+            got = Path(hf_hub_download(repo, shard.name, revision=commit, tqdm_class=_counting(on_bytes),
+                                       local_dir=into))
+        if got.resolve() != shard.path.resolve():
+            raise DownloadError(f"The Hub client put {shard.name} of {repo}@{commit} at {got}, not {shard.path}. "
+                                "Re-run the same command.", repo=repo, revision=revision)
+
+    def read_range(shard: StreamShard, start: int, n: int) -> bytes:
+        got = _range(repo, commit, revision, shard.name, start, n)
+        if len(got) != n:
+            raise DownloadError(f"The Hub sent {len(got)} of {n} bytes at {start} of {shard.name} in {repo}@{commit}. "
+                                "Re-run the same command.", repo=repo, revision=revision)
+        return got
+
+    return shards, fetch_one, read_range
 
 
 def fetch_file(spec: str, *, progress: bool = True) -> FetchedFile:

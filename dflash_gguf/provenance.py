@@ -56,6 +56,8 @@ class Provenance:
     target_repo: str | None = None
     target_file: str | None = None
     tokenizer: dict[str, str] = field(default_factory=dict)
+    # the target's embedding fingerprint, when the caller read it already (a streamed target's shards may be gone)
+    target_fingerprint: str | None = None
 
     def keys(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -69,4 +71,6 @@ class Provenance:
         out.update(self.tokenizer)
         if self.target_file:
             out[TARGET_FILE] = Path(self.target_file).name
+        if self.target_fingerprint:
+            out[TARGET_EMBD_FINGERPRINT] = self.target_fingerprint
         return out

@@ -23,6 +23,10 @@
 7. The Q4_K_M one pass against the disk (``--only-kquant-disk``: only this): a 3.2 GB Qwen3-4B-shaped target,
    ``cat`` of its shards, ``dflash-gguf convert-target --quant Q4_K_M`` and b11434's convert + llama-quantize, each
    from an empty page cache when run as root.
+8. From the Hub (``--only-stream``): ``dflash-convert --quant Q4_K_M`` from repo ids against a loopback Hub serving
+   100 MB/s in total, a 3.2 GB Qwen3-4B-shaped target in 10 shards, streamed (kept, and ``--no-keep-source``)
+   against ``snapshot_download`` of the same files and against downloading first, then converting: wall time and peak
+   disk of the Hub cache plus the output folder; the files of the three runs compared.
 The report starts with the kernel path the built-in quantizer uses (compiled or numpy).
 Each tool runs in its own child process under /usr/bin/time -v (peak RSS = its max resident set,
 file pages touched through mmap included); inputs are read once beforehand so both sides start
@@ -40,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # numpy's OpenBLAS threads spin idle after its import and took up to a fifth of a core from the in-process kernel rows
@@ -359,14 +364,32 @@ def _noise_chunks(dtype: str, shape: tuple[int, ...], rng: np.random.Generator):
             raise ValueError(dtype)
 
 
+def _module_order(name: str) -> tuple[int, int, str]:
+    """transformers' module order, which save_pretrained shards by: the embedding, each layer in turn, then the rest."""
+    m = re.search(r"\.layers\.(\d+)\.", name)
+    if m:
+        return (1, int(m.group(1)), name)
+    return (0 if "embed" in name else 2, 0, name)
+
+
 def _write_noise_checkpoint(model_dir: Path, shapes: dict[str, tuple[int, ...]], n_shards: int,
-                            dtypes: dict[str, str] | None = None) -> float:
+                            dtypes: dict[str, str] | None = None, cut: bool = False) -> float:
     """Random weights for ``shapes`` (BF16 unless ``dtypes`` names another: see ``_noise_chunks``; 1-D BF16 ones
     1.0), streamed into ``n_shards`` safetensors + index, each file ordered as safetensors.save_file orders it
-    (larger dtypes first, then by name)."""
+    (larger dtypes first, then by name). The tensors are dealt to the shards in turn (every shard then holds part of
+    every layer), or with ``cut`` cut in module order into shards of about equal bytes, as save_pretrained cuts them."""
     dtypes = dtypes or {}
     names = sorted(shapes)
     parts = [names[i::n_shards] for i in range(n_shards)] if n_shards > 1 else [names]
+    if cut and n_shards > 1:
+        ordered = sorted(names, key=_module_order)
+        sizes = [int(np.prod(shapes[n])) * _ITEMSIZE[dtypes.get(n, "BF16")] for n in ordered]
+        step, parts, acc = sum(sizes) / n_shards, [[] for _ in range(n_shards)], 0
+        for name, size in zip(ordered, sizes, strict=True):
+            parts[min(int(acc // step), n_shards - 1)].append(name)
+            acc += size
+        parts = [part for part in parts if part]
+        n_shards = len(parts)
     rng = np.random.default_rng(2)
     weight_map: dict[str, str] = {}
     total = 0
@@ -440,7 +463,7 @@ def _qwen3_attention_shapes(p: str, h: int, nh: int, kv: int, hd: int) -> dict[s
 
 
 def make_big_qwen3_target(root: Path, layers: int, tied: bool, *, hidden: int = 2048, heads: int = 16,
-                          ff: int = 6144) -> tuple[Path, float]:
+                          ff: int = 6144, n_shards: int | None = None, cut: bool = False) -> tuple[Path, float]:
     """Qwen3-1.7B's layout (H 2048, 16/8 heads of 128, FF 6144, 151936-row vocabulary) with ``layers`` layers;
     18 untied layers ~3 GB, 9 tied ~1.5 GB; Qwen3-4B's with ``hidden=2560, heads=32, ff=9728`` (12 tied layers
     ~3.2 GB). Returns (dir, MB of weights)."""
@@ -458,7 +481,7 @@ def make_big_qwen3_target(root: Path, layers: int, tied: bool, *, hidden: int = 
         p = f"model.layers.{i}."
         shapes |= _qwen3_attention_shapes(p, h, nh, kv, hd) | {
             p + "mlp.gate_proj.weight": (ff, h), p + "mlp.up_proj.weight": (ff, h), p + "mlp.down_proj.weight": (h, ff)}
-    return src, _write_noise_checkpoint(src, shapes, n_shards=2 if layers > 9 else 1)
+    return src, _write_noise_checkpoint(src, shapes, n_shards=n_shards or (2 if layers > 9 else 1), cut=cut)
 
 
 def make_big_qwen3moe_target(root: Path, layers: int = 2) -> tuple[Path, float]:
@@ -1225,6 +1248,122 @@ def forecast_rows(work: Path, venv_bin: Path, server: Path) -> list[str]:
     return lines
 
 
+STREAM_RATE = 100e6  # bytes per second: the loopback Hub's link, every file together
+
+
+def _disk(folders: list[Path]) -> int:
+    """Bytes of the files under ``folders`` now (symlinks not followed; files removed meanwhile skipped)."""
+    total = 0
+    for folder in folders:
+        for base, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(base, name)).st_size
+                except OSError:
+                    pass
+    return total
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class _HubRun:
+    wall: float
+    peak: int  # bytes of the Hub cache + the output folder, sampled
+    end: int  # the same when it ended
+    files: dict[str, str]  # the GGUFs made, by sha256
+    streamed: dict[str, float]  # the run's own account of the stream (its --json "streamed")
+    home: Path
+
+
+def stream_rows(work: Path, venv_bin: Path) -> list[str]:
+    """``dflash-convert --quant Q4_K_M`` from repo ids against a loopback Hub serving 100 MB/s in total (the tests' Hub
+    server with its rate limit), a Qwen3-4B-shaped target in 10 shards cut in module order as save_pretrained cuts
+    them, and its DFlash drafter: against
+    ``snapshot_download`` of the same files at the same rate, and against downloading first then converting (the
+    same command finding every shard in the Hub cache). Wall time, and peak disk of the Hub cache plus the output
+    folder sampled every 20 ms; the three runs' files compared."""
+    import threading
+    import time
+
+    from hub_server import FakeRepo, client_env, serve
+
+    target, mb = make_big_qwen3_target(work / "stream", 12, tied=True, hidden=2560, heads=32, ff=9728, n_shards=10,
+                                       cut=True)
+    drafter = fixtures.make_drafter(work / "stream" / "drafters", target="qwen3", hidden=2560,
+                                    config_overrides={"num_target_layers": 12})
+    t_repo, d_repo = "Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16"
+    repos = {t_repo: FakeRepo({p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}),
+             d_repo: FakeRepo({p.name: p.read_bytes() for p in drafter.iterdir() if p.is_file()})}
+    shards = sorted(n for n in repos[t_repo].files if n.endswith(".safetensors"))
+    largest = max(len(repos[t_repo].files[n]) for n in shards)
+    total = sum(len(b) for r in repos.values() for b in r.files.values())
+
+    def run(name: str, cmd: list[str], home: Path | None = None) -> _HubRun:
+        home = home or work / name / "hf"
+        out = work / name / "pair"
+        peak, stop = 0, threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, _disk([home, out]))
+                time.sleep(0.02)
+
+        with serve(repos, rate=STREAM_RATE) as hub:
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            t0 = time.monotonic()
+            proc = subprocess.run([*cmd, *(["--outdir", str(out)] if "dflash-convert" in cmd[0] else [])],
+                                  env={**client_env(hub.url, home), "HF_HUB_DISABLE_TELEMETRY": "1"},
+                                  capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            wall = time.monotonic() - t0
+            stop.set()
+            sampler.join()
+        if proc.returncode:
+            raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else {}
+        files = {p.name: _sha256(p) for p in sorted(out.glob("*.gguf"))} if out.is_dir() else {}
+        return _HubRun(wall, peak, _disk([home, out]), files, doc.get("streamed") or {}, home)
+
+    convert = [str(venv_bin / "dflash-convert"), "--target", t_repo, "--drafter", d_repo, "--quant", "Q4_K_M",
+               "--json"]
+    fetch = [sys.executable, "-c", f"from huggingface_hub import snapshot_download as s; s({t_repo!r}); s({d_repo!r})"]
+    dl = run("download", fetch)
+    first = run("download", convert, home=dl.home)  # every shard in the Hub cache already: nothing streams
+    streamed = run("streamed", convert)
+    bounded = run("no-keep-source", [*convert, "--no-keep-source"])
+    same = first.files == streamed.files == bounded.files
+    lines = [f"| from repo ids at {STREAM_RATE / 1e6:.0f} MB/s: Qwen3-4B-shaped target ({mb:.0f} MB BF16, "
+             f"{len(shards)} shards) + DFlash drafter, {total / 1e6:.0f} MB in all, to Q4_K_M + Q8_0 | wall | "
+             "/ snapshot_download | peak disk (Hub cache + folder) | left on disk |", "|---|---|---|---|---|",
+             f"| snapshot_download of the same files | {dl.wall:.1f} s | 1.00x | {dl.peak / 1e6:.0f} MB | "
+             f"{dl.end / 1e6:.0f} MB |"]
+    t_first = dl.wall + first.wall
+    lines.append(f"| download, then dflash-convert (the run alone: {first.wall:.1f} s) | {t_first:.1f} s | "
+                 f"{t_first / dl.wall:.2f}x | {max(dl.peak, first.peak) / 1e6:.0f} MB | {first.end / 1e6:.0f} MB |")
+    for label, r in (("dflash-convert, streamed (shards kept in the Hub cache)", streamed),
+                     ("dflash-convert --no-keep-source", bounded)):
+        lines.append(f"| {label}: {r.streamed.get('waiting_on_network_seconds', 0):.1f} s of the target's "
+                     f"{r.streamed.get('seconds', 0):.1f} s waiting on the network | {r.wall:.1f} s | "
+                     f"{r.wall / dl.wall:.2f}x | {r.peak / 1e6:.0f} MB | {r.end / 1e6:.0f} MB |")
+    outputs = sum(p.stat().st_size for p in (work / "no-keep-source" / "pair").glob("*.gguf"))
+    lines.append(f"|   --no-keep-source bound: outputs {outputs / 1e6:.0f} MB + three largest shards "
+                 f"{3 * largest / 1e6:.0f} MB = {(outputs + 3 * largest) / 1e6:.0f} MB; the three runs' files "
+                 f"{'identical' if same else 'DIFFERENT'}; {os.cpu_count()} CPUs | | | | |")
+    for name in ("stream", "download", "streamed", "no-keep-source"):
+        shutil.rmtree(work / name, ignore_errors=True)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None,
@@ -1238,6 +1377,8 @@ def main() -> None:
     ap.add_argument("--only-tune", action="store_true", help="run only the tuner rows")
     ap.add_argument("--only-forecast", action="store_true",
                     help="run only the forecast-against-the-real-pair rows")
+    ap.add_argument("--only-stream", action="store_true",
+                    help="run only the from-the-Hub rows (convert while downloading, at 100 MB/s)")
     ap.add_argument("--only-kernels", action="store_true", help="run only the quantization kernel rows")
     ap.add_argument("--only-projector", action="store_true", help="run only the projector (mmproj) row")
     ap.add_argument("--only-kquant-disk", action="store_true",
@@ -1262,6 +1403,9 @@ def main() -> None:
             return
         if args.only_projector:
             print("\n".join(projector_rows(work, venv_bin, ref_py)))
+            return
+        if args.only_stream:
+            print("\n".join(stream_rows(work, venv_bin)))
             return
         if args.only_kernels:
             print("\n".join(kernel_rows(work, venv_bin, bins / "llama-quantize")))
@@ -1321,6 +1465,7 @@ def main() -> None:
         lines += ["", *pipeline_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         lines += ["", *tune_rows(work, venv_bin, bins / "llama-server")]
         lines += ["", *forecast_rows(work, venv_bin, bins / "llama-server")]
+        lines += ["", *stream_rows(work, venv_bin)]
         lines += ["", *kernel_rows(work, venv_bin, bins / "llama-quantize")]
         lines += ["", *kquant_disk_rows(work, venv_bin, ref_py, bins / "llama-quantize")]
         print("\n".join(lines))

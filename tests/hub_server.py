@@ -25,7 +25,8 @@ verify ``POST``, and ``POST .../commit/{rev}`` (NDJSON: files, LFS files, deleti
 
 A :class:`FakeRepo` has a history: ``push`` moves a branch to a new commit, so a pinned old commit and a newer
 ``main`` are both served. :class:`FakeHub` logs every request and can cut a file's download after N bytes
-(the connection is closed mid-body), to exercise resume.
+(the connection is closed mid-body), to exercise resume. With ``rate``, every file body (both origins, every
+connection together) is sent at that many bytes per second in total, a link of that speed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,9 +49,33 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".onnx", ".ckpt")
 
 
+_DIGESTS: dict[tuple[str, int], tuple[bytes, str]] = {}  # (kind, id of the bytes) -> (the bytes, kept alive; hex)
+_DIGESTS_LOCK = threading.Lock()
+
+
+def _digest(kind: str, data: bytes) -> str:
+    """A file's hash, computed once per content object: the Hub stores these with the file and answers every request
+    from them, so a loopback Hub that hashed gigabytes on each HEAD and range request would time itself, not us."""
+    key = (kind, id(data))
+    with _DIGESTS_LOCK:
+        hit = _DIGESTS.get(key)
+    if hit is not None and hit[0] is data:
+        return hit[1]
+    h = hashlib.sha256(data) if kind == "sha256" else hashlib.sha1(b"blob %d\0" % len(data) + data)
+    hexdigest = h.hexdigest()
+    with _DIGESTS_LOCK:
+        _DIGESTS[key] = (data, hexdigest)
+    return hexdigest
+
+
 def git_blob_id(data: bytes) -> str:
     """The git object id of a file, which the Hub sends as ``oid`` and as the ETag of a non-LFS file."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    return _digest("blob", data)
+
+
+def content_sha256(data: bytes) -> str:
+    """The sha256 the Hub sends for an LFS file (``lfs.oid``, ``X-Linked-Etag``, the CDN's ETag)."""
+    return _digest("sha256", data)
 
 
 def is_lfs(path: str) -> bool:
@@ -132,9 +158,28 @@ class _Cut:
     times: int  # how many downloads are cut
 
 
+class _Throttle:
+    """One link's bandwidth shared by every connection: each chunk waits for its share of time."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.lock, self.free_at = rate, threading.Lock(), 0.0
+
+    def send(self, out: object, body: bytes) -> None:
+        for i in range(0, len(body), self.CHUNK):
+            chunk = body[i:i + self.CHUNK]
+            with self.lock:
+                start = max(time.monotonic(), self.free_at)
+                self.free_at = start + len(chunk) / self.rate
+                until = self.free_at
+            time.sleep(max(0.0, until - time.monotonic()))
+            out.write(chunk)  # type: ignore[attr-defined]
+
+
 @dataclass
 class FakeHub:
-    """The running server: ``url`` for HF_ENDPOINT, the request log, and the cut switch."""
+    """The running server: ``url`` for HF_ENDPOINT, the request log, the cut switch and the link's rate."""
 
     repos: dict[str, FakeRepo]
     valid_tokens: set[str] | None = None  # None: any token is valid (only repo grants matter)
@@ -144,6 +189,7 @@ class FakeHub:
     cuts: list[_Cut] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     lfs: dict[str, bytes] = field(default_factory=dict)  # uploaded LFS content by sha256
+    throttle: _Throttle | None = None  # serve(rate=...): file bodies at that many bytes per second in total
 
     def uploads(self) -> list[str]:
         """sha256 of each LFS object whose bytes were uploaded (PUT), in order."""
@@ -295,7 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
             if blobs:
                 entry |= {"size": len(files[p]), "blobId": git_blob_id(files[p])}
                 if is_lfs(p):
-                    entry["lfs"] = {"sha256": hashlib.sha256(files[p]).hexdigest(), "size": len(files[p]),
+                    entry["lfs"] = {"sha256": content_sha256(files[p]), "size": len(files[p]),
                                     "pointerSize": 134}
             siblings.append(entry)
         return self._json({"_id": hashlib.md5(name.encode()).hexdigest()[:24], "id": name, "modelId": name,
@@ -320,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             entry: dict[str, object] = {"type": "file", "oid": git_blob_id(files[p]), "size": len(files[p]), "path": p}
             if is_lfs(p):
-                entry["lfs"] = {"oid": hashlib.sha256(files[p]).hexdigest(), "size": len(files[p]), "pointerSize": 134}
+                entry["lfs"] = {"oid": content_sha256(files[p]), "size": len(files[p]), "pointerSize": 134}
             out[p] = entry
         return list(out.values())
 
@@ -337,7 +383,7 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             return self._error(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": commit})
         if is_lfs(path):
-            sha256 = hashlib.sha256(data).hexdigest()
+            sha256 = content_sha256(data)
             location = f"{self.hub.cdn_url}/cdn/{name}/{commit}/{quote(path)}"
             return self._send(302, {"Location": location, "X-Repo-Commit": commit, "X-Linked-Size": str(len(data)),
                                     "X-Linked-Etag": f'"{sha256}"', "ETag": f'"{git_blob_id(data)}"'})
@@ -349,7 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = repo.commits.get(parts[3], {}).get("/".join(parts[4:])) if repo else None
         if data is None:
             return self._error(404, None, "NoSuchKey")
-        return self._body("/".join(parts[4:]), data, {"ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
+        return self._body("/".join(parts[4:]), data, {"ETag": f'"{content_sha256(data)}"'})
 
     def _body(self, path: str, data: bytes, headers: dict[str, str]) -> None:
         """The bytes, honouring Range, cut short when the cut switch says so."""
@@ -371,6 +417,12 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {**headers, "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
                    "Content-Length": str(len(body))}
         after = self.hub.take_cut(path) if self.command == "GET" else None
+        if after is None and self.hub.throttle is not None and self.command == "GET":
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            return self.hub.throttle.send(self.wfile, body)
         if after is None:
             return self._send(status, headers, body)
         self.send_response(status)
@@ -458,7 +510,7 @@ class _Handler(BaseHTTPRequestHandler):
             for f in req["files"]:
                 lfs = is_lfs(f["path"]) or f["size"] >= 10 << 20
                 have = files.get(f["path"])
-                oid = None if have is None else hashlib.sha256(have).hexdigest() if lfs else git_blob_id(have)
+                oid = None if have is None else content_sha256(have) if lfs else git_blob_id(have)
                 out.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
                             "oid": oid})
             return self._json({"files": out, "commitOid": commit})
@@ -495,9 +547,12 @@ def _start(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, 
 
 
 @contextmanager
-def serve(repos: dict[str, FakeRepo], *, valid_tokens: Iterable[str] | None = None) -> Iterator[FakeHub]:
-    """Serve ``repos`` on 127.0.0.1 (Hub and CDN on two ports); yields the :class:`FakeHub`."""
-    hub = FakeHub(repos, set(valid_tokens) if valid_tokens is not None else None)
+def serve(repos: dict[str, FakeRepo], *, valid_tokens: Iterable[str] | None = None,
+          rate: float | None = None) -> Iterator[FakeHub]:
+    """Serve ``repos`` on 127.0.0.1 (Hub and CDN on two ports); yields the :class:`FakeHub`. ``rate``: bytes per
+    second of every file body together."""
+    hub = FakeHub(repos, set(valid_tokens) if valid_tokens is not None else None,
+                  throttle=_Throttle(rate) if rate else None)
     servers = []
     try:
         for origin in ("hub", "cdn"):

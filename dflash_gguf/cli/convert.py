@@ -52,7 +52,7 @@ _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "al
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
                   "imatrix", "calibration", "calibration_ctx", "calibration_chunks", "pure", "token_embedding_type",
                   "output_tensor_type", "tensor_type", "tensor_type_file", "no_mmproj", "mmproj_type",
-                  "split_max_size", "split_max_tensors")
+                  "split_max_size", "split_max_tensors", "no_keep_source")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -124,6 +124,10 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="A llama.cpp checkout whose convert_hf_to_gguf.py converts the target (for architectures the "
                    "built-in converter does not cover; Python from $LLAMA_CPP_PYTHON).")
 @click.option("--keep-intermediate", is_flag=True, help="Keep the BF16/F16 GGUFs quantization started from.")
+@click.option("--no-keep-source", is_flag=True,
+              help="Pipeline, target from a Hub repo in several shards: fetch its shards into the run's work folder "
+                   "(never the Hugging Face cache) and remove each once converted, so the disk holds the outputs and "
+                   "a few shards, not the whole checkpoint. A later run downloads them again.")
 @click.option("--allow-derived-target", is_flag=True,
               help="Accept a QAT/quantized/abliterated/merged derivative of the drafter's target (a warning).")
 @click.option("--outfile", type=click.Path(path_type=Path), default=None,
@@ -216,7 +220,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               calibration_chunks: int | None, pure: bool, token_embedding_type: str | None,
               output_tensor_type: str | None, tensor_type: tuple[str, ...], tensor_type_file: Path | None,
               no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
-              split_max_tensors: int | None) -> None:
+              split_max_tensors: int | None, no_keep_source: bool) -> None:
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
         raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
     if mmproj_type is not None and no_mmproj:
@@ -239,7 +243,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                            target_overrides=Overrides(output_tensor_type, token_embedding_type, pure,
                                                       recipe_from_flags(tensor_type, tensor_type_file)),
                            mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE,
-                           split=SplitRule.from_flags(split_max_size, split_max_tensors))
+                           split=SplitRule.from_flags(split_max_size, split_max_tensors),
+                           keep_source=not no_keep_source)
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:
@@ -264,8 +269,10 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                    f"{_METHOD[doc['options']['target_method']]}")
         click.echo(f"downloads ({len(plan.downloads)} files):" if plan.downloads else "downloads: none (local folders)")
         for d in plan.downloads:
-            cached = " (cached)" if d.size is not None and d.cached >= d.size else ""
-            click.echo(f"  {d.source}  {d.path}  {_mb(d.size)}{cached}")
+            here = d.size is not None and d.cached >= d.size
+            where = (" (cached)" if here else "") if d.kept else \
+                " (in the work folder)" if here else " (streamed, removed once converted)"
+            click.echo(f"  {d.source}  {d.path}  {_mb(d.size)}{where}")
         click.echo(f"outputs in {plan.outdir}:")
         for o in plan.outputs:
             note = {"intermediate": " (intermediate, deleted after quantizing)" if not keep_intermediate
@@ -278,6 +285,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
         return
     record = result.pair
     assert record is not None
+    if result.streamed is not None:
+        click.echo(result.streamed.line())
     for side, out in (("target", record.target), ("drafter", record.drafter)):
         click.echo(f"{side}: {record.file(side)} ({_mb(out.size)}, {out.type}, {out.made_by})")
     for tag in record.tags[1:]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import LLAMA_CPP_BUILD, __version__, jsonfile
+from .. import LLAMA_CPP_BUILD, __version__, arrivals, jsonfile
 from .. import fingerprint as efp
 from .. import provenance as prov
 from ..atomic import atomic_output, check_free_space
@@ -97,8 +97,13 @@ def target_embedding_fingerprint(target_dir: Path) -> str | None:
     n_vocab, n_embd = ref.shape
     row_bytes = ref.nbytes // n_vocab
     ids = efp.sample_rows(n_vocab)
-    with open(ref.path, "rb", buffering=0) as f:
-        raw = b"".join(os.pread(f.fileno(), row_bytes, ref.offset + i * row_bytes) for i in ids)
+    ranges = [(ref.offset + i * row_bytes, row_bytes) for i in ids]
+    # the header carries it: a shard still streaming in gives its sampled rows by range requests
+    if (parts := arrivals.read_ranges(ref.path, ranges)) is not None:
+        raw = b"".join(parts)
+    else:
+        with open(ref.path, "rb", buffering=0) as f:
+            raw = b"".join(os.pread(f.fileno(), n, offset) for offset, n in ranges)
     return efp.encode(efp.compute(to_f32(raw, ref.dtype).reshape(len(ids), n_embd), n_vocab))
 
 
@@ -121,7 +126,8 @@ def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: 
         prov.TARGET_CONFIG_SHA256: hashlib.sha256(Path(config_path).read_bytes()).hexdigest(),
         prov.TARGET_VOCAB_SHA256: vocab_sha256,
         prov.TOKENIZER_ORIGIN: "original",
-        **({prov.TARGET_EMBD_FINGERPRINT: fp} if (fp := target_embedding_fingerprint(target_dir)) else {}),
+        **({prov.TARGET_EMBD_FINGERPRINT: fp} if (fp := (known or {}).get(prov.TARGET_EMBD_FINGERPRINT)
+                                                   or target_embedding_fingerprint(target_dir)) else {}),
         **(known or {}),
     }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import arrivals
 from ..errors import InputError, TensorError
 from ..jsonfile import load_json, parse_bounded
 from ..relpath import name_problem
@@ -70,8 +71,12 @@ def read_header(path: Path) -> dict[str, TensorRef]:
     Raises:
         InputError: the file is truncated or its header is not valid safetensors.
     """
+    return _refs(path, *read_raw_header(path))
+
+
+def _refs(path: Path, header: dict[str, Any], data_start: int, size: int) -> dict[str, TensorRef]:
+    """The tensors a safetensors header lists, checked against the file's size; sorted by name."""
     fix = f"Re-download {path.name} (for a Hub snapshot: delete it and fetch it again)."
-    header, data_start, size = read_raw_header(path)
     tensors: dict[str, TensorRef] = {}
     for name, meta in header.items():
         if name == "__metadata__":
@@ -131,6 +136,9 @@ def index_checkpoint(model_dir: Path) -> dict[str, TensorRef]:
     tensors: dict[str, TensorRef] = {}
     for part in parts:
         path = model_dir / part
+        if (streamed := arrivals.arriving(path)) is not None:  # its header read ahead, its bytes on the way
+            tensors.update(_refs(streamed.path, streamed.header, streamed.data_start, streamed.size))
+            continue
         if not path.is_file():
             raise TensorError(f"{model_dir}: shard {part} named in {index_file.name} is missing. "
                               "Download the complete checkpoint.")

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from .. import arrivals
 from .hashing import FollowingHasher
 from .layout import StringArray, header_parts, pack_kv, pack_tensor_info, pad, tensor_nbytes
 
@@ -44,7 +45,8 @@ class TensorOut:
     """One tensor to write: ``ne`` is ggml order (reverse of the PyTorch shape).
 
     ``source`` (file, offset) says the bytes ``write`` produces are exactly the ``nbytes`` found there, so a
-    consumer that only reads them (the one-pass quantizer) can ``pread`` them instead of spooling them.
+    consumer that only reads them (the one-pass quantizer) can ``pread`` them instead of spooling them. ``reads``:
+    the checkpoint files ``write`` reads (a streamed shard is waited for before, see ``arrivals``).
     """
 
     name: str
@@ -52,6 +54,7 @@ class TensorOut:
     qtype: GGMLQuantizationType
     write: Callable[[BinaryIO], object]
     source: tuple[Path, int] | None = None
+    reads: tuple[Path, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -140,7 +143,9 @@ class GGUFPlan:
     def _write_to(self, f: BinaryIO, on_tensor: Callable[[TensorOut], None] | None, header: bytes | None,
                   hasher: FollowingHasher | None) -> int:
         f.write(header if header is not None else self.header_bytes())
-        for t in self.tensors:
+        reading = arrivals.Reading([t.reads for t in self.tensors])
+        for i, t in enumerate(self.tensors):
+            reading.wait(i)
             start = f.tell()
             t.write(f)
             written = f.tell() - start
@@ -149,6 +154,7 @@ class GGUFPlan:
             f.write(bytes(pad(written) - written))
             if hasher is not None:
                 hasher.advance(f.tell())
+            reading.done(i)
             if on_tensor is not None:
                 on_tensor(t)
         return f.tell()

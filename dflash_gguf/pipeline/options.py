@@ -61,6 +61,7 @@ class PipelineOptions:
     # --quant A,B,C: the tags after the first (``quant``), made from one read of the checkpoint, each with its drafter
     more_quants: tuple[str, ...] = ()
     more_draft_quants: tuple[str, ...] = ()  # --draft-quant A,B,C: the drafter's type for each tag after the first
+    keep_source: bool = True  # --no-keep-source: the target's shards in the work folder, each removed once consumed
 
     @property
     def drafters(self) -> tuple[str, ...]:

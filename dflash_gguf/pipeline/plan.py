@@ -25,7 +25,8 @@ class Download:
     source: str
     path: str
     size: int | None
-    cached: int  # bytes of it already in the local cache
+    cached: int  # bytes of it already in the local cache (or, not kept, complete in the run's work folder)
+    kept: bool = True  # into the Hub cache; False: a streamed shard in the work folder, removed once consumed
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Plan:
     outputs: tuple[Output, ...]
     needed: dict[str, int] = field(default_factory=dict)  # filesystem (a folder on it) -> bytes needed
     free: dict[str, int] = field(default_factory=dict)  # filesystem (a folder on it) -> bytes free
+    # with the source kept, the bytes the run would need with --no-keep-source instead (offered when short)
+    without_source: int | None = None
 
     @property
     def short(self) -> dict[str, tuple[int, int]]:
@@ -51,8 +54,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"outdir": str(self.outdir),
-                "downloads": [{"source": d.source, "file": d.path, "size": d.size, "cached": d.cached}
-                              for d in self.downloads],
+                "downloads": [{"source": d.source, "file": d.path, "size": d.size, "cached": d.cached,
+                               "kept": d.kept} for d in self.downloads],
                 "outputs": [{"file": o.file, "estimated_size": o.estimated, "kind": o.kind}
                             | ({"split": o.split} if o.split else {}) for o in self.outputs],
                 "disk": [{"filesystem": k, "needed": v, "free": self.free[k], "enough": v <= self.free[k]}
@@ -64,8 +67,12 @@ class Plan:
             return
         what = "; ".join(f"about {n / 1e6:.1f} MB is needed on the filesystem of {k} and {f / 1e6:.1f} MB is free"
                          for k, (n, f) in self.short.items())
-        raise OutputError(f"Not enough disk space for the pair in {self.outdir}: {what}. Free some space, choose "
-                          "another --outdir, or point HF_HOME at a larger disk for the downloads. Nothing was "
+        offer = "" if self.without_source is None else (
+            f" With --no-keep-source the target's shards are converted as they arrive and each is removed once "
+            f"consumed, never kept in the Hugging Face cache: about {self.without_source / 1e6:.1f} MB in all"
+            + (", which fits." if all(self.without_source <= f for f in self.free.values()) else "."))
+        raise OutputError(f"Not enough disk space for the pair in {self.outdir}: {what}.{offer} Free some space, "
+                          "choose another --outdir, or point HF_HOME at a larger disk for the downloads. Nothing was "
                           "downloaded or written.")
 
 
@@ -146,14 +153,17 @@ def split_outputs(outputs: list[Output], finals: set[str], rule: SplitRule) -> l
     return out
 
 
-def make_plan(outdir: Path, downloads: list[Download], outputs: list[Output], peak: int) -> Plan:
-    """Bytes needed per filesystem (downloads not yet cached on the Hub cache's, outputs not yet written on
-    the output folder's) against what is free there."""
+def make_plan(outdir: Path, downloads: list[Download], outputs: list[Output], peak: int,
+              in_flight: int | None = None) -> Plan:
+    """Bytes needed per filesystem (downloads not yet cached on the Hub cache's, outputs not yet written and the
+    streamed shards not kept on the output folder's) against what is free there. ``in_flight``: the most bytes of
+    streamed shards on disk at once (a few shards, each removed once consumed); None: all of them."""
     # the Hub cache read at call time, as HF_HOME may be set after import
     out_fs, cache_fs = _existing(outdir), _existing(Path(hf_constants.HF_HUB_CACHE))
     present = sum((outdir / o.file).stat().st_size for o in outputs if (outdir / o.file).is_file())
-    to_download = sum(max((d.size or 0) - d.cached, 0) for d in downloads)
-    out_need = max(peak - present, 0)
+    to_download = sum(max((d.size or 0) - d.cached, 0) for d in downloads if d.kept)
+    streamed = sum(max((d.size or 0) - d.cached, 0) for d in downloads if not d.kept)
+    out_need = max(peak - present, 0) + (streamed if in_flight is None else min(streamed, in_flight))
     needed: dict[str, int] = {}
     if os.stat(out_fs).st_dev == os.stat(cache_fs).st_dev:
         needed[str(out_fs)] = out_need + to_download

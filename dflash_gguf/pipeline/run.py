@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile, made_cache
+from .. import provenance as prov
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable
 from ..ggufio.split import shard_path, split_gguf
-from ..hub import DRAFTER_PATTERNS, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
+from ..hub import DRAFTER_PATTERNS, INDEX, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
 from ..jsonfile import read_json
 from ..provenance import Provenance, folder_label
 from ..quantize.builtin import NO_OVERRIDES
@@ -34,7 +35,7 @@ from ..tune import TuneOptions, TuneReport, tune
 from ..tune.plot import PLOT_NAME, write_plot
 from ..verify import Report, read_gguf
 from ..verify.projector import check_projector
-from . import stages
+from . import stages, stream
 from .manifest import (
     DrafterVerdict,
     FileRecord,
@@ -74,6 +75,7 @@ from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
 from .sources import Source, cached_size, fetch_source, list_source_files, public_spec
 from .sources import resolve_source as resolve_spec
+from .stream import StreamSummary
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ class PipelineResult:
     tuning_skipped: str | None = None  # why --tune measured nothing
     plot: Path | None = None  # tune.png, drawn after --tune
     plot_skipped: str | None = None  # why it was not (matplotlib missing)
+    streamed: StreamSummary | None = None  # the target's shards converted as they arrived: bytes and time
 
     @property
     def exit_code(self) -> int:
@@ -109,7 +112,8 @@ class PipelineResult:
     def to_dict(self) -> dict[str, Any]:
         if self.dry_run:
             return {"dry_run": True, **self.document, "plan": self.plan.to_dict() if self.plan else None}
-        return {"dry_run": False, "manifest": str(self.outdir / "pair.json"), **self.document}
+        return {"dry_run": False, "manifest": str(self.outdir / "pair.json"), **self.document,
+                **({"streamed": self.streamed.to_dict()} if self.streamed is not None else {})}
 
 
 def _draw(tuning: TuneReport, outdir: Path) -> tuple[Path | None, str | None]:
@@ -198,11 +202,16 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
     weights: dict[str, int] = {}
     sides_in = [("target", target, target_patterns)] + [(f"drafter{i}", d, DRAFTER_PATTERNS)
                                                          for i, d in enumerate(drafters)]
+    streams = (isinstance(method, stages.BuiltinConverter) and not drafter_by_llama_cpp
+               and bool(stream.shard_names(target)))
+    into = stream.source_dir(outdir / WORK_DIR, target)
     for side, src, patterns in sides_in:
         files = list_source_files(src, patterns)
         weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
         if src.repo is not None:
-            downloads += [Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
+            downloads += [Download(src.label, f.path, f.size, _complete(into / f.path, f.size), False)
+                          if streams and not opts.keep_source and side == "target" and f.path.endswith(".safetensors")
+                          else Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
     link = None
     if isinstance(method, stages.ExistingGguf):
         local = Path(method.spec).expanduser()
@@ -224,11 +233,34 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
     outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
     if opts.split.given:
         outputs = split_outputs(outputs, {gguf_name(name_t, tag) for tag in opts.tags}, opts.split)
-    if opts.mmproj and link is None and stages.has_projector(target.path):
+    projector = opts.mmproj and link is None and stages.has_projector(target.path)
+    if projector:
         size = int(projector_params(read_json(target.path / "config.json")) * 2 * size_ratio(opts.mmproj_type))
         outputs.append(Output(projector_name(name_t, opts.mmproj_type), size, "final"))
         peak += size
-    return make_plan(outdir, downloads, outputs, peak)
+    shards = [d for d in downloads if not d.kept]
+    in_flight = stream.WINDOW * max((d.size or 0 for d in shards), default=0) \
+        if _reads_once(opts, projector) else None
+    if opts.keep_source:
+        plan = make_plan(outdir, downloads, outputs, peak)
+        if streams and plan.short:  # what --no-keep-source would need instead, offered in the refusal
+            alone = [replace(d, cached=0, kept=False) if d.source == target.label and d.path.endswith(".safetensors")
+                     else d for d in downloads]
+            plan = replace(plan, without_source=sum(make_plan(outdir, alone, outputs, peak, in_flight).needed.values()))
+        return plan
+    return make_plan(outdir, downloads, outputs, peak, in_flight)
+
+
+def _complete(path: Path, size: int | None) -> int:
+    """Bytes of a streamed shard already complete in the run's work folder (a run stopped before it was consumed)."""
+    return size or 0 if size and path.is_file() and path.stat().st_size == size else 0
+
+
+def _reads_once(opts: PipelineOptions, projector: bool) -> bool:
+    """Whether the run reads the target's checkpoint once, so a streamed shard can go as soon as it is consumed: one
+    pass or one 16-bit conversion makes every tag, and no projector reads the shards after."""
+    return not projector and (not opts.several_tags
+                              or all(makes_in_one_pass(opts, tag, target=True) for tag in opts.tags))
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -313,6 +345,8 @@ class _Run:
         self.imatrix_name = ""  # the target's model name, which the matrix's file name carries
         self.calibration: hub.FetchedFile | None = None  # --imatrix auto's text, resolved by run_pipeline
         self._loaded_importance: Importance | None = None
+        self.streamed: Callable[[], StreamSummary] | None = None  # the summary so far of a streamed target
+        self.target_fingerprint: str | None = None
 
     def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
             gguf_path: Path | None) -> PipelineResult:
@@ -334,6 +368,14 @@ class _Run:
         # stops the run before the target's weights are fetched, converted or quantized.
         drafters = [fetch_source(d, DRAFTER_PATTERNS) for d in drafters]
         reads_target = any(stages.drafter_reads_target_weights(d) for d in drafters)  # the check needs the weights
+        builtin = isinstance(self.method, stages.BuiltinConverter) and self.options.drafter_method == "builtin"
+        names = stream.shard_names(target) if not gguf_path and not reads_target and builtin else []
+        if not names and not gguf_path and not opts.keep_source:
+            why = ("a local folder is read where it is" if target.repo is None else
+                   "the drafter's conversion reads its weights first" if reads_target else
+                   "llama.cpp's converter reads the whole folder" if not builtin else "one file, no shard index")
+            log.warning("--no-keep-source: %s is not streamed (%s), so its weights are fetched and kept as without "
+                        "the flag.", target.label, why)
         target = fetch_source(target, TARGET_PATTERNS + (WEIGHT_PATTERNS if reads_target else ()))
         with contextlib.ExitStack() as reading:  # the target's first tensors made while the CPU does the work before
             read_ahead = gguf_path is None and isinstance(self.method, stages.BuiltinConverter)
@@ -343,7 +385,10 @@ class _Run:
                 for d in drafters:
                     stages.check_drafter(d, target)
                     jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
-            if not gguf_path and not reads_target:
+            if names:  # converted as they arrive
+                target = fetch_source(target, TARGET_PATTERNS + (INDEX,))
+                self.streamed = reading.enter_context(self.streaming(target, names, gguf_path))
+            elif not gguf_path and not reads_target:
                 target = fetch_source(target, TARGET_PATTERNS + WEIGHT_PATTERNS)
                 if read_ahead and target.repo is not None:
                     reading.enter_context(self.working_ahead(target))
@@ -368,6 +413,10 @@ class _Run:
             final_t, made_t = tagged[0]
             jsonfile.forget()
             projector = self.projector(target, gguf_path)
+            streamed = self.streamed() if self.streamed is not None else None
+        if streamed is not None:  # as the target GGUF records it: the drafters read no shard, which may be gone
+            self.target_fingerprint = read_gguf(final_t).get(prov.key(prov.TARGET_EMBD_FINGERPRINT))
+            log.info("%s", streamed.line())
         made: list[tuple[Path, Made, Report]] = []
         tag_drafters = self.tag_drafters(drafters[0], target, tok, [f for f, _ in tagged]) if opts.several_tags \
             else []
@@ -431,15 +480,38 @@ class _Run:
                 m.data["tuning"]["plot"] = picture.name if picture else None
                 m.save()
                 return PipelineResult(self.outdir, m.to_json(), m.record_of(), None, report, False, tuning, None,
-                                      picture, why_not)
+                                      picture, why_not, streamed)
         elif opts.tune:
             skipped = "verify refused the pair; nothing was measured"
-        return PipelineResult(self.outdir, m.to_json(), m.record_of(), None, report, False, tuning, skipped)
+        return PipelineResult(self.outdir, m.to_json(), m.record_of(), None, report, False, tuning, skipped,
+                              streamed=streamed)
 
     def tune_progress(self, done: int, total: int, label: str) -> None:
         if self._tune_bar is None:
             self._tune_bar = self.progress("tune")
         self._tune_bar(done, total)
+
+    def streaming(self, target: Source, names: list[str], gguf_path: Path | None
+                  ) -> contextlib.AbstractContextManager[Callable[[], StreamSummary]]:
+        """The target's shards streaming in (``stream.streamed``) while the target and its projector are made. With
+        --no-keep-source each is removed once consumed when the checkpoint is read once (one pass, or one 16-bit
+        conversion, and no projector reading it after); else at the end of the stage."""
+        opts = self.opts
+        once = _reads_once(opts, self.makes_projector(target, gguf_path))
+        into = None if opts.keep_source else stream.source_dir(self.work, target)
+        name = model_name(target.repo, target.path)
+        # fetched from the start, beside the vocabulary's build; but a rerun whose targets are all here (likely
+        # vouched for) fetches only what its conversion asks for, if anything
+        eager = not all((self.outdir / gguf_name(name, tag)).exists() for tag in opts.tags)
+
+        @contextlib.contextmanager
+        def opened() -> Iterator[Callable[[], StreamSummary]]:
+            with _bar(self.progress, "download target") as bar, \
+                    stream.streamed(target, names, into, remove_consumed=once, eager=eager, progress=bar) \
+                    as (_, summary):
+                yield summary
+
+        return opened()
 
     def working_ahead(self, target: Source) -> contextlib.AbstractContextManager[object]:
         """The target conversion's work ahead of its vocabulary (``stages.working_ahead_of_target``): a head start
@@ -669,7 +741,8 @@ class _Run:
                 stages.convert_drafter_llama_cpp(self.opts.llama_cpp, drafter, tok, target, out, src, self.work)
                 return None  # an external tool's output: hashed by reading it
             with _bar(self.progress, "convert drafter") as bar:
-                return stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant)
+                return stages.convert_drafter_stage(drafter, target, tok, out, src, target_file, bar, quant,
+                                                    self.target_fingerprint)
 
         quant = quant or self.opts.drafter_types()[0]
         final = self.outdir / drafter_file(target, drafter, quant, several)

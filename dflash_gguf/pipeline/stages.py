@@ -447,12 +447,15 @@ def convert_target_llama_cpp(llama_cpp: Path, tokenizer: TokenizerStage, model_d
 
 
 def convert_drafter_stage(drafter: Source, target: Source, tokenizer: TokenizerStage, outfile: Path, outtype: str,
-                          target_file: str, on_progress: OnProgress = None, quant: str | None = None
-                          ) -> str | None:
+                          target_file: str, on_progress: OnProgress = None, quant: str | None = None,
+                          target_fingerprint: str | None = None) -> str | None:
     """The drafter against the target folder (tokenizer from the overlay), recording both sources at their
     commits and the target GGUF's file name so ``dflash-verify DRAFTER.gguf`` finds the pair; with
-    ``quant``, converted and quantized in one pass. Returns the output's sha256, hashed while writing."""
-    sources = Provenance(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance())
+    ``quant``, converted and quantized in one pass. ``target_fingerprint``: the target's embedding fingerprint as
+    its GGUF records it (given when its shards were streamed, and may be gone). Returns the output's sha256, hashed
+    while writing."""
+    sources = Provenance(drafter.repo_spec, target.repo_spec, target_file, tokenizer.provenance(),
+                         target_fingerprint)
     return convert_drafter(drafter.path, target.path, outfile, outtype, tokenizer_dir=tokenizer.dir,
                            provenance=sources.keys(), quant=quant, on_progress=on_progress).sha256
 

@@ -33,7 +33,7 @@ from typing import BinaryIO
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
 
-from .. import __version__
+from .. import __version__, arrivals
 from ..atomic import atomic_output, check_free_space
 from ..cores import machine_cores
 from ..errors import InputError, QuantizeError
@@ -94,6 +94,7 @@ class InputTensor:
     nbytes: int
     path: Path | None = None
     spool: Callable[[BinaryIO], object] | None = None
+    reads: tuple[Path, ...] = ()  # the checkpoint files its bytes come from (waited for while they stream in)
 
 
 @dataclass(frozen=True)
@@ -157,9 +158,9 @@ def input_from_plan(plan: GGUFPlan, label: Path) -> InputGGUF:
     Quantizing this equals converting to ``label`` and quantizing that file: the KVs are packed exactly as
     the converter packs them, and every tensor reads the very bytes the converter would have written.
     """
-    tensors = tuple(InputTensor(t.name, t.ne, int(t.qtype), t.source[1], t.nbytes, path=t.source[0])
+    tensors = tuple(InputTensor(t.name, t.ne, int(t.qtype), t.source[1], t.nbytes, path=t.source[0], reads=t.reads)
                     if t.source is not None else
-                    InputTensor(t.name, t.ne, int(t.qtype), 0, t.nbytes, spool=t.write)
+                    InputTensor(t.name, t.ne, int(t.qtype), 0, t.nbytes, spool=t.write, reads=t.reads)
                     for t in plan.tensors)
     return InputGGUF(Path(label), {k: layout.pack_kv(k, kv.vtype, kv.value, kv.subtype) for k, kv in plan.kv.items()},
                      {k: kv.value for k, kv in plan.kv.items()}, tensors, ALIGNMENT)
@@ -473,6 +474,12 @@ class _Sources:
             os.close(self.fds.pop(path))
             path.unlink(missing_ok=True)
 
+    def forget(self, path: Path) -> None:
+        """``path`` is read no more (a streamed shard removed): its descriptor closed, so its space is freed."""
+        fd = self.fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
     def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
@@ -566,11 +573,14 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int |
     one = len(outputs) == 1
     # One pipeline across tensor boundaries (no drain, and so no idle worker, at the end of each
     # tensor): up to DEPTH_PER_THREAD * threads chunks in flight, written back in submission order.
-    pending: deque[tuple[tuple[TensorJob, ...], Future[tuple[ahead.Chunk, ...]] | None, bool]] = deque()
+    pending: deque[tuple[int, Future[tuple[ahead.Chunk, ...]] | None, bool]] = deque()
     sources = _Sources(gguf, Path(outputs[0].tmp).parent)
+    reading = arrivals.Reading([tensor[0].src.reads for tensor in jobs_by_tensor])
+    # dropped behind once read: the bytes already on disk (a shard still streaming in is opened when it is here)
+    behind = [_streamed(t[0]) and not any(map(arrivals.pending, t[0].src.reads)) for t in jobs_by_tensor]
     try:
         ranges = [ByteRange(sources.open(t[0].src.path or gguf.path), t[0].src.offset, t[0].src.nbytes)
-                  for t in jobs_by_tensor if _streamed(t[0])]
+                  for t, drop in zip(jobs_by_tensor, behind, strict=True) if drop]
         with contextlib.ExitStack() as stack:
             files = [_Writing(gguf, o, stack) for o in outputs]
             pool = stack.enter_context(ThreadPoolExecutor(max_workers=threads))
@@ -578,7 +588,8 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int |
 
             def write_next() -> None:
                 nonlocal done
-                tensor, fut, last = pending.popleft()
+                index, fut, last = pending.popleft()
+                tensor = jobs_by_tensor[index]
                 if fut is not None:
                     for out, chunk in zip(files, fut.result(), strict=True):
                         out.written += out.f.write(ahead.byte_view(chunk))
@@ -588,9 +599,11 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int |
                     out.end_tensor(job)
                 src = tensor[0].src
                 done += src.nbytes
-                if _streamed(tensor[0]):
+                if behind[index]:
                     dropped.consumed(src.nbytes)
                 sources.release(src)
+                for path in reading.done(index):
+                    sources.forget(path)
                 if on_progress is not None:
                     on_progress(done, total)
 
@@ -599,8 +612,11 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int |
                     write_next()
 
             try:
-                for tensor in jobs_by_tensor:
+                for index, tensor in enumerate(jobs_by_tensor):
                     job = tensor[0]
+                    if reading.pending(index):  # the shards behind it written out (and let go) before it waits
+                        drain()
+                    reading.wait(index)
                     if one and job.copy and job.src.spool is not None:  # produced straight into the output
                         drain()
                         out = files[0]
@@ -609,7 +625,7 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int |
                         job.src.spool(out.f)
                         out.f.seek(0, os.SEEK_END)
                         out.written = out.f.tell() - start
-                        pending.append((tensor, None, True))
+                        pending.append((index, None, True))
                         write_next()
                         continue
                     rows_total = job.src.nbytes // max(1, row_bytes(Q(job.src.qtype), job.src.ne[0]))
@@ -623,14 +639,14 @@ def write_outputs(gguf: InputGGUF, outputs: Sequence[OutputPlan], threads: int |
                         out.f.seek(0, os.SEEK_END)
                         first = early.rows
                     if first == rows_total:
-                        pending.append((tensor, None, True))
+                        pending.append((index, None, True))
                         if rows_total:  # a tensor the head start made whole
                             write_next()
                         continue
                     fd, offset = sources.locate(job.src)
                     for row0 in range(first, rows_total, step):
                         n_rows = min(step, rows_total - row0)
-                        pending.append((tensor, pool.submit(_convert_chunk, fd, offset, tensor, row0, n_rows),
+                        pending.append((index, pool.submit(_convert_chunk, fd, offset, tensor, row0, n_rows),
                                         row0 + n_rows == rows_total))
                         if len(pending) >= DEPTH_PER_THREAD * threads:  # bounded memory
                             write_next()

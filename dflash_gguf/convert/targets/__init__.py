@@ -296,7 +296,7 @@ def _quant_jobs(fam: TextFamily, specs: list[TensorSpec], outfile: Path, outtype
 
 def _refs(specs: list[TensorSpec]) -> list[TensorRef]:
     """Every checkpoint tensor the specs read, a stacked tensor's parts included (what the read-ahead warms)."""
-    return [ref for spec in specs for ref in (spec.parts or ((spec.ref,) if spec.ref is not None else ()))]
+    return [ref for spec in specs for ref in spec.sources]
 
 
 def _tensor_outs(fam: TextFamily, specs: list[TensorSpec], outtype: str) -> tuple[list[TensorOut], str]:
@@ -308,7 +308,7 @@ def _tensor_outs(fam: TextFamily, specs: list[TensorSpec], outtype: str) -> tupl
         tq = tensor_type(spec.name, spec.shape, qtype, spec.force_f32 or fam.force_f32(spec.name))
         tq = spec.raw_type if spec.raw_type is not None else tq  # bytes already in a ggml type (MXFP4)
         write, source = spec_writer(spec, tq)
-        out.append(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
+        out.append(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source, spec.read_paths))
     return out, outtype
 
 

@@ -56,8 +56,8 @@ class TensorSpec:
     first part, which stands for their dtype (``--outtype auto``).
     ``writer``: the family's own streaming writer for the output type (FP8 weights dequantized block by block,
     gpt-oss's repacked MXFP4 experts); it replaces the generic ones, and ``ref`` / ``parts`` then only say what is
-    read (read-ahead, ``--outtype auto``). ``raw_type``: the tensor is that ggml type whatever the outtype (b11434's
-    ``add_tensor(..., raw_dtype=...)``), its ``writer`` streaming those bytes.
+    read (read-ahead, ``--outtype auto``), with ``scales``. ``raw_type``: the tensor is that ggml type whatever the
+    outtype (b11434's ``add_tensor(..., raw_dtype=...)``), its ``writer`` streaming those bytes.
     """
 
     name: str
@@ -70,6 +70,17 @@ class TensorSpec:
     parts: tuple[TensorRef, ...] = ()
     writer: Callable[[GGMLQuantizationType], Callable[[BinaryIO], object]] | None = None
     raw_type: GGMLQuantizationType | None = None
+    scales: tuple[TensorRef, ...] = ()  # what ``writer`` reads besides ``ref`` / ``parts`` (block scales)
+
+    @property
+    def sources(self) -> tuple[TensorRef, ...]:
+        """Every checkpoint tensor the writer reads."""
+        return (*(self.parts or ((self.ref,) if self.ref is not None else ())), *self.scales)
+
+    @property
+    def read_paths(self) -> tuple[Path, ...]:
+        """The files those live in (what a writer waits for while they stream in: ``arrivals``)."""
+        return tuple(dict.fromkeys(ref.path for ref in self.sources))
 
 
 def block_id(name: str) -> int | None:

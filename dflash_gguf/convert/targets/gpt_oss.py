@@ -252,7 +252,7 @@ class GptOssFamily(TextFamily):
             for name, sel in outs:
                 n_rows = len(range(rows)[sel])
                 specs.append(TensorSpec(name, (self.n_experts, n_rows, cols), ref=blocks,
-                                        raw_type=GGMLQuantizationType.MXFP4,
+                                        raw_type=GGMLQuantizationType.MXFP4, scales=(scales,),
                                         writer=_whatever_type(mxfp4_writer(blocks, scales, sel))))
         return specs
 

@@ -238,7 +238,7 @@ class MiniMaxM2Family(TextFamily):
                                   "block scales; b11434 cannot dequantize it. Re-download the checkpoint.")
             return spec
         scales = tuple(self._scale(r) for r in refs)
-        return TensorSpec(spec.name, spec.shape, ref=spec.ref, parts=spec.parts,
+        return TensorSpec(spec.name, spec.shape, ref=spec.ref, parts=spec.parts, scales=scales,
                           writer=fp8_writer(refs, scales, self.fp8_block))
 
     def modify(self, spec: TensorSpec, hf_name: str) -> list[TensorSpec]:

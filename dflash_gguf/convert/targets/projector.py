@@ -315,7 +315,7 @@ def build_projector_plan(fam: ProjectorFamily, outtype: str, name: str,
     for kept_name, spec in specs:
         tq = tensor_type(fam, kept_name, spec, ftype, qtype)
         write, source = spec_writer(spec, tq)
-        plan.add_tensor(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source))
+        plan.add_tensor(TensorOut(spec.name, tuple(reversed(spec.shape)), tq, write, source, spec.read_paths))
     fam.add_params(plan, ftype)
     plan.add_uint32(Keys.General.QUANTIZATION_VERSION, GGML_QUANT_VERSION)
     return plan, outtype
