@@ -1264,16 +1264,6 @@ def _disk(folders: list[Path]) -> int:
     return total
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class _HubRun:
     wall: float
@@ -1295,6 +1285,8 @@ def stream_rows(work: Path, venv_bin: Path) -> list[str]:
     import time
 
     from hub_server import FakeRepo, client_env, serve
+
+    from dflash_gguf.pipeline.manifest import sha256_file
 
     target, mb = make_big_qwen3_target(work / "stream", 12, tied=True, hidden=2560, heads=32, ff=9728, n_shards=10,
                                        cut=True)
@@ -1331,7 +1323,7 @@ def stream_rows(work: Path, venv_bin: Path) -> list[str]:
         if proc.returncode:
             raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
         doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else {}
-        files = {p.name: _sha256(p) for p in sorted(out.glob("*.gguf"))} if out.is_dir() else {}
+        files = {p.name: sha256_file(p) for p in sorted(out.glob("*.gguf"))} if out.is_dir() else {}
         return _HubRun(wall, peak, _disk([home, out]), files, doc.get("streamed") or {}, home)
 
     convert = [str(venv_bin / "dflash-convert"), "--target", t_repo, "--drafter", d_repo, "--quant", "Q4_K_M",

@@ -197,3 +197,85 @@ def test_auto_hands_a_type_only_llama_quantize_makes_to_it(tmp_path: Path, monke
         quantize_gguf(src, tmp_path / "builtin.gguf", "q4_k_m", quantizer="builtin", overrides=overrides)
     assert not (tmp_path / "builtin.gguf").exists()
     REFERENCE_COMPARISONS.append("--tensor-type iq4_nl with --quantizer auto = llama-quantize by hand")
+
+
+@pytest.mark.reference
+def test_a_named_recipe_is_a_tag_of_its_own(tmp_path: Path) -> None:
+    """``--quant Q4_K_M --recipe A8=Q4_K_M:FILE --recipe MIX6=q6_k:FILE``: three tags from one read of the
+    checkpoint, each recipe's target named with its tag (``-hf REPO:A8``) and byte for byte llama-quantize's file from
+    b11434's BF16 conversion with the recipe's rules (and only those: the run's --tensor-type stays with --quant's tag),
+    each with its drafter named alike; the recipes recorded in pair.json and in each file."""
+    reference.require_or_skip(reference.llama_cpp_available())
+    target = mf.make_qwen3_target(tmp_path / "targets", llama_cpp_src=reference.require_llama_cpp_src())
+    drafter = mf.make_drafter(tmp_path / "drafters", target="qwen3")
+    (tmp_path / "attn.txt").write_text(r"attn_(q|k|v|output)=q8_0 ^output\.weight$=q6_k")
+    (tmp_path / "mix.txt").write_text(r"blk\.(0|2)\.ffn_down=q8_0 token_embd=q4_k")
+    out = tmp_path / "pair"
+    proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--outdir", out, "--quant", "Q4_K_M",
+                   "--tensor-type", r"blk\.0\.attn_q=q5_0", "--recipe", f"A8=Q4_K_M:{tmp_path / 'attn.txt'}",
+                   "--recipe", f"MIX6=q6_k:{tmp_path / 'mix.txt'}", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from dflash_gguf.pipeline.naming import encoding_tag
+
+    name = target.name
+    pair = json.loads((out / "pair.json").read_text())
+    assert pair["options"]["tags"] == ["q4_k_m", "A8", "MIX6"]
+    assert pair["options"]["recipes"] == [
+        {"name": "A8", "type": "q4_k_m", "file": "attn.txt",
+         "rules": ["attn_(q|k|v|output)=q8_0", r"^output\.weight$=q6_k"]},
+        {"name": "MIX6", "type": "q6_k", "file": "mix.txt", "rules": [r"blk\.(0|2)\.ffn_down=q8_0", "token_embd=q4_k"]}]
+    tags = {t["tag"]: t for t in pair["outputs"]["tags"]}
+    assert {t: (r["target"]["file"], r["target"]["type"], r["drafter"]["file"]) for t, r in tags.items()} == {
+        "q4_k_m": (f"{name}-Q4_K_M.gguf", "q4_k_m", f"dflash-{name}-Q4_K_M.gguf"),
+        "A8": (f"{name}-A8.gguf", "q4_k_m", f"dflash-{name}-A8.gguf"),
+        "MIX6": (f"{name}-MIX6.gguf", "q6_k", f"dflash-{name}-MIX6.gguf")}
+    assert [encoding_tag(f) for f in (f"{name}-A8.gguf", f"dflash-{name}-MIX6.gguf")] == ["A8", "MIX6"]
+    assert not list(out.glob("*BF16*.gguf"))  # one pass
+    bf16 = tmp_path / "ref-bf16.gguf"
+    conv = reference.run_reference_convert(target, None, bf16, "bf16")
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    for file, type_name, rules in ((f"{name}-A8.gguf", "Q4_K_M", pair["options"]["recipes"][0]["rules"]),
+                                   (f"{name}-MIX6.gguf", "Q6_K", pair["options"]["recipes"][1]["rules"]),
+                                   (f"{name}-Q4_K_M.gguf", "Q4_K_M", [r"blk\.0\.attn_q=q5_0"])):
+        flags = [arg for rule in rules for arg in ("--tensor-type", rule)]
+        ref = tmp_path / f"ref-{file}"
+        proc = reference.run_llama_quantize(bf16, ref, type_name, *flags)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert gguf_compare.diff(out / file, ref) == [], file
+        assert list(read_gguf(out / file).get("dflash_gguf.quantize_flags")) == flags
+    REFERENCE_COMPARISONS.append("pipeline --recipe NAME=TYPE:FILE tags = b11434 convert + llama-quantize")
+    card = plan_publish(out, "someone/qwen3-tiny-GGUF", license="apache-2.0").card
+    assert (r"- tag A8: Q4_K_M with the rules of `attn.txt`, in the order they apply: `--tensor-type "
+            r"'attn_(q|k|v|output)=q8_0' --tensor-type '^output\.weight$=q6_k'`") in card, card
+    drafter_kv = read_gguf(out / f"dflash-{name}-MIX6.gguf")  # the drafter: made as the recipe's type, no rules
+    assert drafter_kv.get("general.file_type") == 18 and drafter_kv.get("dflash_gguf.quantize_flags") is None
+
+
+def test_a_named_recipe_is_refused_before_anything_is_fetched(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.txt"
+    recipe.write_text("attn_v=q8_0")
+    target, drafter = tmp_path / "no-target", tmp_path / "no-drafter"  # never read: the flags are judged first
+    for spec, code, said in ((f"Q8_0=q4_k_m:{recipe}", 2, "is the name of a quant type"),
+                             (f"my-mix=q4_k_m:{recipe}", 8, "letters, digits"),
+                             (f"my.mix=q4_k_m:{recipe}", 8, "letters, digits"),
+                             (f"MIX=q4_k_m:{tmp_path / 'missing.txt'}", 8, "cannot read it"),
+                             (f"MIX=q9_k:{recipe}", 8, "q9_k"),
+                             (f"q4_k_m:{recipe}", 8, "NAME=BASE_TYPE:FILE")):
+        proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--quant", "q4_k_m", "--recipe",
+                       spec, "--outdir", tmp_path / "out", "--dry-run")
+        assert proc.returncode == code and said in proc.stderr, (spec, proc.returncode, proc.stderr)
+    assert not (tmp_path / "out").exists()
+    # a tag -hf could not tell from another (llama.cpp takes the first file holding 'TAG' then '.' or '-'), judged
+    # once the target's name is known, before any weight
+    target = mf.make_gemma4_target(tmp_path / "t")
+    drafter = mf.make_drafter(tmp_path / "d", target="gemma4")
+    for spec, other in ((f"K_M=q4_k_m:{recipe}", "Q4_K_M"), (f"XQ4_K_M=q6_k:{recipe}", "Q4_K_M"),
+                        (f"IT=q6_k:{recipe}", "Q4_K_M")):  # the model's name holds '-it-'
+        proc = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--quant", "q4_k_m", "--recipe",
+                       spec, "--outdir", tmp_path / "out", "--dry-run")
+        assert proc.returncode == 2 and "cannot be told apart" in proc.stderr and other in proc.stderr, proc.stderr
+    ok = run_cli("dflash-convert", "--target", target, "--drafter", drafter, "--quant", "q4_k_m", "--recipe",
+                 f"Q4_K_A8=q4_k_m:{recipe}", "--outdir", tmp_path / "out", "--dry-run", "--json")
+    assert ok.returncode == 0, ok.stderr
+    files = [o["file"] for o in json.loads(ok.stdout)["plan"]["outputs"]]
+    assert f"{target.name}-Q4_K_A8.gguf" in files and f"dflash-{target.name}-Q4_K_A8.gguf" in files, files

@@ -18,7 +18,7 @@ from ..pipeline.naming import DEFAULT_PROJECTOR_TYPE, PROJECTOR_TYPES, encoding_
 from ..provenance import Provenance
 from ..quantize import Overrides
 from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
-from ..quantize.recipes import recipe_from_flags
+from ..quantize.recipes import parse_named_recipe, recipe_from_flags
 from ..quantize.types import quant_type
 from ..tokenizer_fixups import overlay_provenance
 from ..tune import TuneOptions
@@ -52,7 +52,7 @@ _PIPELINE_ONLY = ("outdir", "target_gguf", "llama_cpp", "keep_intermediate", "al
                   "quantizer", "tune", "tune_budget", "tune_flags", "tune_methods", "llama_server", "no_mtp",
                   "imatrix", "calibration", "calibration_ctx", "calibration_chunks", "pure", "token_embedding_type",
                   "output_tensor_type", "tensor_type", "tensor_type_file", "no_mmproj", "mmproj_type",
-                  "split_max_size", "split_max_tensors", "no_keep_source")
+                  "split_max_size", "split_max_tensors", "no_keep_source", "recipe")
 _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "target_repo")
 
 
@@ -124,6 +124,11 @@ _OUTFILE_ONLY = ("outtype", "tokenizer_dir", "pair_with", "drafter_repo", "targe
               help="A llama.cpp checkout whose convert_hf_to_gguf.py converts the target (for architectures the "
                    "built-in converter does not cover; Python from $LLAMA_CPP_PYTHON).")
 @click.option("--keep-intermediate", is_flag=True, help="Keep the BF16/F16 GGUFs quantization started from.")
+@click.option("--recipe", "recipe", multiple=True, metavar="NAME=BASE_TYPE:FILE",
+              help="Pipeline: one more target tag, NAME, made as BASE_TYPE with FILE's PATTERN=TYPE rules (as "
+                   "--tensor-type-file; --pure, --output-tensor-type and --token-embedding-type apply, --tensor-type "
+                   "does not): files named -NAME.gguf, which llama-server -hf REPO:NAME finds, each with its drafter. "
+                   "Repeatable; the tags follow --quant's.")
 @click.option("--no-keep-source", is_flag=True,
               help="Pipeline, target from a Hub repo in several shards: fetch its shards into the run's work folder "
                    "(never the Hugging Face cache) and remove each once converted, so the disk holds the outputs and "
@@ -220,7 +225,7 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
               calibration_chunks: int | None, pure: bool, token_embedding_type: str | None,
               output_tensor_type: str | None, tensor_type: tuple[str, ...], tensor_type_file: Path | None,
               no_mmproj: bool, mmproj_type: str | None, split_max_size: str | None,
-              split_max_tensors: int | None, no_keep_source: bool) -> None:
+              split_max_tensors: int | None, no_keep_source: bool, recipe: tuple[str, ...]) -> None:
     if (tune_budget is not None or tune_flags or tune_methods or llama_server) and not tune:
         raise click.UsageError("--tune-budget, --tune-flags, --tune-methods and --llama-server need --tune.")
     if mmproj_type is not None and no_mmproj:
@@ -244,7 +249,8 @@ def _pipeline(drafter: tuple[str, ...], target: str, dry_run: bool, json_: bool,
                                                       recipe_from_flags(tensor_type, tensor_type_file)),
                            mmproj=not no_mmproj, mmproj_type=mmproj_type or DEFAULT_PROJECTOR_TYPE,
                            split=SplitRule.from_flags(split_max_size, split_max_tensors),
-                           keep_source=not no_keep_source)
+                           keep_source=not no_keep_source,
+                           recipes=tuple(parse_named_recipe(text) for text in recipe))
     bars: list[Progress] = []
 
     def progress(desc: str) -> Progress:

@@ -347,6 +347,27 @@ class Sources:
 
 
 @dataclass(frozen=True)
+class RecipeRecord:
+    """A named recipe tag (``--recipe NAME=BASE_TYPE:FILE``): its tag, base type, the file's name and its rules in the
+    order they apply (``PATTERN=TYPE``, as llama-quantize's --tensor-type takes them)."""
+
+    name: str
+    type: str
+    file: str
+    rules: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "file": self.file, "rules": list(self.rules)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> RecipeRecord:
+        d = d if isinstance(d, dict) else {}
+        rules = d.get("rules")
+        return cls(str(d.get("name") or ""), str(d.get("type") or ""), str(d.get("file") or ""),
+                   tuple(map(str, rules)) if isinstance(rules, list) else ())
+
+
+@dataclass(frozen=True)
 class RunOptions:
     """The options a run was made with, and how it made the two GGUFs (pair.json's ``options``)."""
 
@@ -364,10 +385,13 @@ class RunOptions:
     # the target's llama-quantize flags beside its type (--pure, --token-embedding-type, each --tensor-type rule in
     # the order it applies), every tag's; empty: the file type's own rules
     quantize_flags: tuple[str, ...] = ()
+    recipes: tuple[RecipeRecord, ...] = ()  # the named recipe tags among ``tags``, each with its own rules
 
     def to_json(self) -> dict[str, Any]:
-        several = {"tags": list(self.tags), "draft_quants": list(self.draft_quants or ())} if self.tags else {}
+        several: dict[str, Any] = {"tags": list(self.tags), "draft_quants": list(self.draft_quants or ())} \
+            if self.tags else {}
         several |= {"quantize_flags": list(self.quantize_flags)} if self.quantize_flags else {}
+        several |= {"recipes": [r.to_json() for r in self.recipes]} if self.recipes else {}
         return {"quant": self.quant, "draft_quant": self.draft_quant, "target_method": self.target_method,
                 "drafter_method": self.drafter_method, "target_gguf": self.target_gguf, "llama_cpp": self.llama_cpp,
                 "keep_intermediate": self.keep_intermediate, "allow_derived_target": self.allow_derived_target,
@@ -383,7 +407,8 @@ class RunOptions:
                    bool(d.get("allow_derived_target")), bool(d.get("drop_mtp")),
                    tuple(map(str, d["tags"])) if isinstance(d.get("tags"), list) else None,
                    tuple(map(str, d["draft_quants"])) if isinstance(d.get("draft_quants"), list) else None,
-                   tuple(map(str, d["quantize_flags"])) if isinstance(d.get("quantize_flags"), list) else ())
+                   tuple(map(str, d["quantize_flags"])) if isinstance(d.get("quantize_flags"), list) else (),
+                   tuple(map(RecipeRecord.from_json, d["recipes"])) if isinstance(d.get("recipes"), list) else ())
 
 
 @dataclass(frozen=True)
@@ -521,6 +546,7 @@ class PairRecord:
     tag_tuning: Mapping[str, Any] | None = None  # tune --tags: each tag's speed with its drafter, the fastest
     quality: Mapping[str, Any] | None = None  # dflash-gguf quality: each tag's KL divergence from the 16-bit target
     quantize_flags: tuple[str, ...] = ()  # the target's llama-quantize flags (RunOptions.quantize_flags)
+    recipes: tuple[RecipeRecord, ...] = ()  # the named recipe tags (RunOptions.recipes)
 
     @property
     def target(self) -> OutputRecord:
@@ -623,7 +649,8 @@ def _pair_record(path: Path, data: Any) -> PairRecord:
                       tuning if isinstance(tuning, dict) else None,
                       tag_tuning if isinstance(tag_tuning, dict) else None,
                       quality if isinstance(quality, dict) else None,
-                      run_options.quantize_flags if run_options is not None else ())
+                      run_options.quantize_flags if run_options is not None else (),
+                      run_options.recipes if run_options is not None else ())
 
 
 def _present(manifest: Path, what: str, name: str) -> Path:

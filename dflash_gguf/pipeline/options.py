@@ -4,6 +4,7 @@ one pass, and the stage-record names of each tag's target and drafter."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,10 +14,11 @@ from ..ggufio.split import NO_SPLIT, SplitRule
 from ..quantize import check_makeable, quant_type
 from ..quantize.builtin import NO_OVERRIDES, Overrides
 from ..quantize.imatrix import DEFAULT_CTX as DEFAULT_IMATRIX_CTX
+from ..quantize.recipes import NamedRecipe
 from ..quantize.rules import ONE_PASS_TYPES
 from ..tune import TuneOptions
 from . import stages
-from .naming import DEFAULT_PROJECTOR_TYPE
+from .naming import DEFAULT_PROJECTOR_TYPE, encoding, gguf_name
 from .sources import Source
 
 DEFAULT_QUANT = "q4_0"  # the target's type when --quant is not given
@@ -62,6 +64,7 @@ class PipelineOptions:
     more_quants: tuple[str, ...] = ()
     more_draft_quants: tuple[str, ...] = ()  # --draft-quant A,B,C: the drafter's type for each tag after the first
     keep_source: bool = True  # --no-keep-source: the target's shards in the work folder, each removed once consumed
+    recipes: tuple[NamedRecipe, ...] = ()  # --recipe NAME=BASE_TYPE:FILE: tags after the --quant ones, named NAME
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -69,8 +72,24 @@ class PipelineOptions:
 
     @property
     def tags(self) -> tuple[str, ...]:
-        """Every target type the run makes, the first served by default (settled: see ``target_type``)."""
-        return (self.target_type, *self.more_quants)
+        """Every tag the run makes, the first served by default (settled: see ``target_type``): a type's name, or a
+        named recipe's (--recipe); :meth:`type_of` and :meth:`overrides_of` say how each is made."""
+        return (self.target_type, *self.more_quants, *(r.name for r in self.recipes))
+
+    def recipe_of(self, tag: str) -> NamedRecipe | None:
+        return next((r for r in self.recipes if r.name == tag), None)
+
+    def type_of(self, tag: str) -> str:
+        """The quant type a tag (of the target or of its drafter) is made as: a named recipe's base type, else the
+        tag itself."""
+        recipe = self.recipe_of(tag)
+        return recipe.base if recipe is not None else tag
+
+    def overrides_of(self, tag: str) -> Overrides:
+        """The target's per-tensor flags for ``tag``: a named recipe's rules (with the run's --pure,
+        --output-tensor-type and --token-embedding-type), else the run's."""
+        recipe = self.recipe_of(tag)
+        return self.target_overrides if recipe is None else replace(self.target_overrides, tensor_types=recipe.rules)
 
     @property
     def uses_imatrix(self) -> bool:
@@ -79,7 +98,7 @@ class PipelineOptions:
 
     @property
     def several_tags(self) -> bool:
-        return bool(self.more_quants)
+        return bool(self.more_quants or self.recipes)
 
     def drafter_types(self) -> tuple[str, ...]:
         """The drafter's type served with each tag: ``--draft-quant`` (one for every tag, or one per tag); by default
@@ -89,7 +108,7 @@ class PipelineOptions:
             return (self.draft_quant or DEFAULT_DRAFT_QUANT, *self.more_draft_quants)
         if self.draft_quant is not None or not self.several_tags:
             return (self.draft_quant or DEFAULT_DRAFT_QUANT,) * len(self.tags)
-        return tuple(DEFAULT_DRAFT_QUANT if tag == MXFP4_MOE else tag for tag in self.tags)
+        return tuple(DEFAULT_DRAFT_QUANT if self.type_of(tag) == MXFP4_MOE else tag for tag in self.tags)
 
     @property
     def target_type(self) -> str:
@@ -122,18 +141,45 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
     tags = [checked(t, "--quant", True) for t in ((opts.quant,) if opts.quant else ()) + opts.more_quants]
     if len(tags) != len(set(tags)):
         raise InputError(f"--quant {','.join(tags)} names a tag twice; name each once.")
-    if len(tags) > 1 and opts.more_drafters:
+    opts = replace(opts, recipes=tuple(_checked_recipe(opts, r, tags) for r in opts.recipes))
+    if len(tags) + len(opts.recipes) > 1 and opts.more_drafters:
         raise InputError("Several --quant tags and several --drafter are two comparisons at once: make the tags with "
                          "one drafter, or compare the drafters at one tag (two runs with two --outdir folders).")
-    if len(drafts) > 1 and len(drafts) != len(tags):
-        raise InputError(f"--draft-quant {','.join(drafts)} names {len(drafts)} types for {len(tags)} --quant "
-                         "tag(s): give one type for every tag, or one per tag in the order of --quant.")
-    if len(tags) > 1 and opts.target_gguf is not None:
-        raise InputError("Several --quant tags are made from the target's checkpoint; --target-gguf is used as it is. "
-                         "Leave out --target-gguf, or give one --quant.")
+    if len(drafts) > 1 and len(drafts) != len(tags) + len(opts.recipes):
+        raise InputError(f"--draft-quant {','.join(drafts)} names {len(drafts)} types for "
+                         f"{len(tags) + len(opts.recipes)} tag(s): give one type for every tag, or one per tag in the "
+                         "order of --quant, then --recipe.")
+    if (len(tags) > 1 or opts.recipes) and opts.target_gguf is not None:
+        raise InputError("Several --quant tags and --recipe tags are made from the target's checkpoint; --target-gguf "
+                         "is used as it is. Leave out --target-gguf, or give one --quant and no --recipe.")
     if not tags:  # settled by target_quant once the target's config.json is here
         return opts
     return replace(opts, quant=tags[0], more_quants=tuple(tags[1:]))
+
+
+def _checked_recipe(opts: PipelineOptions, recipe: NamedRecipe, tags: list[str]) -> NamedRecipe:
+    """A --recipe with its base type settled (any case, llama-quantize's aliases) and checked as --quant's are.
+
+    Raises:
+        QuantizeError: the base type cannot be made here with its rules (see check_makeable).
+        InputError: its name is a type's (a file named so would be taken for that type), or another tag's.
+    """
+    try:
+        quant_type(recipe.name)
+    except QuantizeError:
+        pass
+    else:
+        raise InputError(f"--recipe {recipe.name}=...: {recipe.name} is the name of a quant type; a file named so "
+                         "would be taken for one made by that type's rules. Name the recipe's tag otherwise (say "
+                         f"{recipe.name}_R).")
+    others = [*tags, *(r.name for r in opts.recipes if r is not recipe)]
+    if recipe.name.upper() in (t.upper() for t in others):
+        raise InputError(f"--recipe {recipe.name} names a tag twice (files are named by the tag, in capitals); name "
+                         "each once.")
+    base = quant_type(recipe.base, f"--recipe {recipe.name}")
+    check_makeable(base, opts.quantizer, imatrix=opts.imatrix, flag=f"--recipe {recipe.name}",
+                   imatrix_auto=opts.imatrix_auto, overrides=replace(opts.target_overrides, tensor_types=recipe.rules))
+    return replace(recipe, base=base.key)
 
 
 def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
@@ -150,7 +196,7 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
         check_makeable(quant_type(settled.target_type), opts.quantizer, imatrix=opts.imatrix, flag="--quant",
                        imatrix_auto=opts.imatrix_auto, overrides=opts.target_overrides)
         return settled
-    for tag in opts.tags:
+    for tag in map(opts.type_of, opts.tags):
         if mxfp4 and tag != MXFP4_MOE and not quant_type(tag).unquantized:
             raise QuantizeError(
                 f"{target.label}: its experts are MXFP4 (config.json: quantization_config.quant_method mxfp4), and "
@@ -162,18 +208,42 @@ def target_quant(opts: PipelineOptions, target: Source) -> PipelineOptions:
     return opts
 
 
-def makes_in_one_pass(opts: PipelineOptions, quant: str, *, target: bool = False) -> bool:
+def check_tag_names(opts: PipelineOptions, model: str) -> None:
+    """Each named recipe's files found by its tag alone: llama.cpp's ``-hf REPO:TAG`` takes the first model file whose
+    name holds ``TAG`` followed by '.' or '-' (common/download.cpp ``find_best_model``, any case), so a recipe's tag
+    must not be found so in another tag's file name (the model's name included), nor another tag in its file's.
+
+    Raises:
+        InputError: naming the two tags and a name that would not be taken for the other.
+    """
+    files = {tag: gguf_name(model, tag) for tag in opts.tags}
+    for recipe in opts.recipes:
+        for tag in opts.tags:
+            if tag == recipe.name:
+                continue
+            for a, b in ((recipe.name, tag), (tag, recipe.name)):
+                if re.search(f"{re.escape(encoding(a))}[.-]", files[b], re.IGNORECASE):
+                    raise InputError(
+                        f"--recipe {recipe.name}: llama.cpp's -hf REPO:{encoding(a)} would find {files[b]} (it takes "
+                        f"the first file whose name holds '{encoding(a)}' and then '.' or '-'), so the tags "
+                        f"{encoding(recipe.name)} and {encoding(tag)} cannot be told apart in one repo. Name the "
+                        "recipe so that no other tag, and not the model's name, holds it or is held by it (say "
+                        f"{encoding(recipe.name)}_R).")
+
+
+def makes_in_one_pass(opts: PipelineOptions, tag: str, *, target: bool = False) -> bool:
     """Convert and quantize in one pass (the built-in converters): the built-in quantizer's bytes without a
     BF16 file on disk. Only when the built-in quantizer is the one that would run (for the target with --imatrix
     FILE: its weighted kernels; not with --imatrix auto, whose matrix is made from the 16-bit GGUF), and no
-    intermediate is to be kept. The target's per-tensor overrides (--pure, --tensor-type, ...) apply in the one pass
-    too."""
+    intermediate is to be kept. ``tag``: a type, or a named recipe's tag. The target's per-tensor overrides (--pure,
+    --tensor-type, a recipe's rules, ...) apply in the one pass too."""
     if target and opts.imatrix_auto:
         return False
     imatrix = target and opts.uses_imatrix
+    quant = opts.type_of(tag)
     return (quant in ONE_PASS_TYPES and not opts.keep_intermediate
             and stages.quantizer_choice(quant, opts.quantizer, imatrix=imatrix,
-                                        overrides=opts.target_overrides if target else NO_OVERRIDES) == "builtin")
+                                        overrides=opts.overrides_of(tag) if target else NO_OVERRIDES) == "builtin")
 
 
 def tag_side(tag: str, tags: tuple[str, ...]) -> str:

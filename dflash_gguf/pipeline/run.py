@@ -44,6 +44,7 @@ from .manifest import (
     OutputRecord,
     Outputs,
     PairRecord,
+    RecipeRecord,
     RunOptions,
     SourceRecord,
     Sources,
@@ -65,6 +66,7 @@ from .naming import (
 from .options import (
     PipelineOptions,
     check_quant_types,
+    check_tag_names,
     drafter_side,
     is_target_side,
     makes_in_one_pass,
@@ -209,7 +211,7 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         files = list_source_files(src, patterns)
         weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
         if src.repo is not None:
-            downloads += [Download(src.label, f.path, f.size, _complete(into / f.path, f.size), False)
+            downloads += [Download(src.label, f.path, f.size, stream.complete_bytes(into / f.path, f.size), False)
                           if streams and not opts.keep_source and side == "target" and f.path.endswith(".safetensors")
                           else Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
     link = None
@@ -220,14 +222,14 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
             downloads.append(Download(method.spec, method.spec.partition(":")[2], None, 0))
     src_t = _config_type(target.path / "config.json")
     builtin = isinstance(method, stages.BuiltinConverter)
-    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, tag), weights["target"], src_t, tag,
+    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, tag), weights["target"], src_t, opts.type_of(tag),
                        builtin and makes_in_one_pass(opts, tag, target=True), link) for tag in opts.tags]
     for i, drafter in enumerate(drafters):
         src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
         for draft_quant in dict.fromkeys(opts.drafter_types()):
             sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, draft_quant,
                                                                             len(drafters) > 1),
-                                   weights[f"drafter{i}"], src_d, draft_quant,
+                                   weights[f"drafter{i}"], src_d, opts.type_of(draft_quant),
                                    not drafter_by_llama_cpp and makes_in_one_pass(opts, draft_quant)))
     outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
     outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
@@ -240,7 +242,7 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         peak += size
     shards = [d for d in downloads if not d.kept]
     in_flight = stream.WINDOW * max((d.size or 0 for d in shards), default=0) \
-        if _reads_once(opts, projector) else None
+        if stream.reads_once(opts, projector) else None
     if opts.keep_source:
         plan = make_plan(outdir, downloads, outputs, peak)
         if streams and plan.short:  # what --no-keep-source would need instead, offered in the refusal
@@ -250,17 +252,6 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         return plan
     return make_plan(outdir, downloads, outputs, peak, in_flight)
 
-
-def _complete(path: Path, size: int | None) -> int:
-    """Bytes of a streamed shard already complete in the run's work folder (a run stopped before it was consumed)."""
-    return size or 0 if size and path.is_file() and path.stat().st_size == size else 0
-
-
-def _reads_once(opts: PipelineOptions, projector: bool) -> bool:
-    """Whether the run reads the target's checkpoint once, so a streamed shard can go as soon as it is consumed: one
-    pass or one 16-bit conversion makes every tag, and no projector reads the shards after."""
-    return not projector and (not opts.several_tags
-                              or all(makes_in_one_pass(opts, tag, target=True) for tag in opts.tags))
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -282,6 +273,7 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
     drafters = [resolve_spec(spec) for spec in opts.drafters]
     drafter, target = drafters[0], resolve_spec(opts.target)
     opts = target_quant(opts, target)
+    check_tag_names(opts, model_name(target.repo, target.path))
     log.info("drafter %s, target %s", ", ".join(d.label for d in drafters), target.label)
     refuse_same_sidecar(target, drafters, opts.drafter_types()[0])
     drafter_by_llama_cpp = opts.llama_cpp is not None and not stages.drafter_vocab_covered(target)
@@ -304,7 +296,9 @@ def run_pipeline(opts: PipelineOptions, progress: ProgressFactory = _no_progress
                          opts.keep_intermediate,
                          opts.allow_derived_target, opts.drop_mtp, opts.tags if opts.several_tags else None,
                          opts.drafter_types() if opts.several_tags else None,
-                         tuple(opts.target_overrides.args()))
+                         tuple(opts.target_overrides.args()),
+                         tuple(RecipeRecord(r.name, r.base, r.file_name, tuple(rule.arg for rule in r.rules))
+                               for r in opts.recipes))
     header: dict[str, Any] = {"precheck": precheck.to_dict(), **({"notes": [advice]} if advice else {})}
     if len(drafters) > 1:
         header["prechecks"] = [p.to_dict() for p in prechecks]
@@ -497,7 +491,7 @@ class _Run:
         --no-keep-source each is removed once consumed when the checkpoint is read once (one pass, or one 16-bit
         conversion, and no projector reading it after); else at the end of the stage."""
         opts = self.opts
-        once = _reads_once(opts, self.makes_projector(target, gguf_path))
+        once = stream.reads_once(opts, self.makes_projector(target, gguf_path))
         into = None if opts.keep_source else stream.source_dir(self.work, target)
         name = model_name(target.repo, target.path)
         # fetched from the start, beside the vocabulary's build; but a rerun whose targets are all here (likely
@@ -612,22 +606,23 @@ class _Run:
         finals = {tag: self.outdir / gguf_name(name, tag) for tag in tags}
         inter = self.outdir / gguf_name(name, src)
         made: dict[str, Made] = {}
-        together = [tag for tag in tags if builtin and tag != src and makes_in_one_pass(self.opts, tag, target=True)]
-        keys = {tag: {**key, "quant": tag, "one_pass": "builtin", **self._one_pass_key()} for tag in together}
+        together = [tag for tag in tags if builtin and self.opts.type_of(tag) != src
+                    and makes_in_one_pass(self.opts, tag, target=True)]
+        keys = {tag: {**key, "quant": tag, "one_pass": "builtin", **self._one_pass_key(tag)} for tag in together}
         todo = [tag for tag in together if not self.manifest.reusable(
             f"{tag_side(tag, tags)}.convert", keys[tag],
             self._finals(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", finals[tag]))]
         if todo:
             log.info("target: converting and quantizing in one pass to %s", ", ".join(finals[t].name for t in todo))
             with _bar(self.progress, f"convert target to {len(todo)} tags") as bar:
-                shas = stages.convert_target_tags_builtin(target.path, [(finals[t], t) for t in todo], src, tok,
-                                                          Provenance(None, target.repo_spec, None, tok.provenance()),
-                                                          bar, self.opts.drop_mtp, self._importance(),
-                                                          self.opts.target_overrides)
+                shas = stages.convert_target_tags_builtin(
+                    target.path, [(finals[t], self.opts.type_of(t), self.opts.overrides_of(t)) for t in todo], src,
+                    tok, Provenance(None, target.repo_spec, None, tok.provenance()), bar, self.opts.drop_mtp,
+                    self._importance())
             for tag, sha in zip(todo, shas, strict=True):
                 self._record_final(tag_side(tag, tags), f"{tag_side(tag, tags)}.convert", keys[tag], finals[tag], sha)
         for tag in together:
-            made[tag] = Made(tag, "built-in converter and quantizer in one pass")
+            made[tag] = Made(self.opts.type_of(tag), "built-in converter and quantizer in one pass")
         from_16_bit = [tag for tag in tags if tag not in together]
         convert_stage = "target.intermediate"
         if src in from_16_bit:  # the conversion itself is a tag: it is the file the others are quantized from
@@ -651,12 +646,12 @@ class _Run:
             self._loaded_importance = load_importance(self.imatrix)
         return self._loaded_importance
 
-    def _one_pass_key(self) -> dict[str, Any]:
-        """What a one-pass target's stage key records of its quantization settings: the matrix and the per-tensor
-        overrides (nothing of either when not given: earlier outputs stay reusable)."""
+    def _one_pass_key(self, tag: str) -> dict[str, Any]:
+        """What a one-pass target's stage key records of its quantization settings: the matrix and the tag's
+        per-tensor overrides (nothing of either when not given: earlier outputs stay reusable)."""
         key: dict[str, Any] = {}
-        if self.opts.target_overrides.given:
-            key["overrides"] = self.opts.target_overrides.args()
+        if (overrides := self.opts.overrides_of(tag)).given:
+            key["overrides"] = overrides.args()
         if self.imatrix is not None:
             key["imatrix"] = {"file": self.imatrix.name, "size": self.imatrix.stat().st_size,
                               "sha256": self.imatrix_sha256}
@@ -780,8 +775,9 @@ class _Run:
         """Convert (unless pair.json vouches for the file), then quantize; returns how the final was made.
         The converters return the sha256 they computed while writing (None for external tools), so recording
         an output does not read it again."""
+        tag, quant = quant, self.opts.type_of(quant)  # a named recipe's tag is made as its base type
         if one_pass is not None and src != quant:
-            matrix = self._one_pass_key() if is_target_side(side) else {}
+            matrix = self._one_pass_key(tag) if is_target_side(side) else {}
             key = {**key, "quant": quant, "one_pass": "builtin", **matrix}
             if not self.manifest.reusable(f"{side}.convert", key, self._finals(side, f"{side}.convert", final)):
                 log.info("%s: converting and quantizing in one pass to %s", side, final)
@@ -796,19 +792,20 @@ class _Run:
                 sha = convert(final)
                 self._record_final(side, f"{side}.convert", key, final, sha, converter=True)
             return Made(quant, f"{key.get('method', 'builtin')} converter, not quantized")
-        return self._quantized_side(side, key, convert, inter, final, quant)
+        return self._quantized_side(side, key, convert, inter, final, tag)
 
     def _quantized_side(self, side: str, key: dict[str, Any], convert: Callable[[Path], str | None], inter: Path,
                         final: Path, quant: str, *, keep_input: bool = False, convert_stage: str | None = None,
                         last_use: bool = True) -> Made:
         """``final`` quantized from ``inter`` (converted first unless ``keep_input``: it is the user's file), which is
         removed after its ``last_use`` unless --keep-intermediate; ``convert_stage``: the stage recording ``inter``
-        (one for several tags)."""
+        (one for several tags). ``quant``: the tag (a named recipe's is made as its base type, with its rules)."""
+        tag, quant = quant, self.opts.type_of(quant)
         convert_stage = convert_stage or f"{side}.convert"
         if is_target_side(side) and self.opts.imatrix_auto and self.imatrix is None:
             self.imatrix = self._auto_imatrix(key, convert, inter, convert_stage, keep_input)
         imatrix = self.imatrix if is_target_side(side) else None
-        overrides = self.opts.target_overrides if is_target_side(side) else NO_OVERRIDES
+        overrides = self.opts.overrides_of(tag) if is_target_side(side) else NO_OVERRIDES
         q_key = {"input": key, "type": quant,
                  "quantizer": stages.quantizer_choice(quant, self.opts.quantizer, imatrix=imatrix is not None,
                                                       overrides=overrides)}

@@ -363,13 +363,12 @@ def convert_target_builtin(model_dir: Path, outfile: Path, outtype: str, tokeniz
                           importance=importance, overrides=overrides).sha256
 
 
-def convert_target_tags_builtin(model_dir: Path, outputs: Sequence[tuple[Path, str]], outtype: str,
+def convert_target_tags_builtin(model_dir: Path, outputs: Sequence[tuple[Path, str, Overrides]], outtype: str,
                                 tokenizer: TokenizerStage, sources: Provenance, on_progress: OnProgress = None,
-                                drop_mtp: bool = False, importance: Importance | None = None,
-                                overrides: Overrides = NO_OVERRIDES) -> list[str | None]:
-    """The built-in target converter quantizing in one pass to every (file, type) of ``outputs`` from one read of
-    the checkpoint (several --quant tags); returns each output's sha256, hashed while writing."""
-    (first, quant), *more = outputs
+                                drop_mtp: bool = False, importance: Importance | None = None) -> list[str | None]:
+    """The built-in target converter quantizing in one pass to every (file, type, per-tensor flags) of ``outputs``
+    from one read of the checkpoint (several tags); returns each output's sha256, hashed while writing."""
+    (first, quant, overrides), *more = outputs
     result = convert_target(model_dir, first, outtype, tokenizer_dir=tokenizer.dir, provenance=sources.keys(),
                             quant=quant, read_ahead=False, drop_mtp=drop_mtp, on_progress=on_progress, more=more,
                             importance=importance, overrides=overrides)

@@ -21,6 +21,7 @@ from .. import hub
 from ..arrivals import ShardStream, streaming
 from ..hub import INDEX
 from .naming import model_name
+from .options import PipelineOptions, makes_in_one_pass
 from .sources import Source, list_source_files
 
 SOURCE_DIR = "source"  # in the run's work folder: --no-keep-source's shards, each removed once consumed
@@ -59,6 +60,18 @@ def shard_names(target: Source) -> list[str]:
     if INDEX not in files:
         return []
     return sorted(f for f in files if f.endswith(".safetensors"))
+
+
+def reads_once(opts: PipelineOptions, projector: bool) -> bool:
+    """Whether the run reads the target's checkpoint once, so a streamed shard can go as soon as it is consumed: one
+    pass or one 16-bit conversion makes every tag, and no projector reads the shards after."""
+    return not projector and (not opts.several_tags
+                              or all(makes_in_one_pass(opts, tag, target=True) for tag in opts.tags))
+
+
+def complete_bytes(path: Path, size: int | None) -> int:
+    """Bytes of a streamed shard already complete in the run's work folder (a run stopped before it was consumed)."""
+    return size if size and path.is_file() and path.stat().st_size == size else 0
 
 
 def source_dir(work: Path, target: Source) -> Path:

@@ -403,6 +403,8 @@ def render_card(record: PairRecord, repo_id: str, license: str, files: list[Uplo
               f"{record.target.made_by}",
               *([f"- the target's llama-quantize flags, in the order they apply: `{shlex.join(record.quantize_flags)}`"]
                 if record.quantize_flags else []),
+              *(f"- tag {r.name}: {r.type.upper()} with the rules of `{r.file}`, in the order they apply: "
+                f"`{shlex.join(arg for rule in r.rules for arg in ('--tensor-type', rule))}`" for r in record.recipes),
               f"- drafter: {record.drafter.type}, {record.drafter.made_by}"]
     if record.imatrix is not None and not drafter_only:
         lines.append(f"- the target's importance matrix: `{record.imatrix.file}` (sha256 `{record.imatrix.sha256}`), "

@@ -687,13 +687,18 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
                                importance=importance)[0]
 
 
-def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *, threads: int | None = None,
+# One output of a read: (file, type), or (file, type, its own per-tensor flags) where they differ from the run's.
+Output = tuple[Path, str] | tuple[Path, str, Overrides]
+
+
+def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[Output], *, threads: int | None = None,
                         allow_requantize: bool = False, overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                         on_progress: Callable[[int, int], None] | None = None,
                         importance: Importance | None = None) -> list[BuiltinOutcome]:
     """:func:`run_builtin` for several (file, type) outputs from one read of the input, each the bytes a run of its
     own would write; all are written or none (each atomically, renamed once all are complete). ``importance``: the
-    importance matrix, as llama-quantize --imatrix uses it (compiled kernels only).
+    importance matrix, as llama-quantize --imatrix uses it (compiled kernels only). ``overrides``: every output's
+    per-tensor flags, but for an output that names its own (a named recipe tag).
 
     Raises:
         QuantizeError, OutputError: as :func:`run_builtin`.
@@ -703,9 +708,9 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
         raise QuantizeError(f"{gguf.path} uses general.alignment={gguf.alignment}; the built-in quantizer writes "
                             "32-byte alignment only. Use --quantizer llama-quantize.")
     planned = []
-    flags = tuple(overrides.args())
-    for outfile, type_name in outputs:
-        tensor_plan = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=overrides,
+    for outfile, type_name, *own in outputs:
+        rules = own[0] if own else overrides
+        tensor_plan = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=rules,
                                    importance=importance)
         jobs = tensor_plan.jobs
         types: dict[str, int] = {}
@@ -714,28 +719,29 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[tuple[Path, str]], *,
         fallbacks = tensor_plan.notes()
         for msg in fallbacks:
             log.warning("%s", msg)
+        flags = tuple(rules.args())
         size = sum(map(len, _header(gguf, jobs, type_name, importance, flags))) + sum(pad(j.dst_nbytes) for j in jobs)
-        planned.append((Path(outfile), type_name, jobs, types, fallbacks, size))
+        planned.append((Path(outfile), type_name, jobs, types, fallbacks, size, flags))
     if dry_run:
         return [BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
-                for _, _, _, types, fallbacks, size in planned]
+                for _, _, _, types, fallbacks, size, _ in planned]
     for folder in {outfile.parent for outfile, *_ in planned}:  # all of a folder's outputs at once
         check_free_space(next(p[0] for p in planned if p[0].parent == folder),
-                         sum(p[-1] for p in planned if p[0].parent == folder))
+                         sum(p[5] for p in planned if p[0].parent == folder))
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_output(outfile)) for outfile, *_ in planned]
-        written = write_outputs(gguf, [OutputPlan(jobs, type_name, tmp, importance, flags)
-                                       for (_, type_name, jobs, *_), tmp in zip(planned, tmps, strict=True)],
-                                threads, on_progress)
+        plans = [OutputPlan(jobs, type_name, tmp, importance, flags)
+                 for (_, type_name, jobs, _, _, _, flags), tmp in zip(planned, tmps, strict=True)]
+        written = write_outputs(gguf, plans, threads, on_progress)
     seconds = time.monotonic() - t0
     return [BuiltinOutcome(w.n_bytes, types, fallbacks, seconds, w.sha256)
-            for (_, _, _, types, fallbacks, _), w in zip(planned, written, strict=True)]
+            for (_, _, _, types, fallbacks, _, _), w in zip(planned, written, strict=True)]
 
 
 def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int | None = None,
                   overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None,
-                  more: Sequence[tuple[Path, str]] = (), importance: Importance | None = None) -> list[BuiltinOutcome]:
+                  more: Sequence[Output] = (), importance: Importance | None = None) -> list[BuiltinOutcome]:
     """Convert and quantize in one pass: the bytes of converting ``plan`` and then quantizing that file, to
     ``outfile`` and to each further (file, type) of ``more`` from the same read.
 

@@ -96,6 +96,42 @@ def recipe_from_flags(tensor_types: Sequence[str], tensor_type_file: Path | None
     return given + (read_tensor_type_file(tensor_type_file) if tensor_type_file is not None else ())
 
 
+# A tag's name as it stands in file names: llama.cpp's -hf REPO:TAG reads the part after a name's last '-' or '.'
+# (common/download.cpp get_gguf_split_info: [-.]([A-Z0-9_]+)$).
+_TAG_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class NamedRecipe:
+    """``--recipe NAME=BASE_TYPE:FILE``: a tag of its own, ``NAME`` (in its files' names, where ``-hf REPO:NAME``
+    finds them), made as ``base`` (a llama-quantize type name, settled by the caller) with the per-tensor ``rules`` of
+    the file, recorded by the file's name (never its path)."""
+
+    name: str
+    base: str
+    file_name: str
+    rules: tuple[TensorTypeRule, ...]
+
+
+def parse_named_recipe(text: str) -> NamedRecipe:
+    """``NAME=BASE_TYPE:FILE`` (the file read now, as ``--tensor-type-file`` reads it).
+
+    Raises:
+        QuantizeError: the shape is not NAME=TYPE:FILE, the name holds a dash (llama.cpp's -hf would take only its
+            last part) or another character a file name tag does not, or the file is refused.
+    """
+    name, sep, rest = text.partition("=")
+    base, colon, file = rest.partition(":")
+    if not sep or not colon or not name or not base or not file:
+        raise QuantizeError(f"--recipe {text!r}: write NAME=BASE_TYPE:FILE, e.g. 'Q4_K_A8=Q4_K_M:attn-q8.txt' (a tag "
+                            "named Q4_K_A8, made as Q4_K_M with the file's PATTERN=TYPE rules).")
+    if not _TAG_NAME.match(name):
+        raise QuantizeError(f"--recipe {text!r}: the tag name {name!r} may hold letters, digits and '_' only: it ends "
+                            "the files' names, and llama.cpp's -hf REPO:TAG reads the part after the last '-' or '.'.")
+    path = Path(file).expanduser()
+    return NamedRecipe(name, base, path.name, read_tensor_type_file(path))
+
+
 def first_match(rules: tuple[TensorTypeRule, ...], tensor_name: str) -> TensorTypeRule | None:
     """The rule b11434 applies to ``tensor_name``: the first whose pattern is found in it."""
     return next((rule for rule in rules if rule.matches(tensor_name)), None)
