@@ -67,6 +67,8 @@ TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.mode
                       "vocab.json", "merges.txt")
 # A target's image/audio processor settings, which its projector (mmproj) conversion reads.
 PROCESSOR_PATTERNS = tuple(name for name, _ in PREPROCESSOR_FILES)
+# A target's files beside its weights: its tokenizer and its image/audio processor settings.
+TARGET_PATTERNS = TOKENIZER_PATTERNS + PROCESSOR_PATTERNS
 INDEX = "model.safetensors.index.json"
 WEIGHT_PATTERNS = ("*.safetensors", INDEX)
 # A drafter's files beyond its weights: its tokenizer (an MTP assistant converts with its own), and the files its

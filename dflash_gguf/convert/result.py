@@ -22,7 +22,7 @@ from ..atomic import atomic_output, check_free_space
 from ..errors import InputError, TensorError
 from ..ggufio import GGUFPlan, TensorOut, Written
 from ..model_card import base_models
-from ..quantize.builtin import NO_OVERRIDES, Output, Overrides, quantize_plan
+from ..quantize.builtin import NO_OVERRIDES, Overrides, QuantOutput, quantize_plan
 from ..quantize.imatrix import Importance, check_entries
 from .safetensors import index_checkpoint
 from .tensor_io import to_f32
@@ -135,7 +135,7 @@ def target_record(target_dir: Path, config_path: Path, arch: str, vocab_sha256: 
 def finish(plan: GGUFPlan, outfile: Path, outtype: str, vocab: VocabInfo, notes: tuple[str, ...],
            recorded: dict[str, str], started: float, *, quant: str | None = None, dry_run: bool = False,
            on_progress: Callable[[int, int], None] | None = None,
-           more: Sequence[Output] = (), importance: Importance | None = None,
+           more: Sequence[QuantOutput] = (), importance: Importance | None = None,
            overrides: Overrides = NO_OVERRIDES) -> ConvertResult:
     """Write ``recorded`` and ``notes`` as our keys, then write ``plan`` (or quantize it to ``quant`` in one
     pass, and to each further (file, type) of ``more`` from the same read, with the ``importance`` matrix when

@@ -146,9 +146,10 @@ def check_quant_types(opts: PipelineOptions) -> PipelineOptions:
         raise InputError("Several --quant tags and several --drafter are two comparisons at once: make the tags with "
                          "one drafter, or compare the drafters at one tag (two runs with two --outdir folders).")
     if len(drafts) > 1 and len(drafts) != len(tags) + len(opts.recipes):
+        which = "--quant tag(s)" if not opts.recipes else "tag(s) of --quant and --recipe"
         raise InputError(f"--draft-quant {','.join(drafts)} names {len(drafts)} types for "
-                         f"{len(tags) + len(opts.recipes)} tag(s): give one type for every tag, or one per tag in the "
-                         "order of --quant, then --recipe.")
+                         f"{len(tags) + len(opts.recipes)} {which}: give one type for every tag, or one per tag in "
+                         "the order of --quant, then --recipe.")
     if (len(tags) > 1 or opts.recipes) and opts.target_gguf is not None:
         raise InputError("Several --quant tags and --recipe tags are made from the target's checkpoint; --target-gguf "
                          "is used as it is. Leave out --target-gguf, or give one --quant and no --recipe.")

@@ -1,4 +1,5 @@
-"""The plan of a run: files to download (with sizes), outputs (with estimated sizes), and the disk it needs.
+"""The plan of a run (``plan_run``): files to download (with sizes), outputs (with estimated sizes), and the disk it
+needs.
 
 Computed from configs, the Hub's file listing at the pinned commit and the local cache, before any
 weight is fetched: ``--dry-run`` prints it, and every run refuses up front when a filesystem cannot
@@ -15,9 +16,16 @@ from typing import Any
 
 from huggingface_hub import constants as hf_constants
 
+from .. import folder_lock
 from ..errors import OutputError
 from ..ggufio.split import SplitRule, shard_path
-from .naming import size_ratio
+from ..hub import DRAFTER_PATTERNS, TARGET_PATTERNS, WEIGHT_PATTERNS
+from ..jsonfile import read_json
+from ..sidecar import drafter_kind_of_checkpoint, sidecar_name
+from . import stages, stream
+from .naming import DRAFTERS_DIR, gguf_name, model_name, projector_name, size_ratio
+from .options import PipelineOptions, makes_in_one_pass
+from .sources import Source, cached_size, list_source_files
 
 
 @dataclass(frozen=True)
@@ -172,3 +180,77 @@ def make_plan(outdir: Path, downloads: list[Download], outputs: list[Output], pe
         needed[str(cache_fs)] = to_download
     free = {k: shutil.disk_usage(k).free for k in needed}
     return Plan(Path(outdir), tuple(downloads), tuple(outputs), needed, free)
+
+
+def _config_type(cfg_path: Path) -> str:
+    """The checkpoint's 16-bit type as config.json declares it (for the plan, before any weight is here)."""
+    cfg = read_json(cfg_path)
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") \
+        or (cfg.get("text_config") or {}).get("torch_dtype")
+    return "bf16" if dtype == "bfloat16" else "f16"
+
+
+def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
+    """Where a drafter's GGUF goes in the output folder: its sidecar name, in ``drafters/`` when the run makes
+    several (llama.cpp's folder layout holds one target and one sidecar: the one served is linked beside the
+    target; ``load_from_models_dir`` would otherwise attach whichever sidecar it lists first)."""
+    name = sidecar_name(model_name(target.repo, target.path), draft_quant, drafter_kind_of_checkpoint(drafter.path))
+    return f"{DRAFTERS_DIR}/{name}" if several else name
+
+
+def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, method: stages.TargetMethod,
+             outdir: Path, drafter_by_llama_cpp: bool = False) -> Plan:
+    """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
+    name_t = model_name(target.repo, target.path)
+    target_patterns = TARGET_PATTERNS + (() if isinstance(method, stages.ExistingGguf) else WEIGHT_PATTERNS)
+    downloads: list[Download] = []
+    weights: dict[str, int] = {}
+    sides_in = [("target", target, target_patterns)] + [(f"drafter{i}", d, DRAFTER_PATTERNS)
+                                                         for i, d in enumerate(drafters)]
+    streams = (isinstance(method, stages.BuiltinConverter) and not drafter_by_llama_cpp
+               and bool(stream.shard_names(target)))
+    into = stream.source_dir(outdir / folder_lock.WORK_DIR, target)
+    for side, src, patterns in sides_in:
+        files = list_source_files(src, patterns)
+        weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
+        if src.repo is not None:
+            downloads += [Download(src.label, f.path, f.size, stream.complete_bytes(into / f.path, f.size), False)
+                          if streams and not opts.keep_source and side == "target" and f.path.endswith(".safetensors")
+                          else Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
+    link = None
+    if isinstance(method, stages.ExistingGguf):
+        local = Path(method.spec).expanduser()
+        link = local.name if local.is_file() else method.spec.rsplit("/", 1)[-1]
+        if not local.is_file():
+            downloads.append(Download(method.spec, method.spec.partition(":")[2], None, 0))
+    src_t = _config_type(target.path / "config.json")
+    builtin = isinstance(method, stages.BuiltinConverter)
+    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, tag), weights["target"], src_t, opts.type_of(tag),
+                       builtin and makes_in_one_pass(opts, tag, target=True), link) for tag in opts.tags]
+    for i, drafter in enumerate(drafters):
+        src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
+        for draft_quant in dict.fromkeys(opts.drafter_types()):
+            sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, draft_quant,
+                                                                            len(drafters) > 1),
+                                   weights[f"drafter{i}"], src_d, opts.type_of(draft_quant),
+                                   not drafter_by_llama_cpp and makes_in_one_pass(opts, draft_quant)))
+    outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
+    outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
+    if opts.split.given:
+        outputs = split_outputs(outputs, {gguf_name(name_t, tag) for tag in opts.tags}, opts.split)
+    projector = opts.mmproj and link is None and stages.has_projector(target.path)
+    if projector:
+        size = int(projector_params(read_json(target.path / "config.json")) * 2 * size_ratio(opts.mmproj_type))
+        outputs.append(Output(projector_name(name_t, opts.mmproj_type), size, "final"))
+        peak += size
+    shards = [d for d in downloads if not d.kept]
+    in_flight = stream.WINDOW * max((d.size or 0 for d in shards), default=0) \
+        if stream.reads_once(opts, projector) else None
+    if opts.keep_source:
+        plan = make_plan(outdir, downloads, outputs, peak)
+        if streams and plan.short:  # what --no-keep-source would need instead, offered in the refusal
+            alone = [replace(d, cached=0, kept=False) if d.source == target.label and d.path.endswith(".safetensors")
+                     else d for d in downloads]
+            plan = replace(plan, without_source=sum(make_plan(outdir, alone, outputs, peak, in_flight).needed.values()))
+        return plan
+    return make_plan(outdir, downloads, outputs, peak, in_flight)

@@ -24,13 +24,12 @@ from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable
 from ..ggufio.split import shard_path, split_gguf
-from ..hub import DRAFTER_PATTERNS, INDEX, PROCESSOR_PATTERNS, TOKENIZER_PATTERNS, WEIGHT_PATTERNS
-from ..jsonfile import read_json
+from ..hub import DRAFTER_PATTERNS, INDEX, TARGET_PATTERNS, WEIGHT_PATTERNS
 from ..provenance import Provenance, folder_label
 from ..quantize.builtin import NO_OVERRIDES
 from ..quantize.imatrix import Importance, imatrix_tool, load_importance, make_imatrix
 from ..relpath import inside
-from ..sidecar import drafter_kind, drafter_kind_of_checkpoint, sidecar_name
+from ..sidecar import drafter_kind
 from ..tune import TuneOptions, TuneReport, tune
 from ..tune.plot import PLOT_NAME, write_plot
 from ..verify import Report, read_gguf
@@ -55,13 +54,11 @@ from .manifest import (
     sha256_file,
 )
 from .naming import (
-    DRAFTERS_DIR,
     IMATRIX_DIR,
     checkpoint_type,
     gguf_name,
     model_name,
     projector_name,
-    size_ratio,
 )
 from .options import (
     PipelineOptions,
@@ -73,9 +70,9 @@ from .options import (
     tag_side,
     target_quant,
 )
-from .plan import Download, Output, Plan, SideFiles, estimate_outputs, make_plan, projector_params, split_outputs
+from .plan import Plan, drafter_file, plan_run
 from .serve import measured_winner, record_serving, serve_drafter, unpark_single_drafter
-from .sources import Source, cached_size, fetch_source, list_source_files, public_spec
+from .sources import Source, fetch_source, public_spec
 from .sources import resolve_source as resolve_spec
 from .stream import StreamSummary
 
@@ -83,7 +80,6 @@ log = logging.getLogger(__name__)
 
 WORK_DIR = folder_lock.WORK_DIR  # inside --outdir: the tokenizer overlay, the converters' scratch cwd, the lock
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
-TARGET_PATTERNS = TOKENIZER_PATTERNS + PROCESSOR_PATTERNS  # a target's files beside its weights
 
 
 @dataclass(frozen=True)
@@ -147,14 +143,6 @@ def _bar(progress: ProgressFactory, desc: str) -> Iterator[Callable[[int, int], 
             close()
 
 
-def _config_type(cfg_path: Path) -> str:
-    """The checkpoint's 16-bit type as config.json declares it (for the plan, before any weight is here)."""
-    cfg = read_json(cfg_path)
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype") \
-        or (cfg.get("text_config") or {}).get("torch_dtype")
-    return "bf16" if dtype == "bfloat16" else "f16"
-
-
 def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> ToolVersions:
     def version(dist: str) -> str:
         try:
@@ -168,14 +156,6 @@ def _tool_versions(method: stages.TargetMethod, opts: PipelineOptions) -> ToolVe
 
 
 # ------------------------------------------------------------------------------------------------ plan
-
-
-def drafter_file(target: Source, drafter: Source, draft_quant: str, several: bool) -> str:
-    """Where a drafter's GGUF goes in the output folder: its sidecar name, in ``drafters/`` when the run makes
-    several (llama.cpp's folder layout holds one target and one sidecar: the one served is linked beside the
-    target; ``load_from_models_dir`` would otherwise attach whichever sidecar it lists first)."""
-    name = sidecar_name(model_name(target.repo, target.path), draft_quant, drafter_kind_of_checkpoint(drafter.path))
-    return f"{DRAFTERS_DIR}/{name}" if several else name
 
 
 def refuse_same_sidecar(target: Source, drafters: list[Source], draft_quant: str) -> None:
@@ -193,65 +173,6 @@ def refuse_same_sidecar(target: Source, drafters: list[Source], draft_quant: str
                              "their kind (dflash-, dspark-, mtp-, eagle3-). Compare them in two runs with two --outdir "
                              "folders, then 'dflash-gguf tune TARGET.gguf A.gguf B.gguf'.")
         seen[name] = d
-
-
-def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, method: stages.TargetMethod,
-             outdir: Path, drafter_by_llama_cpp: bool = False) -> Plan:
-    """Files to download with sizes, outputs with estimated sizes, disk needed and free."""
-    name_t = model_name(target.repo, target.path)
-    target_patterns = TARGET_PATTERNS + (() if isinstance(method, stages.ExistingGguf) else WEIGHT_PATTERNS)
-    downloads: list[Download] = []
-    weights: dict[str, int] = {}
-    sides_in = [("target", target, target_patterns)] + [(f"drafter{i}", d, DRAFTER_PATTERNS)
-                                                         for i, d in enumerate(drafters)]
-    streams = (isinstance(method, stages.BuiltinConverter) and not drafter_by_llama_cpp
-               and bool(stream.shard_names(target)))
-    into = stream.source_dir(outdir / WORK_DIR, target)
-    for side, src, patterns in sides_in:
-        files = list_source_files(src, patterns)
-        weights[side] = sum(f.size or 0 for f in files if f.path.endswith(".safetensors"))
-        if src.repo is not None:
-            downloads += [Download(src.label, f.path, f.size, stream.complete_bytes(into / f.path, f.size), False)
-                          if streams and not opts.keep_source and side == "target" and f.path.endswith(".safetensors")
-                          else Download(src.label, f.path, f.size, cached_size(src, f.path)) for f in files]
-    link = None
-    if isinstance(method, stages.ExistingGguf):
-        local = Path(method.spec).expanduser()
-        link = local.name if local.is_file() else method.spec.rsplit("/", 1)[-1]
-        if not local.is_file():
-            downloads.append(Download(method.spec, method.spec.partition(":")[2], None, 0))
-    src_t = _config_type(target.path / "config.json")
-    builtin = isinstance(method, stages.BuiltinConverter)
-    sides = [SideFiles(gguf_name(name_t, src_t), gguf_name(name_t, tag), weights["target"], src_t, opts.type_of(tag),
-                       builtin and makes_in_one_pass(opts, tag, target=True), link) for tag in opts.tags]
-    for i, drafter in enumerate(drafters):
-        src_d, name_d = _config_type(drafter.path / "config.json"), model_name(drafter.repo, drafter.path)
-        for draft_quant in dict.fromkeys(opts.drafter_types()):
-            sides.append(SideFiles(gguf_name(name_d, src_d), drafter_file(target, drafter, draft_quant,
-                                                                            len(drafters) > 1),
-                                   weights[f"drafter{i}"], src_d, opts.type_of(draft_quant),
-                                   not drafter_by_llama_cpp and makes_in_one_pass(opts, draft_quant)))
-    outputs, peak = estimate_outputs(sides, keep_intermediate=opts.keep_intermediate)
-    outputs = list({o.file: o for o in outputs}.values())  # several tags share the intermediate
-    if opts.split.given:
-        outputs = split_outputs(outputs, {gguf_name(name_t, tag) for tag in opts.tags}, opts.split)
-    projector = opts.mmproj and link is None and stages.has_projector(target.path)
-    if projector:
-        size = int(projector_params(read_json(target.path / "config.json")) * 2 * size_ratio(opts.mmproj_type))
-        outputs.append(Output(projector_name(name_t, opts.mmproj_type), size, "final"))
-        peak += size
-    shards = [d for d in downloads if not d.kept]
-    in_flight = stream.WINDOW * max((d.size or 0 for d in shards), default=0) \
-        if stream.reads_once(opts, projector) else None
-    if opts.keep_source:
-        plan = make_plan(outdir, downloads, outputs, peak)
-        if streams and plan.short:  # what --no-keep-source would need instead, offered in the refusal
-            alone = [replace(d, cached=0, kept=False) if d.source == target.label and d.path.endswith(".safetensors")
-                     else d for d in downloads]
-            plan = replace(plan, without_source=sum(make_plan(outdir, alone, outputs, peak, in_flight).needed.values()))
-        return plan
-    return make_plan(outdir, downloads, outputs, peak, in_flight)
-
 
 
 # ---------------------------------------------------------------------------------------------- the run

@@ -688,10 +688,23 @@ def run_builtin(gguf: InputGGUF, outfile: Path, type_name: str, *, threads: int 
 
 
 # One output of a read: (file, type), or (file, type, its own per-tensor flags) where they differ from the run's.
-Output = tuple[Path, str] | tuple[Path, str, Overrides]
+QuantOutput = tuple[Path, str] | tuple[Path, str, Overrides]
 
 
-def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[Output], *, threads: int | None = None,
+@dataclass(frozen=True)
+class _Planned:
+    """One output of :func:`run_builtin_outputs`, planned: its file, type, jobs, what it holds and its flags."""
+
+    outfile: Path
+    type_name: str
+    jobs: list[TensorJob]
+    types: dict[str, int]
+    fallbacks: tuple[str, ...]
+    size: int
+    flags: tuple[str, ...]
+
+
+def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[QuantOutput], *, threads: int | None = None,
                         allow_requantize: bool = False, overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                         on_progress: Callable[[int, int], None] | None = None,
                         importance: Importance | None = None) -> list[BuiltinOutcome]:
@@ -707,7 +720,7 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[Output], *, threads: 
     if gguf.alignment != ALIGNMENT:
         raise QuantizeError(f"{gguf.path} uses general.alignment={gguf.alignment}; the built-in quantizer writes "
                             "32-byte alignment only. Use --quantizer llama-quantize.")
-    planned = []
+    planned: list[_Planned] = []
     for outfile, type_name, *own in outputs:
         rules = own[0] if own else overrides
         tensor_plan = plan_tensors(gguf, type_name, allow_requantize=allow_requantize, overrides=rules,
@@ -721,27 +734,25 @@ def run_builtin_outputs(gguf: InputGGUF, outputs: Sequence[Output], *, threads: 
             log.warning("%s", msg)
         flags = tuple(rules.args())
         size = sum(map(len, _header(gguf, jobs, type_name, importance, flags))) + sum(pad(j.dst_nbytes) for j in jobs)
-        planned.append((Path(outfile), type_name, jobs, types, fallbacks, size, flags))
+        planned.append(_Planned(Path(outfile), type_name, jobs, types, tuple(fallbacks), size, flags))
     if dry_run:
-        return [BuiltinOutcome(size, types, fallbacks, time.monotonic() - t0)
-                for _, _, _, types, fallbacks, size, _ in planned]
-    for folder in {outfile.parent for outfile, *_ in planned}:  # all of a folder's outputs at once
-        check_free_space(next(p[0] for p in planned if p[0].parent == folder),
-                         sum(p[5] for p in planned if p[0].parent == folder))
+        return [BuiltinOutcome(p.size, p.types, p.fallbacks, time.monotonic() - t0) for p in planned]
+    for folder in {p.outfile.parent for p in planned}:  # all of a folder's outputs at once
+        check_free_space(next(p.outfile for p in planned if p.outfile.parent == folder),
+                         sum(p.size for p in planned if p.outfile.parent == folder))
     with contextlib.ExitStack() as stack:
-        tmps = [stack.enter_context(atomic_output(outfile)) for outfile, *_ in planned]
-        plans = [OutputPlan(jobs, type_name, tmp, importance, flags)
-                 for (_, type_name, jobs, _, _, _, flags), tmp in zip(planned, tmps, strict=True)]
+        plans = [OutputPlan(p.jobs, p.type_name, stack.enter_context(atomic_output(p.outfile)), importance, p.flags)
+                 for p in planned]
         written = write_outputs(gguf, plans, threads, on_progress)
     seconds = time.monotonic() - t0
-    return [BuiltinOutcome(w.n_bytes, types, fallbacks, seconds, w.sha256)
-            for (_, _, _, types, fallbacks, _, _), w in zip(planned, written, strict=True)]
+    return [BuiltinOutcome(w.n_bytes, p.types, p.fallbacks, seconds, w.sha256)
+            for p, w in zip(planned, written, strict=True)]
 
 
 def quantize_plan(plan: GGUFPlan, outfile: Path, type_name: str, *, threads: int | None = None,
                   overrides: Overrides = NO_OVERRIDES, dry_run: bool = False,
                   on_progress: Callable[[int, int], None] | None = None,
-                  more: Sequence[Output] = (), importance: Importance | None = None) -> list[BuiltinOutcome]:
+                  more: Sequence[QuantOutput] = (), importance: Importance | None = None) -> list[BuiltinOutcome]:
     """Convert and quantize in one pass: the bytes of converting ``plan`` and then quantizing that file, to
     ``outfile`` and to each further (file, type) of ``more`` from the same read.
 

@@ -59,7 +59,7 @@ from ...ggufio.layout import GGML_QUANT_VERSION, pad
 from ...ggufio.readahead import warm_up
 from ...hf_configs import read_config
 from ...quantize.ahead import HeadStart
-from ...quantize.builtin import NO_OVERRIDES, Output, Overrides, TensorJob, ahead_jobs, input_from_plan
+from ...quantize.builtin import NO_OVERRIDES, Overrides, QuantOutput, TensorJob, ahead_jobs, input_from_plan
 from ...quantize.builtin import plan_tensors as quant_plan
 from ...quantize.imatrix import Importance
 from ..configs import TargetArch, TargetConfig, parse_target_config
@@ -225,7 +225,7 @@ def convert_target(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                    read_ahead: bool = True,
                    drop_mtp: bool = False,
                    on_progress: Callable[[int, int], None] | None = None,
-                   more: Sequence[Output] = (), importance: Importance | None = None,
+                   more: Sequence[QuantOutput] = (), importance: Importance | None = None,
                    overrides: Overrides = NO_OVERRIDES) -> ConvertResult:
     """Convert a target checkpoint into the GGUF llama.cpp b11434's convert_hf_to_gguf.py writes.
 
