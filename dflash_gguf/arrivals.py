@@ -197,9 +197,6 @@ class ShardStream:
             self._cond.notify_all()
         return True
 
-    def wait_all(self) -> None:
-        self.wait([p for p in self._order if not self._states[p].released])
-
     def close(self) -> None:
         """Stop fetching (a download in flight stops at its next chunk), and with ``remove_consumed`` remove every
         shard fetched."""
@@ -213,9 +210,6 @@ class ShardStream:
             for path, state in self._states.items():
                 if state.arrived.is_set():
                     self.release(path)
-
-    def unreleased(self) -> list[StreamShard]:
-        return [s.shard for s in self._states.values() if not s.released]
 
 
 _active: ShardStream | None = None
@@ -240,12 +234,6 @@ def streaming(stream: ShardStream) -> Iterator[ShardStream]:
 def arriving(expected: Path) -> StreamShard | None:
     """The streamed shard the checkpoint folder names ``expected`` (its header known, its bytes maybe not yet)."""
     return _active.header(expected) if _active is not None else None
-
-
-def wait(paths: Sequence[Path]) -> None:
-    """Block until each of ``paths`` that is a streamed shard has arrived (a read outside the writers' passes)."""
-    if _active is not None:
-        _active.wait(paths)
 
 
 def read_ranges(path: Path, ranges: Sequence[tuple[int, int]]) -> list[bytes] | None:
