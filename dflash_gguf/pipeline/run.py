@@ -422,8 +422,7 @@ class _Run:
         @contextlib.contextmanager
         def opened() -> Iterator[Callable[[], StreamSummary]]:
             with _bar(self.progress, "download target") as bar, \
-                    stream.streamed(target, names, into, remove_consumed=once, eager=eager, progress=bar) \
-                    as (_, summary):
+                    stream.streamed(target, names, into, remove_consumed=once, eager=eager, progress=bar) as summary:
                 yield summary
 
         return opened()

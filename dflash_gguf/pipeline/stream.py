@@ -10,6 +10,7 @@ work folder instead, never the user's Hub cache, and each is removed once its la
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,8 +82,8 @@ def source_dir(work: Path, target: Source) -> Path:
 
 @contextlib.contextmanager
 def streamed(target: Source, names: list[str], into: Path | None, *, remove_consumed: bool, eager: bool,
-             progress: Callable[[int, int], None]) -> Iterator[tuple[ShardStream, Callable[[], StreamSummary]]]:
-    """The shards ``names`` streaming in while the block runs (into the Hub cache, or ``into``), and a function
+             progress: Callable[[int, int], None]) -> Iterator[Callable[[], StreamSummary]]:
+    """The shards ``names`` streaming in while the block runs (into the Hub cache, or ``into``); yields a function
     giving the summary so far. ``remove_consumed``: each shard removed once its last tensor is written (the
     run reads the checkpoint once); every shard fetched ``into`` the work folder is removed at the end anyway.
     ``eager``: fetching starts now, else at the conversion's first need.
@@ -113,9 +114,6 @@ def streamed(target: Source, names: list[str], into: Path | None, *, remove_cons
                              into is None)
 
     with streaming(stream):
-        yield stream, summary
-    if into is not None:  # the client's download records beside the shards; the folder itself if empty
-        with contextlib.suppress(OSError):
-            for left in sorted(into.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-                left.unlink() if left.is_file() or left.is_symlink() else left.rmdir()
-            into.rmdir()
+        yield summary
+    if into is not None:  # the client's download records beside the shards, then the folder
+        shutil.rmtree(into, ignore_errors=True)
