@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,8 @@ class ShardStream:
         self.remove_consumed, self.window = remove_consumed, max(1, window)
         self._cond = threading.Condition()
         self._wanted: set[Path] = set()  # shards a reader is blocked on
+        self._held: set[Path] = set()  # shards a later pass reads: not removed when this one is done with them
+        self._needed: set[Path] = set()  # the shards the pass now reading reads (need)
         self._closed = False
         self.eager = eager
         self._started = False
@@ -106,11 +108,13 @@ class ShardStream:
                 todo = [self._states[p] for p in self._order if not self._states[p].started]
                 if not todo:
                     return None
+                if self.remove_consumed and self._ordered:  # in bounded disk, only what the pass reading needs
+                    todo = [t for t in todo if t.shard.path in self._needed or t.shard.path in self._wanted]
                 wanted = [s for s in todo if s.shard.path in self._wanted]  # a reader is blocked on it
                 # before the readers say their order, one shard in the checkpoint's order: a guess that fills the
                 # window could hold shards the readers want last while the one they want first waits
                 window = self.window if self._ordered else 1
-                if wanted or not self.remove_consumed or self._on_disk() < window:
+                if todo and (wanted or not self.remove_consumed or self._on_disk() < window):
                     first = (wanted or todo)[0]
                     first.started = True
                     return first
@@ -147,6 +151,7 @@ class ShardStream:
         known = [p for p in dict.fromkeys(order) if p in self._states]
         with self._cond:
             self._ordered = True
+            self._needed = set(known)
             self._order = known + [p for p in self._order if p not in set(known)]
             self._cond.notify_all()
         if known:
@@ -185,10 +190,22 @@ class ShardStream:
             return None
         return [self._read_range(state.shard, offset, n) for offset, n in ranges]
 
+    def hold(self, paths: Iterable[Path]) -> None:
+        """Keep ``paths`` when the pass now reading is done with them: a later pass reads them too."""
+        with self._cond:
+            self._held |= set(paths) & set(self._states)
+
+    def unhold(self) -> None:
+        """The later pass begins: its own last use of a held shard removes it (and :meth:`close` any left)."""
+        with self._cond:
+            self._held.clear()
+
     def release(self, path: Path) -> bool:
-        """A reader is finished with ``path``; a stream that removes what it consumed deletes it. True: deleted."""
+        """A reader is finished with ``path``; a stream that removes what it consumed deletes it (unless a later pass
+        holds it). True: deleted."""
         state = self._states.get(path)
-        if state is None or not self.remove_consumed or state.released or not state.arrived.is_set():
+        if state is None or not self.remove_consumed or state.released or not state.arrived.is_set() \
+                or path in self._held:
             return False
         state.shard.path.unlink(missing_ok=True)
         with self._cond:
@@ -202,6 +219,7 @@ class ShardStream:
         shard fetched."""
         with self._cond:
             self._closed = True
+            self._held.clear()
             self._cond.notify_all()
         for t in self._threads:
             if t.is_alive():

@@ -121,13 +121,22 @@ def _streaming_in(folder: Path, shards: set[str]) -> int:
                if name in shards or name.endswith(".incomplete"))
 
 
-@pytest.fixture(scope="module")
-def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, FakeRepo]:
-    root = tmp_path_factory.mktemp("stream-fx")
-    target = mf.make_sharded(mf.make_gemma4_target(root / "t"), N_SHARDS)
+def _repos(root: Path, towers: str | None = None) -> dict[str, FakeRepo]:
+    target = mf.make_sharded(mf.make_gemma4_target(root / "t", **({"towers": towers} if towers else {})), N_SHARDS)
     drafter = mf.make_drafter(root / "d", target="gemma4")
     return {TARGET_REPO: FakeRepo({p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}),
             DRAFTER_REPO: FakeRepo({p.name: p.read_bytes() for p in drafter.iterdir() if p.is_file()})}
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, FakeRepo]:
+    return _repos(tmp_path_factory.mktemp("stream-fx"))
+
+
+@pytest.fixture(scope="module")
+def vision_repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, FakeRepo]:
+    """A Gemma-4 image-text target: its projector's conversion reads the towers' shards after the target's."""
+    return _repos(tmp_path_factory.mktemp("stream-vision-fx"), "vision")
 
 
 def _shard_names(repos: dict[str, FakeRepo]) -> list[str]:
@@ -147,11 +156,9 @@ def _convert(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="module")
-def downloaded_first(repos: dict[str, FakeRepo], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def _download_first(repos: dict[str, FakeRepo], work: Path) -> dict[str, str]:
     """The files of a run that finds the checkpoint downloaded already (snapshot_download first, as users did), made
     offline."""
-    work = tmp_path_factory.mktemp("downloaded-first")
     with hub_server.serve(repos) as hub:
         env = _env(hub.url, work / "hf")
         subprocess.run([sys.executable, "-c", "from huggingface_hub import snapshot_download as s; "
@@ -161,6 +168,11 @@ def downloaded_first(repos: dict[str, FakeRepo], tmp_path_factory: pytest.TempPa
         assert run.returncode == 0, run.stderr
         assert hub.requests[before:] == []
     return _outputs(work / "pair")
+
+
+@pytest.fixture(scope="module")
+def downloaded_first(repos: dict[str, FakeRepo], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return _download_first(repos, tmp_path_factory.mktemp("downloaded-first"))
 
 
 def test_a_streamed_run_makes_the_files_of_a_download_then_convert_run(repos: dict[str, FakeRepo],
@@ -186,8 +198,10 @@ def test_a_streamed_run_makes_the_files_of_a_download_then_convert_run(repos: di
     assert sorted(whole) == sorted(sizes)
 
 
-def test_no_keep_source_holds_a_few_shards_and_leaves_none(repos: dict[str, FakeRepo],
-                                                          downloaded_first: dict[str, str], tmp_path: Path) -> None:
+def _assert_bounded(repos: dict[str, FakeRepo], made: dict[str, str], tmp_path: Path, held: int = 0) -> None:
+    """A --no-keep-source run: ``made``'s files, no shard left anywhere, the sampled peak of (Hub cache + output
+    folder) within the end state plus three of the largest shards (and ``held`` more: shards kept for a later pass),
+    and between one and three shards (plus ``held``) seen at once."""
     home, outdir = tmp_path / "hf", tmp_path / "pair"
     shards = set(_shard_names(repos))
     peak, most = 0, 0  # bytes of the Hub cache and the output folder; shards on disk at once
@@ -209,15 +223,33 @@ def test_no_keep_source_holds_a_few_shards_and_leaves_none(repos: dict[str, Fake
             stop.set()
             sampler.join()
     assert run.returncode == 0, run.stderr
-    assert _outputs(outdir) == downloaded_first
+    assert _outputs(outdir) == made
     assert json.loads(run.stdout)["streamed"]["kept"] is False
-    left = [p for p in [*home.rglob("*"), *outdir.rglob("*")] if p.name in _shard_names(repos)
-            or p.name.endswith(".incomplete")]
+    left = [p for p in [*home.rglob("*"), *outdir.rglob("*")] if p.name in shards or p.name.endswith(".incomplete")]
     assert not left, left  # no source shard anywhere, in the Hub cache or the work folder
-    largest = max(len(repos[TARGET_REPO].files[n]) for n in _shard_names(repos))
+    largest = max(len(repos[TARGET_REPO].files[n]) for n in shards)
     end = _du(home) + _du(outdir)  # the outputs and what the Hub cache keeps (the drafter, configs, tokenizer)
-    assert peak <= end + 3 * largest, (peak, end, largest)
-    assert 1 <= most <= 3, most  # seen streaming in, never more than three at once
+    assert peak <= end + (3 + held) * largest, (peak, end, largest)
+    assert 1 <= most <= 3 + held, most  # seen streaming in, never more than three at once (and those held)
+
+
+def test_no_keep_source_holds_a_few_shards_and_leaves_none(repos: dict[str, FakeRepo],
+                                                          downloaded_first: dict[str, str], tmp_path: Path) -> None:
+    _assert_bounded(repos, downloaded_first, tmp_path)
+
+
+def test_no_keep_source_holds_the_towers_shards_for_the_projector(vision_repos: dict[str, FakeRepo],
+                                                                   tmp_path: Path) -> None:
+    """An image-text target: the projector reads its towers' shards after the target's pass, which holds the ones
+    it reads too for it (the towers' own are fetched when the projector asks); the files are a download-then-convert
+    run's, the projector among them."""
+    made = _download_first(vision_repos, tmp_path / "first")
+    assert any(name.startswith("mmproj-") for name in made)
+    weight_map = json.loads(vision_repos[TARGET_REPO].files["model.safetensors.index.json"])["weight_map"]
+    text = {shard for name, shard in weight_map.items() if name.startswith("model.language_model.")}
+    shared = {shard for name, shard in weight_map.items() if not name.startswith("model.language_model.")} & text
+    assert shared  # the fixture's towers share shards with the text (the embedding's, the one cut mid-tower)
+    _assert_bounded(vision_repos, made, tmp_path / "bounded", held=len(shared))
 
 
 def test_the_plan_streams_into_the_work_folder_with_no_keep_source(repos: dict[str, FakeRepo],

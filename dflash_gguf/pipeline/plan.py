@@ -245,7 +245,7 @@ def plan_run(opts: PipelineOptions, drafters: list[Source], target: Source, meth
         peak += size
     shards = [d for d in downloads if not d.kept]
     in_flight = stream.WINDOW * max((d.size or 0 for d in shards), default=0) \
-        if stream.reads_once(opts, projector) else None
+        if stream.reads_once(opts) else None
     if opts.keep_source:
         plan = make_plan(outdir, downloads, outputs, peak)
         if streams and plan.short:  # what --no-keep-source would need instead, offered in the refusal

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import LLAMA_CPP_BUILD, __version__, folder_lock, hub, jsonfile, made_cache
 from .. import provenance as prov
+from ..arrivals import ShardStream
 from ..atomic import atomic_output
 from ..convert.vocab import forget_built
 from ..errors import ACCEPTANCE_COLLAPSED, InputError, LlamaServerNotFound, PlotUnavailable
@@ -261,6 +262,7 @@ class _Run:
         self.calibration: hub.FetchedFile | None = None  # --imatrix auto's text, resolved by run_pipeline
         self._loaded_importance: Importance | None = None
         self.streamed: Callable[[], StreamSummary] | None = None  # the summary so far of a streamed target
+        self.stream: ShardStream | None = None  # ... and its shards, while they stream in
         self.target_fingerprint: str | None = None
 
     def run(self, drafters: list[Source], target: Source, sources: Sources, header: dict[str, Any],
@@ -302,7 +304,7 @@ class _Run:
                     jsonfile.forget()  # each stage parses tokenizer.json (~130 MB at 262k tokens) itself, one at a time
             if names:  # converted as they arrive
                 target = fetch_source(target, TARGET_PATTERNS + (INDEX,))
-                self.streamed = reading.enter_context(self.streaming(target, names, gguf_path))
+                self.stream, self.streamed = reading.enter_context(self.streaming(target, names, gguf_path))
             elif not gguf_path and not reads_target:
                 target = fetch_source(target, TARGET_PATTERNS + WEIGHT_PATTERNS)
                 if read_ahead and target.repo is not None:
@@ -327,6 +329,8 @@ class _Run:
                 tagged = [(self._served(final_t), made_t)]
             final_t, made_t = tagged[0]
             jsonfile.forget()
+            if self.stream is not None:  # the projector's pass removes the towers' shards it held at their last use
+                self.stream.unhold()
             projector = self.projector(target, gguf_path)
             streamed = self.streamed() if self.streamed is not None else None
         if streamed is not None:  # as the target GGUF records it: the drafters read no shard, which may be gone
@@ -407,12 +411,14 @@ class _Run:
         self._tune_bar(done, total)
 
     def streaming(self, target: Source, names: list[str], gguf_path: Path | None
-                  ) -> contextlib.AbstractContextManager[Callable[[], StreamSummary]]:
+                  ) -> contextlib.AbstractContextManager[tuple[ShardStream, Callable[[], StreamSummary]]]:
         """The target's shards streaming in (``stream.streamed``) while the target and its projector are made. With
-        --no-keep-source each is removed once consumed when the checkpoint is read once (one pass, or one 16-bit
-        conversion, and no projector reading it after); else at the end of the stage."""
+        --no-keep-source each is removed once consumed when the tags read the checkpoint once (one pass, or one
+        16-bit conversion), the shards of the projector's towers once the projector is made too; else at the end of
+        the stage."""
         opts = self.opts
-        once = stream.reads_once(opts, self.makes_projector(target, gguf_path))
+        once = stream.reads_once(opts)
+        projector = self.makes_projector(target, gguf_path)
         into = None if opts.keep_source else stream.source_dir(self.work, target)
         name = model_name(target.repo, target.path)
         # fetched from the start, beside the vocabulary's build; but a rerun whose targets are all here (likely
@@ -420,10 +426,12 @@ class _Run:
         eager = not all((self.outdir / gguf_name(name, tag)).exists() for tag in opts.tags)
 
         @contextlib.contextmanager
-        def opened() -> Iterator[Callable[[], StreamSummary]]:
+        def opened() -> Iterator[tuple[ShardStream, Callable[[], StreamSummary]]]:
             with _bar(self.progress, "download target") as bar, \
-                    stream.streamed(target, names, into, remove_consumed=once, eager=eager, progress=bar) as summary:
-                yield summary
+                    stream.streamed(target, names, into, remove_consumed=once, eager=eager, progress=bar) as opened:
+                if projector:  # the towers' shards, from the headers: read again after the target's pass
+                    opened[0].hold(stages.projector_reads(target.path))
+                yield opened
 
         return opened()
 

@@ -406,6 +406,11 @@ def check_projector_source(model_dir: Path, *, with_tensors: bool = True) -> Non
                       "the pair without it (text only).") from None
 
 
+def projector_reads(model_dir: Path) -> set[Path]:
+    """The checkpoint files the projector's conversion reads (kept by a stream for it while the target converts)."""
+    return targets.projector_reads(model_dir)
+
+
 def convert_projector_builtin(model_dir: Path, outfile: Path, outtype: str, sources: Provenance,
                               on_progress: OnProgress = None) -> str | None:
     """The built-in projector converter (b11434's ``convert_hf_to_gguf.py --mmproj``); returns the output's

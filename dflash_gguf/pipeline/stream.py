@@ -63,11 +63,10 @@ def shard_names(target: Source) -> list[str]:
     return sorted(f for f in files if f.endswith(".safetensors"))
 
 
-def reads_once(opts: PipelineOptions, projector: bool) -> bool:
-    """Whether the run reads the target's checkpoint once, so a streamed shard can go as soon as it is consumed: one
-    pass or one 16-bit conversion makes every tag, and no projector reads the shards after."""
-    return not projector and (not opts.several_tags
-                              or all(makes_in_one_pass(opts, tag, target=True) for tag in opts.tags))
+def reads_once(opts: PipelineOptions) -> bool:
+    """Whether the run's tags read the target's checkpoint once, so a streamed shard can go as soon as it is consumed:
+    one pass or one 16-bit conversion makes every tag (a projector's towers are held for it: ``ShardStream.hold``)."""
+    return not opts.several_tags or all(makes_in_one_pass(opts, tag, target=True) for tag in opts.tags)
 
 
 def complete_bytes(path: Path, size: int | None) -> int:
@@ -82,9 +81,9 @@ def source_dir(work: Path, target: Source) -> Path:
 
 @contextlib.contextmanager
 def streamed(target: Source, names: list[str], into: Path | None, *, remove_consumed: bool, eager: bool,
-             progress: Callable[[int, int], None]) -> Iterator[Callable[[], StreamSummary]]:
-    """The shards ``names`` streaming in while the block runs (into the Hub cache, or ``into``); yields a function
-    giving the summary so far. ``remove_consumed``: each shard removed once its last tensor is written (the
+             progress: Callable[[int, int], None]) -> Iterator[tuple[ShardStream, Callable[[], StreamSummary]]]:
+    """The shards ``names`` streaming in while the block runs (into the Hub cache, or ``into``); yields the stream and
+    a function giving the summary so far. ``remove_consumed``: each shard removed once its last tensor is written (the
     run reads the checkpoint once); every shard fetched ``into`` the work folder is removed at the end anyway.
     ``eager``: fetching starts now, else at the conversion's first need.
 
@@ -114,6 +113,6 @@ def streamed(target: Source, names: list[str], into: Path | None, *, remove_cons
                              into is None)
 
     with streaming(stream):
-        yield summary
+        yield stream, summary
     if into is not None:  # the client's download records beside the shards, then the folder
         shutil.rmtree(into, ignore_errors=True)

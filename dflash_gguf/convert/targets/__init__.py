@@ -373,6 +373,19 @@ def projector_for(model_dir: Path, *, with_tensors: bool = True) -> ProjectorFam
     return fam
 
 
+def projector_reads(model_dir: Path) -> set[Path]:
+    """The checkpoint files the projector's conversion reads (its towers' shards), from the headers alone; empty
+    when the target has no projector.
+
+    Raises:
+        ConfigError, InputError, TensorError: as :func:`projector_for` and the projector's plan.
+    """
+    fam = projector_for(model_dir)
+    if fam is None:
+        return set()
+    return {path for _, spec in plan_projector(fam)[0] for path in spec.read_paths}
+
+
 def convert_projector(model_dir: Path, outfile: Path, outtype: str = "auto", *,
                       provenance: dict[str, str] | None = None,
                       dry_run: bool = False,
