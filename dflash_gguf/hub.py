@@ -607,8 +607,8 @@ def list_files(resolved: Resolved, patterns: tuple[str, ...]) -> list[RepoFile]:
 def safetensors_header(resolved: Resolved, name: str) -> dict[str, Any]:
     """The JSON header of one safetensors file (tensor names, dtypes, shapes and offsets, in the file's order, and its
     ``__metadata__``), never its tensor data: from the file itself for a local folder (and a file already in the Hub
-    cache), else by a range request on the Hub (``parse_safetensors_file_metadata``: the first 100 kB, and the rest of
-    the header only when it is longer).
+    cache), else by range requests on the Hub (:func:`_range_header`: the first 100 kB, and the rest of the header only
+    when it is longer).
 
     Raises:
         ResolveError: the Hub refused or could not be reached.
@@ -618,12 +618,7 @@ def safetensors_header(resolved: Resolved, name: str) -> dict[str, Any]:
     if resolved.repo is None or local.is_file():
         return read_raw_header(local)[0]
     revision = resolved.revision or resolved.commit or "main"
-    with _translated(resolved.repo, revision, name):
-        meta = HfApi().parse_safetensors_file_metadata(resolved.repo, name, revision=resolved.commit or revision)
-    header: dict[str, Any] = {"__metadata__": dict(meta.metadata)} if meta.metadata else {}
-    for tensor, info in meta.tensors.items():
-        header[tensor] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
-    return header
+    return _range_header(resolved.repo, resolved.commit or _pin(resolved.repo, revision), revision, name)[0]
 
 
 def _range(repo: str, commit: str, revision: str, name: str, start: int, n: int) -> bytes:
@@ -639,7 +634,7 @@ def _range_header(repo: str, commit: str, revision: str, name: str) -> tuple[dic
     """A safetensors file's header and where its data starts, by range requests (the first 100 kB, then the rest of
     a longer header): what the conversion plans from while the file itself is still downloading."""
     fix = f"Its file {name} in {repo}@{commit} is not valid safetensors; check the repo."
-    first = _range(repo, commit, revision, name, 0, 100_008)
+    first = _range(repo, commit, revision, name, 0, 100_001)  # bytes=0-100000, as the Hub client asks
     n = int.from_bytes(first[:8], "little")
     if len(first) < 8 or n > MAX_HEADER:
         raise InputError(f"{repo}@{commit}: {name} declares a header of {n} bytes. {fix}")

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".onnx", ".ckpt")
@@ -166,7 +167,7 @@ class _Throttle:
     def __init__(self, rate: float) -> None:
         self.rate, self.lock, self.free_at = rate, threading.Lock(), 0.0
 
-    def send(self, out: object, body: bytes) -> None:
+    def send(self, out: BinaryIO, body: bytes) -> None:
         for i in range(0, len(body), self.CHUNK):
             chunk = body[i:i + self.CHUNK]
             with self.lock:
@@ -174,7 +175,7 @@ class _Throttle:
                 self.free_at = start + len(chunk) / self.rate
                 until = self.free_at
             time.sleep(max(0.0, until - time.monotonic()))
-            out.write(chunk)  # type: ignore[attr-defined]
+            out.write(chunk)
 
 
 @dataclass

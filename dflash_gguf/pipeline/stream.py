@@ -41,16 +41,20 @@ class StreamSummary:
     waited_seconds: float
     kept: bool  # the shards stay in the Hub cache (False: --no-keep-source, none left)
 
+    @property
+    def converting_seconds(self) -> float:
+        return max(self.seconds - self.waited_seconds, 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         return {"shards": self.shards, "downloaded_bytes": self.downloaded_bytes, "seconds": round(self.seconds, 3),
                 "waiting_on_network_seconds": round(self.waited_seconds, 3),
-                "converting_seconds": round(max(self.seconds - self.waited_seconds, 0.0), 3), "kept": self.kept}
+                "converting_seconds": round(self.converting_seconds, 3), "kept": self.kept}
 
     def line(self) -> str:
         where = "kept in the Hub cache" if self.kept else "removed once consumed (--no-keep-source)"
         return (f"streamed {self.shards} shards ({self.downloaded_bytes / 1e6:.1f} MB fetched) in "
                 f"{self.seconds:.1f} s: {self.waited_seconds:.1f} s waiting on the network, "
-                f"{max(self.seconds - self.waited_seconds, 0.0):.1f} s converting; shards {where}")
+                f"{self.converting_seconds:.1f} s converting; shards {where}")
 
 
 def shard_names(target: Source) -> list[str]:
